@@ -1,0 +1,683 @@
+#include "ir/ir.h"
+
+#include <cstring>
+#include <sstream>
+#include <stdexcept>
+
+namespace tpu::ir {
+
+const char* mlirName(DType t) {
+  switch (t) {
+    case DType::Bool: return "i1";
+    case DType::U8: return "ui8";
+    case DType::I8: return "i8";
+    case DType::I16: return "i16";
+    case DType::I32: return "i32";
+    case DType::I64: return "i64";
+    case DType::U32: return "ui32";
+    case DType::U64: return "ui64";
+    case DType::F16: return "f16";
+    case DType::BF16: return "bf16";
+    case DType::F32: return "f32";
+    case DType::F64: return "f64";
+    case DType::C64: return "complex<f32>";
+  }
+  return "?";
+}
+
+const char* dtypeName(DType t) {
+  switch (t) {
+    case DType::Bool: return "bool";
+    case DType::U8: return "uint8";
+    case DType::I8: return "int8";
+    case DType::I16: return "int16";
+    case DType::I32: return "int32";
+    case DType::I64: return "int64";
+    case DType::U32: return "uint32";
+    case DType::U64: return "uint64";
+    case DType::F16: return "float16";
+    case DType::BF16: return "bfloat16";
+    case DType::F32: return "float32";
+    case DType::F64: return "float64";
+    case DType::C64: return "complex64";
+  }
+  return "?";
+}
+
+size_t itemSize(DType t) {
+  switch (t) {
+    case DType::Bool:
+    case DType::U8:
+    case DType::I8: return 1;
+    case DType::I16:
+    case DType::F16:
+    case DType::BF16: return 2;
+    case DType::I32:
+    case DType::U32:
+    case DType::F32: return 4;
+    case DType::I64:
+    case DType::U64:
+    case DType::F64:
+    case DType::C64: return 8;
+  }
+  return 0;
+}
+
+namespace {
+int category(DType t) {  // bool < int < float < complex
+  if (t == DType::Bool) return 0;
+  if (isInt(t)) return 1;
+  if (isFloat(t)) return 2;
+  return 3;
+}
+}  // namespace
+
+DType promote(DType a, DType b) {
+  if (a == b) return a;
+  int ca = category(a), cb = category(b);
+  if (ca != cb) {
+    if (ca == 3 || cb == 3) return DType::C64;
+    return ca > cb ? a : b;
+  }
+  if (ca == 2) {
+    // float16 + bfloat16 -> float32; otherwise the wider one.
+    if ((a == DType::F16 && b == DType::BF16) || (a == DType::BF16 && b == DType::F16)) return DType::F32;
+    return itemSize(a) >= itemSize(b) ? a : b;
+  }
+  // Integers: uint8 with a signed type promotes to the next signed width.
+  auto rank = [](DType t) {
+    switch (t) {
+      case DType::I8: return 1;
+      case DType::U8: return 2;
+      case DType::I16: return 3;
+      case DType::I32: return 4;
+      case DType::U32: return 4;
+      case DType::I64: return 5;
+      case DType::U64: return 5;
+      default: return 0;
+    }
+  };
+  if ((a == DType::U8 && b == DType::I8) || (a == DType::I8 && b == DType::U8)) return DType::I16;
+  return rank(a) >= rank(b) ? a : b;
+}
+
+int64_t Type::numel() const {
+  int64_t n = 1;
+  for (auto d : shape) n *= d;
+  return n;
+}
+
+std::string shapeStr(const Shape& s) {
+  std::string out = "[";
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (i) out += ", ";
+    out += std::to_string(s[i]);
+  }
+  return out + "]";
+}
+
+std::string Type::str() const {
+  std::string s = "tensor<";
+  for (auto d : shape) s += std::to_string(d) + "x";
+  return s + mlirName(dtype) + ">";
+}
+
+uint64_t fnv1a(const std::string& s, uint64_t seed) {
+  uint64_t h = seed;
+  for (unsigned char c : s) {
+    h ^= c;
+    h *= 1099511628211ull;
+  }
+  return h;
+}
+
+namespace {
+std::string i64Array(const std::vector<int64_t>& v) {
+  std::string s = "array<i64";
+  for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : ": ") + std::to_string(v[i]);
+  return s + ">";
+}
+std::string list(const std::vector<int64_t>& v) {
+  std::string s = "[";
+  for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + std::to_string(v[i]);
+  return s + "]";
+}
+std::string padAttr(const std::vector<std::pair<int64_t, int64_t>>& p) {
+  std::string s = "dense<[";
+  for (size_t i = 0; i < p.size(); ++i)
+    s += (i ? ", [" : "[") + std::to_string(p[i].first) + ", " + std::to_string(p[i].second) + "]";
+  s += "]> : tensor<" + std::to_string(p.size()) + "x2xi64>";
+  if (p.empty()) s = "dense<> : tensor<0x2xi64>";
+  return s;
+}
+const char* cmpName(Cmp c) {
+  switch (c) {
+    case Cmp::EQ: return "EQ";
+    case Cmp::NE: return "NE";
+    case Cmp::LT: return "LT";
+    case Cmp::LE: return "LE";
+    case Cmp::GT: return "GT";
+    case Cmp::GE: return "GE";
+  }
+  return "EQ";
+}
+void fail(const std::string& m) { throw std::invalid_argument("torch_tpu IR: " + m); }
+}  // namespace
+
+Builder::Builder() { blocks_.emplace_back(); }
+
+Value Builder::fresh(const Type& t) {
+  Value v;
+  v.id = next_id_++;
+  v.type = t;
+  return v;
+}
+
+std::string Builder::ref(const Value& v) const {
+  if (v.id < 0) fail("use of an invalid value");
+  // Op results are %vN; results of multi-result ops are %gN#i.
+  auto it = names_.find(v.id);
+  return it == names_.end() ? "%v" + std::to_string(v.id) : it->second;
+}
+
+void Builder::emitLine(const std::string& s) {
+  blocks_.back().lines.push_back(s);
+  ++op_count_;
+}
+
+std::string Builder::types(const std::vector<Value>& vs) const {
+  std::string s;
+  for (size_t i = 0; i < vs.size(); ++i) s += (i ? ", " : "") + vs[i].type.str();
+  return s;
+}
+
+Value Builder::param(const Type& t) {
+  Value v = fresh(t);
+  params_.push_back(t);
+  // Parameters are bound to their SSA names in emit().
+  param_ids_.push_back(v.id);
+  return v;
+}
+
+void Builder::output(const Value& v) { outputs_.push_back(v); }
+
+std::string Builder::emit() const {
+  std::ostringstream os;
+  os << "module @torch_tpu {\n  func.func public @main(";
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (i) os << ", ";
+    os << "%v" << param_ids_[i] << ": " << params_[i].str();
+  }
+  os << ") -> (" << types(outputs_) << ") {\n";
+  for (const auto& l : blocks_[0].lines) os << "    " << l << "\n";
+  os << "    func.return ";
+  for (size_t i = 0; i < outputs_.size(); ++i) os << (i ? ", " : "") << ref(outputs_[i]);
+  if (!outputs_.empty()) os << " : " << types(outputs_);
+  os << "\n  }\n}\n";
+  return os.str();
+}
+
+// ---------------------------------------------------------------- constants
+
+Value Builder::constant(double v, DType t, const Shape& shape) {
+  if (!isFloat(t) && !isComplex(t)) {
+    if (t == DType::Bool) return constantInt(v != 0.0 ? 1 : 0, t, shape);
+    return constantInt(static_cast<int64_t>(v), t, shape);
+  }
+  uint64_t bits;
+  std::memcpy(&bits, &v, sizeof bits);
+  char hex[32];
+  std::snprintf(hex, sizeof hex, "0x%016llX", static_cast<unsigned long long>(bits));
+  Value c = fresh(scalarType(DType::F64));
+  emitLine(ref(c) + " = \"stablehlo.constant\"() {value = dense<" + hex + "> : tensor<f64>} : () -> tensor<f64>");
+  Value r = t == DType::F64 ? c : convert(c, t);
+  return shape.empty() ? r : broadcastInDim(r, shape, {});
+}
+
+Value Builder::constantInt(int64_t v, DType t, const Shape& shape) {
+  if (isFloat(t) || isComplex(t)) return constant(static_cast<double>(v), t, shape);
+  Value c = fresh(scalarType(t));
+  std::string lit = t == DType::Bool ? (v ? "true" : "false") : std::to_string(v);
+  emitLine(ref(c) + " = \"stablehlo.constant\"() {value = dense<" + lit + "> : " + c.type.str() + "} : () -> " +
+           c.type.str());
+  return shape.empty() ? c : broadcastInDim(c, shape, {});
+}
+
+Value Builder::convert(const Value& v, DType t) {
+  if (v.dtype() == t) return v;
+  Value r = fresh(Type{t, v.shape()});
+  if (t == DType::Bool && !isComplex(v.dtype())) {
+    // PyTorch: x != 0. stablehlo.convert to i1 also means != 0; be explicit.
+    Value z = constant(0.0, v.dtype(), v.shape());
+    return compare(v, z, Cmp::NE);
+  }
+  emitLine(ref(r) + " = \"stablehlo.convert\"(" + ref(v) + ") : (" + v.type.str() + ") -> " + r.type.str());
+  return r;
+}
+
+Value Builder::bitcast(const Value& v, const Type& t) {
+  Value r = fresh(t);
+  emitLine(ref(r) + " = \"stablehlo.bitcast_convert\"(" + ref(v) + ") : (" + v.type.str() + ") -> " + t.str());
+  return r;
+}
+
+Value Builder::iota(const Type& t, int dim) {
+  Value r = fresh(t);
+  emitLine(ref(r) + " = \"stablehlo.iota\"() {iota_dimension = " + std::to_string(dim) + " : i64} : () -> " +
+           t.str());
+  return r;
+}
+
+// ---------------------------------------------------------------- shape ops
+
+Value Builder::reshape(const Value& v, const Shape& shape) {
+  if (v.shape() == shape) return v;
+  Type t{v.dtype(), shape};
+  if (t.numel() != v.type.numel()) fail("reshape " + v.type.str() + " to " + t.str());
+  Value r = fresh(t);
+  emitLine(ref(r) + " = \"stablehlo.reshape\"(" + ref(v) + ") : (" + v.type.str() + ") -> " + t.str());
+  return r;
+}
+
+Value Builder::broadcastInDim(const Value& v, const Shape& shape, const std::vector<int64_t>& dims) {
+  if (static_cast<int>(dims.size()) != v.rank()) fail("broadcast_in_dim rank");
+  if (v.shape() == shape) {
+    bool ident = true;
+    for (size_t i = 0; i < dims.size(); ++i) ident &= dims[i] == static_cast<int64_t>(i);
+    if (ident) return v;
+  }
+  Value r = fresh(Type{v.dtype(), shape});
+  emitLine(ref(r) + " = \"stablehlo.broadcast_in_dim\"(" + ref(v) + ") {broadcast_dimensions = " + i64Array(dims) +
+           "} : (" + v.type.str() + ") -> " + r.type.str());
+  return r;
+}
+
+Value Builder::broadcastTo(const Value& v, const Shape& shape) {
+  if (v.shape() == shape) return v;
+  int off = static_cast<int>(shape.size()) - v.rank();
+  if (off < 0) fail("broadcastTo: rank");
+  std::vector<int64_t> dims;
+  Shape squeezed;
+  std::vector<int64_t> keep;
+  for (int i = 0; i < v.rank(); ++i) {
+    int64_t d = v.shape()[i];
+    if (d == shape[i + off]) {
+      dims.push_back(i + off);
+      squeezed.push_back(d);
+    } else if (d != 1) {
+      fail("broadcastTo: " + v.type.str() + " to " + shapeStr(shape));
+    }
+  }
+  Value s = reshape(v, squeezed);
+  return broadcastInDim(s, shape, dims);
+}
+
+Value Builder::transpose(const Value& v, const std::vector<int64_t>& perm) {
+  bool ident = true;
+  for (size_t i = 0; i < perm.size(); ++i) ident &= perm[i] == static_cast<int64_t>(i);
+  if (ident) return v;
+  Shape s;
+  for (auto p : perm) s.push_back(v.shape().at(p));
+  Value r = fresh(Type{v.dtype(), s});
+  emitLine(ref(r) + " = \"stablehlo.transpose\"(" + ref(v) + ") {permutation = " + i64Array(perm) + "} : (" +
+           v.type.str() + ") -> " + r.type.str());
+  return r;
+}
+
+Value Builder::slice(const Value& v, const Shape& start, const Shape& limit, const Shape& strides) {
+  Shape s;
+  bool ident = true;
+  for (int i = 0; i < v.rank(); ++i) {
+    int64_t n = limit[i] > start[i] ? (limit[i] - start[i] + strides[i] - 1) / strides[i] : 0;
+    s.push_back(n);
+    ident &= start[i] == 0 && limit[i] == v.shape()[i] && strides[i] == 1;
+  }
+  if (ident) return v;
+  Value r = fresh(Type{v.dtype(), s});
+  emitLine(ref(r) + " = \"stablehlo.slice\"(" + ref(v) + ") {start_indices = " + i64Array(start) +
+           ", limit_indices = " + i64Array(limit) + ", strides = " + i64Array(strides) + "} : (" + v.type.str() +
+           ") -> " + r.type.str());
+  return r;
+}
+
+Value Builder::dynamicSlice(const Value& v, const std::vector<Value>& starts, const Shape& sizes) {
+  Value r = fresh(Type{v.dtype(), sizes});
+  std::string args = ref(v), tys = v.type.str();
+  for (const auto& s : starts) {
+    args += ", " + ref(s);
+    tys += ", " + s.type.str();
+  }
+  emitLine(ref(r) + " = \"stablehlo.dynamic_slice\"(" + args + ") {slice_sizes = " + i64Array(sizes) + "} : (" + tys +
+           ") -> " + r.type.str());
+  return r;
+}
+
+Value Builder::dynamicUpdateSlice(const Value& v, const Value& update, const std::vector<Value>& starts) {
+  Value r = fresh(v.type);
+  std::string args = ref(v) + ", " + ref(update), tys = v.type.str() + ", " + update.type.str();
+  for (const auto& s : starts) {
+    args += ", " + ref(s);
+    tys += ", " + s.type.str();
+  }
+  emitLine(ref(r) + " = \"stablehlo.dynamic_update_slice\"(" + args + ") : (" + tys + ") -> " + r.type.str());
+  return r;
+}
+
+Value Builder::concatenate(const std::vector<Value>& vs, int64_t dim) {
+  if (vs.size() == 1) return vs[0];
+  Shape s = vs.at(0).shape();
+  s[dim] = 0;
+  std::string args;
+  for (size_t i = 0; i < vs.size(); ++i) {
+    s[dim] += vs[i].shape()[dim];
+    args += (i ? ", " : "") + ref(vs[i]);
+  }
+  Value r = fresh(Type{vs[0].dtype(), s});
+  emitLine(ref(r) + " = \"stablehlo.concatenate\"(" + args + ") {dimension = " + std::to_string(dim) + " : i64} : (" +
+           types(vs) + ") -> " + r.type.str());
+  return r;
+}
+
+Value Builder::pad(const Value& v, const Value& pv, const Shape& lo, const Shape& hi, const Shape& interior) {
+  Shape s;
+  for (int i = 0; i < v.rank(); ++i) {
+    int64_t d = v.shape()[i];
+    s.push_back(lo[i] + hi[i] + d + (d > 0 ? (d - 1) * interior[i] : 0));
+  }
+  Value r = fresh(Type{v.dtype(), s});
+  emitLine(ref(r) + " = \"stablehlo.pad\"(" + ref(v) + ", " + ref(pv) + ") {edge_padding_low = " + i64Array(lo) +
+           ", edge_padding_high = " + i64Array(hi) + ", interior_padding = " + i64Array(interior) + "} : (" +
+           v.type.str() + ", " + pv.type.str() + ") -> " + r.type.str());
+  return r;
+}
+
+Value Builder::reverse(const Value& v, const std::vector<int64_t>& dims) {
+  if (dims.empty()) return v;
+  Value r = fresh(v.type);
+  emitLine(ref(r) + " = \"stablehlo.reverse\"(" + ref(v) + ") {dimensions = " + i64Array(dims) + "} : (" +
+           v.type.str() + ") -> " + r.type.str());
+  return r;
+}
+
+// ---------------------------------------------------------------- elementwise
+
+Value Builder::unary(const char* op, const Value& v) {
+  Type t = v.type;
+  if (std::strcmp(op, "is_finite") == 0) t.dtype = DType::Bool;
+  Value r = fresh(t);
+  emitLine(ref(r) + " = \"stablehlo." + op + "\"(" + ref(v) + ") : (" + v.type.str() + ") -> " + t.str());
+  return r;
+}
+
+Value Builder::binary(const char* op, const Value& a, const Value& b) {
+  if (a.type != b.type) fail(std::string("binary ") + op + " on " + a.type.str() + " and " + b.type.str());
+  Value r = fresh(a.type);
+  emitLine(ref(r) + " = \"stablehlo." + op + "\"(" + ref(a) + ", " + ref(b) + ") : (" + a.type.str() + ", " +
+           b.type.str() + ") -> " + r.type.str());
+  return r;
+}
+
+Value Builder::compare(const Value& a, const Value& b, Cmp dir) {
+  if (a.type != b.type) fail("compare on " + a.type.str() + " and " + b.type.str());
+  Value r = fresh(Type{DType::Bool, a.shape()});
+  const char* ct = isFloat(a.dtype()) ? "FLOAT" : (isUnsigned(a.dtype()) ? "UNSIGNED" : "SIGNED");
+  emitLine(ref(r) + " = \"stablehlo.compare\"(" + ref(a) + ", " + ref(b) +
+           ") {comparison_direction = #stablehlo<comparison_direction " + cmpName(dir) +
+           ">, compare_type = #stablehlo<comparison_type " + ct + ">} : (" + a.type.str() + ", " + b.type.str() +
+           ") -> " + r.type.str());
+  return r;
+}
+
+Value Builder::select(const Value& pred, const Value& a, const Value& b) {
+  if (a.type != b.type) fail("select on " + a.type.str() + " and " + b.type.str());
+  Value r = fresh(a.type);
+  emitLine(ref(r) + " = \"stablehlo.select\"(" + ref(pred) + ", " + ref(a) + ", " + ref(b) + ") : (" +
+           pred.type.str() + ", " + a.type.str() + ", " + b.type.str() + ") -> " + r.type.str());
+  return r;
+}
+
+Value Builder::clamp(const Value& lo, const Value& x, const Value& hi) {
+  Value r = fresh(x.type);
+  emitLine(ref(r) + " = \"stablehlo.clamp\"(" + ref(lo) + ", " + ref(x) + ", " + ref(hi) + ") : (" + lo.type.str() +
+           ", " + x.type.str() + ", " + hi.type.str() + ") -> " + r.type.str());
+  return r;
+}
+
+// ---------------------------------------------------------------- regions
+
+std::string Builder::region(const std::vector<Type>& arg_types, const BodyFn& body) {
+  blocks_.emplace_back();
+  std::vector<Value> args;
+  std::string header = "^bb0(";
+  for (size_t i = 0; i < arg_types.size(); ++i) {
+    Value a = fresh(arg_types[i]);
+    args.push_back(a);
+    header += (i ? ", " : "") + ref(a) + ": " + a.type.str();
+  }
+  header += "):";
+  std::vector<Value> rets = body(*this, args);
+  std::string text = "({\n      " + header + "\n";
+  for (const auto& l : blocks_.back().lines) text += "        " + l + "\n";
+  std::string retargs, rettys;
+  for (size_t i = 0; i < rets.size(); ++i) {
+    retargs += (i ? ", " : "") + ref(rets[i]);
+    rettys += (i ? ", " : "") + rets[i].type.str();
+  }
+  text += "        \"stablehlo.return\"(" + retargs + ") : (" + rettys + ") -> ()\n    })";
+  blocks_.pop_back();
+  return text;
+}
+
+namespace {
+std::string multiName(const std::string& base, size_t i) { return base + "#" + std::to_string(i); }
+}  // namespace
+
+std::vector<Value> Builder::reduce(const std::vector<Value>& inputs, const std::vector<Value>& inits,
+                                   const std::vector<int64_t>& dims, const BodyFn& body) {
+  std::vector<Type> argt;
+  for (const auto& v : inits) argt.push_back(scalarType(v.dtype()));
+  for (const auto& v : inits) argt.push_back(scalarType(v.dtype()));
+  std::string reg = region(argt, body);
+  Shape out;
+  for (int i = 0; i < inputs[0].rank(); ++i) {
+    bool red = false;
+    for (auto d : dims) red |= d == i;
+    if (!red) out.push_back(inputs[0].shape()[i]);
+  }
+  std::vector<Value> all = inputs;
+  all.insert(all.end(), inits.begin(), inits.end());
+  std::vector<Value> results;
+  std::string args;
+  for (size_t i = 0; i < all.size(); ++i) args += (i ? ", " : "") + ref(all[i]);
+  std::string outtys;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    results.push_back(fresh(Type{inits[i].dtype(), out}));
+    outtys += (i ? ", " : "") + results.back().type.str();
+  }
+  emitMulti(results, "\"stablehlo.reduce\"(" + args + ") " + reg + " {dimensions = " + i64Array(dims) + "} : (" +
+                         types(all) + ") -> (" + outtys + ")");
+  return results;
+}
+
+std::vector<Value> Builder::reduceWindow(const std::vector<Value>& inputs, const std::vector<Value>& inits,
+                                         const Shape& window, const Shape& strides, const Shape& base_dil,
+                                         const Shape& win_dil, const std::vector<std::pair<int64_t, int64_t>>& padding,
+                                         const BodyFn& body) {
+  std::vector<Type> argt;
+  for (const auto& v : inits) argt.push_back(scalarType(v.dtype()));
+  for (const auto& v : inits) argt.push_back(scalarType(v.dtype()));
+  std::string reg = region(argt, body);
+  Shape out;
+  for (int i = 0; i < inputs[0].rank(); ++i) {
+    int64_t d = inputs[0].shape()[i];
+    int64_t dilated = d > 0 ? (d - 1) * base_dil[i] + 1 : 0;
+    int64_t padded = dilated + padding[i].first + padding[i].second;
+    int64_t wext = (window[i] - 1) * win_dil[i] + 1;
+    out.push_back(padded >= wext ? (padded - wext) / strides[i] + 1 : 0);
+  }
+  std::vector<Value> all = inputs;
+  all.insert(all.end(), inits.begin(), inits.end());
+  std::string args;
+  for (size_t i = 0; i < all.size(); ++i) args += (i ? ", " : "") + ref(all[i]);
+  std::vector<Value> results;
+  std::string outtys;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    results.push_back(fresh(Type{inits[i].dtype(), out}));
+    outtys += (i ? ", " : "") + results.back().type.str();
+  }
+  emitMulti(results, "\"stablehlo.reduce_window\"(" + args + ") " + reg + " {window_dimensions = " +
+                         i64Array(window) + ", window_strides = " + i64Array(strides) +
+                         ", base_dilations = " + i64Array(base_dil) + ", window_dilations = " + i64Array(win_dil) +
+                         ", padding = " + padAttr(padding) + "} : (" + types(all) + ") -> (" + outtys + ")");
+  return results;
+}
+
+Value Builder::dotGeneral(const Value& lhs, const Value& rhs, const std::vector<int64_t>& lb,
+                          const std::vector<int64_t>& rb, const std::vector<int64_t>& lc,
+                          const std::vector<int64_t>& rc, DType out) {
+  Shape s;
+  for (auto d : lb) s.push_back(lhs.shape()[d]);
+  auto contains = [](const std::vector<int64_t>& v, int64_t x) {
+    for (auto y : v)
+      if (y == x) return true;
+    return false;
+  };
+  for (int i = 0; i < lhs.rank(); ++i)
+    if (!contains(lb, i) && !contains(lc, i)) s.push_back(lhs.shape()[i]);
+  for (int i = 0; i < rhs.rank(); ++i)
+    if (!contains(rb, i) && !contains(rc, i)) s.push_back(rhs.shape()[i]);
+  Value r = fresh(Type{out, s});
+  std::string dn = "#stablehlo.dot<";
+  std::vector<std::string> parts;
+  if (!lb.empty()) parts.push_back("lhs_batching_dimensions = " + list(lb));
+  if (!rb.empty()) parts.push_back("rhs_batching_dimensions = " + list(rb));
+  if (!lc.empty()) parts.push_back("lhs_contracting_dimensions = " + list(lc));
+  if (!rc.empty()) parts.push_back("rhs_contracting_dimensions = " + list(rc));
+  for (size_t i = 0; i < parts.size(); ++i) dn += (i ? ", " : "") + parts[i];
+  dn += ">";
+  emitLine(ref(r) + " = \"stablehlo.dot_general\"(" + ref(lhs) + ", " + ref(rhs) + ") {dot_dimension_numbers = " + dn +
+           "} : (" + lhs.type.str() + ", " + rhs.type.str() + ") -> " + r.type.str());
+  return r;
+}
+
+Value Builder::convolution(const Value& lhs, const Value& rhs, const ConvDims& dn, const Shape& strides,
+                           const std::vector<std::pair<int64_t, int64_t>>& padding, const Shape& lhs_dil,
+                           const Shape& rhs_dil, int64_t fgc, int64_t bgc, DType out) {
+  size_t ns = dn.in_spatial.size();
+  auto layout = [&](size_t rank, int64_t a, const char* an, int64_t b, const char* bn,
+                    const std::vector<int64_t>& sp) {
+    std::vector<std::string> lab(rank);
+    lab[a] = an;
+    lab[b] = bn;
+    for (size_t i = 0; i < sp.size(); ++i) lab[sp[i]] = std::to_string(i);
+    std::string s = "[";
+    for (size_t i = 0; i < rank; ++i) s += (i ? ", " : "") + lab[i];
+    return s + "]";
+  };
+  Shape os(ns + 2);
+  os[dn.out_batch] = lhs.shape()[dn.in_batch] / bgc;
+  os[dn.out_feature] = rhs.shape()[dn.k_out];
+  for (size_t i = 0; i < ns; ++i) {
+    int64_t in = lhs.shape()[dn.in_spatial[i]];
+    int64_t k = rhs.shape()[dn.k_spatial[i]];
+    int64_t din = in > 0 ? (in - 1) * lhs_dil[i] + 1 : 0;
+    int64_t padded = din + padding[i].first + padding[i].second;
+    int64_t dk = (k - 1) * rhs_dil[i] + 1;
+    os[dn.out_spatial[i]] = padded >= dk ? (padded - dk) / strides[i] + 1 : 0;
+  }
+  Value r = fresh(Type{out, os});
+  std::string dims = "#stablehlo.conv<" + layout(ns + 2, dn.in_batch, "b", dn.in_feature, "f", dn.in_spatial) + "x" +
+                     layout(ns + 2, dn.k_out, "o", dn.k_in, "i", dn.k_spatial) + "->" +
+                     layout(ns + 2, dn.out_batch, "b", dn.out_feature, "f", dn.out_spatial) + ">";
+  emitLine(ref(r) + " = \"stablehlo.convolution\"(" + ref(lhs) + ", " + ref(rhs) + ") {dimension_numbers = " + dims +
+           ", window_strides = " + i64Array(strides) + ", padding = " + padAttr(padding) +
+           ", lhs_dilation = " + i64Array(lhs_dil) + ", rhs_dilation = " + i64Array(rhs_dil) +
+           ", feature_group_count = " + std::to_string(fgc) + " : i64, batch_group_count = " + std::to_string(bgc) +
+           " : i64} : (" + lhs.type.str() + ", " + rhs.type.str() + ") -> " + r.type.str());
+  return r;
+}
+
+Value Builder::gather(const Value& operand, const Value& indices, const GatherDims& dn, const Shape& slice_sizes) {
+  // Result shape: batch dims of indices (all but index_vector_dim) with the
+  // offset dims (slice dims not collapsed or batching) inserted at offset_dims.
+  auto contains = [](const std::vector<int64_t>& v, int64_t x) {
+    for (auto y : v)
+      if (y == x) return true;
+    return false;
+  };
+  Shape batch;
+  for (int i = 0; i < indices.rank(); ++i)
+    if (i != dn.index_vector_dim) batch.push_back(indices.shape()[i]);
+  Shape offs;
+  for (size_t i = 0; i < slice_sizes.size(); ++i)
+    if (!contains(dn.collapsed_slice_dims, i) && !contains(dn.operand_batching_dims, i))
+      offs.push_back(slice_sizes[i]);
+  size_t rank = batch.size() + offs.size();
+  Shape s;
+  size_t bi = 0, oi = 0;
+  for (size_t i = 0; i < rank; ++i) s.push_back(contains(dn.offset_dims, i) ? offs[oi++] : batch[bi++]);
+  Value r = fresh(Type{operand.dtype(), s});
+  std::string d = "#stablehlo.gather<offset_dims = " + list(dn.offset_dims) +
+                  ", collapsed_slice_dims = " + list(dn.collapsed_slice_dims);
+  if (!dn.operand_batching_dims.empty())
+    d += ", operand_batching_dims = " + list(dn.operand_batching_dims) +
+         ", start_indices_batching_dims = " + list(dn.start_indices_batching_dims);
+  d += ", start_index_map = " + list(dn.start_index_map) +
+       ", index_vector_dim = " + std::to_string(dn.index_vector_dim) + ">";
+  emitLine(ref(r) + " = \"stablehlo.gather\"(" + ref(operand) + ", " + ref(indices) + ") {dimension_numbers = " + d +
+           ", slice_sizes = " + i64Array(slice_sizes) + ", indices_are_sorted = false} : (" + operand.type.str() +
+           ", " + indices.type.str() + ") -> " + r.type.str());
+  return r;
+}
+
+Value Builder::scatter(const Value& operand, const Value& indices, const Value& updates, const ScatterDims& dn,
+                       const BodyFn& body) {
+  std::string reg = region({scalarType(operand.dtype()), scalarType(operand.dtype())}, body);
+  Value r = fresh(operand.type);
+  std::string d = "#stablehlo.scatter<update_window_dims = " + list(dn.update_window_dims) +
+                  ", inserted_window_dims = " + list(dn.inserted_window_dims);
+  if (!dn.input_batching_dims.empty())
+    d += ", input_batching_dims = " + list(dn.input_batching_dims) +
+         ", scatter_indices_batching_dims = " + list(dn.scatter_indices_batching_dims);
+  d += ", scatter_dims_to_operand_dims = " + list(dn.scatter_dims_to_operand_dims) +
+       ", index_vector_dim = " + std::to_string(dn.index_vector_dim) + ">";
+  emitLine(ref(r) + " = \"stablehlo.scatter\"(" + ref(operand) + ", " + ref(indices) + ", " + ref(updates) + ") " +
+           reg + " {scatter_dimension_numbers = " + d + ", indices_are_sorted = false, unique_indices = false} : (" +
+           operand.type.str() + ", " + indices.type.str() + ", " + updates.type.str() + ") -> " + r.type.str());
+  return r;
+}
+
+std::vector<Value> Builder::sort(const std::vector<Value>& inputs, int64_t dim, bool stable, const BodyFn& cmp) {
+  std::vector<Type> argt;
+  for (const auto& v : inputs) {
+    argt.push_back(scalarType(v.dtype()));
+    argt.push_back(scalarType(v.dtype()));
+  }
+  std::string reg = region(argt, cmp);
+  std::vector<Value> results;
+  std::string args;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    results.push_back(fresh(inputs[i].type));
+    args += (i ? ", " : "") + ref(inputs[i]);
+  }
+  emitMulti(results, "\"stablehlo.sort\"(" + args + ") " + reg + " {dimension = " + std::to_string(dim) +
+                         " : i64, is_stable = " + (stable ? "true" : "false") + "} : (" + types(inputs) + ") -> (" +
+                         types(results) + ")");
+  return results;
+}
+
+std::vector<Value> Builder::rngBitGenerator(const Value& state, const Type& out) {
+  std::vector<Value> results{fresh(state.type), fresh(out)};
+  emitMulti(results, "\"stablehlo.rng_bit_generator\"(" + ref(state) +
+                         ") {rng_algorithm = #stablehlo<rng_algorithm THREE_FRY>} : (" + state.type.str() + ") -> (" +
+                         types(results) + ")");
+  return results;
+}
+
+void Builder::emitMulti(const std::vector<Value>& results, const std::string& rhs) {
+  std::string group = "%g" + std::to_string(next_id_++);
+  emitLine(group + ":" + std::to_string(results.size()) + " = " + rhs);
+  for (size_t i = 0; i < results.size(); ++i) names_[results[i].id] = multiName(group, i);
+}
+
+}  // namespace tpu::ir

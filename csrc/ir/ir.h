@@ -1,0 +1,176 @@
+// A small typed SSA graph IR that prints as StableHLO (MLIR generic syntax).
+// Values are typed tensors; each builder method appends one StableHLO op and
+// infers its result type, so lowerings compose ops without shape bookkeeping.
+// No torch headers here.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <stdexcept>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+namespace tpu::ir {
+
+enum class DType : uint8_t { Bool, U8, I8, I16, I32, I64, F16, BF16, F32, F64, C64, U32, U64 };
+
+const char* mlirName(DType t);  // i1, ui8, i8, ..., f32, complex<f32>
+const char* dtypeName(DType t);  // bool, uint8, ..., float32
+size_t itemSize(DType t);
+inline bool isFloat(DType t) {
+  return t == DType::F16 || t == DType::BF16 || t == DType::F32 || t == DType::F64;
+}
+inline bool isComplex(DType t) { return t == DType::C64; }
+inline bool isInt(DType t) {
+  return t == DType::U8 || t == DType::I8 || t == DType::I16 || t == DType::I32 || t == DType::I64 ||
+         t == DType::U32 || t == DType::U64;
+}
+inline bool isUnsigned(DType t) {
+  return t == DType::U8 || t == DType::U32 || t == DType::U64 || t == DType::Bool;
+}
+// PyTorch's promotion of two dtypes (torch.promote_types).
+DType promote(DType a, DType b);
+
+using Shape = std::vector<int64_t>;
+
+struct Type {
+  DType dtype = DType::F32;
+  Shape shape;
+  int64_t numel() const;
+  int rank() const { return static_cast<int>(shape.size()); }
+  std::string str() const;  // tensor<2x3xf32>
+  bool operator==(const Type& o) const { return dtype == o.dtype && shape == o.shape; }
+  bool operator!=(const Type& o) const { return !(*this == o); }
+};
+
+struct Value {
+  int id = -1;
+  Type type;
+  bool valid() const { return id >= 0; }
+  DType dtype() const { return type.dtype; }
+  const Shape& shape() const { return type.shape; }
+  int rank() const { return type.rank(); }
+};
+
+// Thrown when a lowering cannot express an op for these arguments; the
+// dispatcher then uses the CPU fallback (counted, warned) or raises.
+class Unsupported : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+enum class Cmp { EQ, NE, LT, LE, GT, GE };
+
+class Builder {
+ public:
+  Builder();
+
+  Value param(const Type& t);
+  void output(const Value& v);
+  const std::vector<Type>& paramTypes() const { return params_; }
+  const std::vector<Value>& outputs() const { return outputs_; }
+  // The whole module as MLIR text, entry function @main.
+  std::string emit() const;
+  // Number of ops emitted so far (for metrics and the recompile log).
+  int opCount() const { return op_count_; }
+
+  // --- constants and conversions
+  Value constant(double v, DType t, const Shape& shape = {});
+  Value constantInt(int64_t v, DType t, const Shape& shape = {});
+  Value zeros(const Type& t) { return constant(0.0, t.dtype, t.shape); }
+  Value convert(const Value& v, DType t);
+  Value bitcast(const Value& v, const Type& t);
+  Value iota(const Type& t, int dim);
+
+  // --- shape ops
+  Value reshape(const Value& v, const Shape& shape);
+  Value broadcastInDim(const Value& v, const Shape& shape, const std::vector<int64_t>& dims);
+  // NumPy-style broadcast of v to `shape` (trailing alignment).
+  Value broadcastTo(const Value& v, const Shape& shape);
+  Value transpose(const Value& v, const std::vector<int64_t>& perm);
+  Value slice(const Value& v, const Shape& start, const Shape& limit, const Shape& strides);
+  Value dynamicSlice(const Value& v, const std::vector<Value>& starts, const Shape& sizes);
+  Value dynamicUpdateSlice(const Value& v, const Value& update, const std::vector<Value>& starts);
+  Value concatenate(const std::vector<Value>& vs, int64_t dim);
+  Value pad(const Value& v, const Value& pad_value, const Shape& lo, const Shape& hi, const Shape& interior);
+  Value reverse(const Value& v, const std::vector<int64_t>& dims);
+
+  // --- elementwise
+  Value unary(const char* op, const Value& v);                  // "exponential", "log", ...
+  Value binary(const char* op, const Value& a, const Value& b);  // same types required
+  Value compare(const Value& a, const Value& b, Cmp dir);
+  Value select(const Value& pred, const Value& a, const Value& b);
+  Value clamp(const Value& lo, const Value& x, const Value& hi);
+
+  // --- reductions and structured ops
+  using BodyFn = std::function<std::vector<Value>(Builder&, const std::vector<Value>& args)>;
+  // Reduces `inputs` over `dims` with the body (args: accumulators then
+  // elements, all scalars).
+  std::vector<Value> reduce(const std::vector<Value>& inputs, const std::vector<Value>& inits,
+                            const std::vector<int64_t>& dims, const BodyFn& body);
+  std::vector<Value> reduceWindow(const std::vector<Value>& inputs, const std::vector<Value>& inits,
+                                  const Shape& window, const Shape& strides, const Shape& base_dilations,
+                                  const Shape& window_dilations, const std::vector<std::pair<int64_t, int64_t>>& padding,
+                                  const BodyFn& body);
+  Value dotGeneral(const Value& lhs, const Value& rhs, const std::vector<int64_t>& lhs_batch,
+                   const std::vector<int64_t>& rhs_batch, const std::vector<int64_t>& lhs_contract,
+                   const std::vector<int64_t>& rhs_contract, DType out);
+  struct ConvDims {
+    // Dimension numbers for N-d convolution; spatial dims listed in order.
+    int64_t in_batch = 0, in_feature = 1;
+    std::vector<int64_t> in_spatial;
+    int64_t k_out = 0, k_in = 1;
+    std::vector<int64_t> k_spatial;
+    int64_t out_batch = 0, out_feature = 1;
+    std::vector<int64_t> out_spatial;
+  };
+  Value convolution(const Value& lhs, const Value& rhs, const ConvDims& dn, const Shape& strides,
+                    const std::vector<std::pair<int64_t, int64_t>>& padding, const Shape& lhs_dilation,
+                    const Shape& rhs_dilation, int64_t feature_groups, int64_t batch_groups, DType out);
+  struct GatherDims {
+    std::vector<int64_t> offset_dims, collapsed_slice_dims, start_index_map, operand_batching_dims,
+        start_indices_batching_dims;
+    int64_t index_vector_dim = 0;
+  };
+  Value gather(const Value& operand, const Value& indices, const GatherDims& dn, const Shape& slice_sizes);
+  struct ScatterDims {
+    std::vector<int64_t> update_window_dims, inserted_window_dims, scatter_dims_to_operand_dims,
+        input_batching_dims, scatter_indices_batching_dims;
+    int64_t index_vector_dim = 0;
+  };
+  // body(args = {old, update}) -> {new}
+  Value scatter(const Value& operand, const Value& indices, const Value& updates, const ScatterDims& dn,
+                const BodyFn& body);
+  // Sorts along `dim`; the comparator sees (a_0, b_0, a_1, b_1, ...).
+  std::vector<Value> sort(const std::vector<Value>& inputs, int64_t dim, bool stable, const BodyFn& cmp);
+  // THREE_FRY bit generator: returns {new_state, bits}.
+  std::vector<Value> rngBitGenerator(const Value& state, const Type& out);
+
+  // Scalar-typed helper (tensor<dtype>).
+  static Type scalarType(DType t) { return Type{t, {}}; }
+
+ private:
+  struct Block {
+    std::vector<std::string> lines;
+  };
+  Value fresh(const Type& t);
+  std::string ref(const Value& v) const;
+  void emitLine(const std::string& s);
+  std::string region(const std::vector<Type>& arg_types, const BodyFn& body);
+  std::string types(const std::vector<Value>& vs) const;
+  void emitMulti(const std::vector<Value>& results, const std::string& rhs);
+
+  int next_id_ = 0;
+  int op_count_ = 0;
+  std::vector<Type> params_;
+  std::vector<int> param_ids_;
+  std::unordered_map<int, std::string> names_;
+  std::vector<Value> outputs_;
+  std::vector<Block> blocks_;  // blocks_[0] is @main's body; nested regions push.
+};
+
+std::string shapeStr(const Shape& s);
+uint64_t fnv1a(const std::string& s, uint64_t seed = 1469598103934665603ull);
+
+}  // namespace tpu::ir

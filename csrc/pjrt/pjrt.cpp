@@ -1,0 +1,442 @@
+#include "pjrt/pjrt.h"
+
+#include <dlfcn.h>
+#include <sys/stat.h>
+
+#include <cstring>
+#include <utility>
+
+namespace tpu::pjrt {
+namespace {
+
+template <typename T>
+T makeArgs() {
+  T args;
+  std::memset(&args, 0, sizeof(T));
+  args.struct_size = sizeof(T);
+  return args;
+}
+
+bool fileExists(const std::string& p) {
+  struct stat st {};
+  return ::stat(p.c_str(), &st) == 0 && S_ISREG(st.st_mode);
+}
+
+// Where each named plugin lives inside a site-packages folder.
+std::vector<std::string> candidatesFor(const std::string& name) {
+  if (name == "cpu") return {"xla_plugins/xla_cpu_pjrt/xla_cpu_pjrt.so"};
+  if (name == "cuda")
+    return {"jax_plugins/xla_cuda13/xla_cuda_plugin.so",
+            "xla_plugins/xla_cuda13_pjrt/xla_gpu_pjrt.so",
+            "jax_plugins/xla_cuda12/xla_cuda_plugin.so"};
+  if (name == "tpu") return {"libtpu/libtpu.so"};
+  return {};
+}
+
+std::string installHint(const std::string& name) {
+  if (name == "cpu") return "pip install xla-cpu-pjrt";
+  if (name == "cuda") return "pip install jax-cuda13-pjrt (and the nvidia CUDA 13 libraries)";
+  if (name == "tpu") return "pip install libtpu";
+  return "";
+}
+
+}  // namespace
+
+std::string resolvePluginPath(const std::string& name,
+                              const std::vector<std::string>& search_dirs) {
+  if (name.find('/') != std::string::npos || (name.size() > 3 && name.substr(name.size() - 3) == ".so")) {
+    if (!fileExists(name))
+      throw PluginError("TORCH_TPU_PLUGIN points to '" + name +
+                        "', which does not exist. Set TORCH_TPU_PLUGIN to tpu, cuda, cpu or the path "
+                        "of a PJRT plugin .so file.");
+    return name;
+  }
+  std::vector<std::string> names;
+  if (name.empty()) {
+    names = {"tpu", "cuda", "cpu"};
+  } else if (name == "tpu" || name == "cuda" || name == "cpu") {
+    names = {name};
+  } else {
+    throw PluginError("TORCH_TPU_PLUGIN='" + name +
+                      "' is not understood: use tpu, cuda, cpu or the path of a PJRT plugin .so file.");
+  }
+  for (const auto& n : names) {
+    for (const auto& rel : candidatesFor(n)) {
+      for (const auto& dir : search_dirs) {
+        std::string p = dir + "/" + rel;
+        if (fileExists(p)) return p;
+      }
+    }
+  }
+  if (!name.empty())
+    throw PluginError("The PJRT plugin '" + name + "' was not found. Install it with: " + installHint(name) +
+                      " (or set TORCH_TPU_PLUGIN to the path of a plugin .so).");
+  throw PluginError(
+      "No PJRT plugin was found (looked for tpu, cuda and cpu). Install the CPU plugin with: "
+      "pip install xla-cpu-pjrt (or set TORCH_TPU_PLUGIN to the path of a plugin .so).");
+}
+
+std::shared_ptr<Api> Api::load(const std::string& path) {
+  void* h = ::dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+  if (!h) {
+    const char* e = ::dlerror();
+    throw PluginError("Could not load the PJRT plugin '" + path + "': " + (e ? e : "unknown dlopen error") +
+                      ". Reinstall the plugin or set TORCH_TPU_PLUGIN to another one.");
+  }
+  using GetApiFn = const PJRT_Api* (*)();
+  auto get = reinterpret_cast<GetApiFn>(::dlsym(h, "GetPjrtApi"));
+  if (!get) {
+    ::dlclose(h);
+    throw PluginError("'" + path + "' is not a PJRT plugin: it has no GetPjrtApi symbol.");
+  }
+  std::shared_ptr<Api> api(new Api());
+  api->handle_ = h;
+  api->path_ = path;
+  api->api_ = get();
+  if (!api->api_) throw PluginError("GetPjrtApi in '" + path + "' returned no API table.");
+  if (api->api_->pjrt_api_version.major_version != PJRT_API_MAJOR)
+    throw PluginError("PJRT plugin '" + path + "' has C API major version " +
+                      std::to_string(api->api_->pjrt_api_version.major_version) + ", torch_tpu needs " +
+                      std::to_string(PJRT_API_MAJOR) + ".");
+  auto args = makeArgs<PJRT_Plugin_Initialize_Args>();
+  api->check(api->api_->PJRT_Plugin_Initialize(&args), "PJRT_Plugin_Initialize");
+  return api;
+}
+
+// The plugin stays loaded for the life of the process: XLA registers
+// process-wide state (thread pools, atexit handlers) that must not be unmapped.
+Api::~Api() = default;
+
+std::string Api::message(const PJRT_Error* err) const {
+  auto args = makeArgs<PJRT_Error_Message_Args>();
+  args.error = err;
+  api_->PJRT_Error_Message(&args);
+  return std::string(args.message, args.message_size);
+}
+
+void Api::destroyError(PJRT_Error* err) const {
+  if (!err) return;
+  auto args = makeArgs<PJRT_Error_Destroy_Args>();
+  args.error = err;
+  api_->PJRT_Error_Destroy(&args);
+}
+
+void Api::check(PJRT_Error* err, const char* what) const {
+  if (!err) return;
+  std::string msg = message(err);
+  auto cargs = makeArgs<PJRT_Error_GetCode_Args>();
+  cargs.error = err;
+  PJRT_Error_Code code = PJRT_Error_Code_UNKNOWN;
+  if (api_->PJRT_Error_GetCode(&cargs) == nullptr) code = cargs.code;
+  destroyError(err);
+  throw Error(std::string(what) + " failed: " + msg, code);
+}
+
+Event::~Event() {
+  if (!ev_) return;
+  auto args = makeArgs<PJRT_Event_Destroy_Args>();
+  args.event = ev_;
+  api_->destroyError(api_->raw()->PJRT_Event_Destroy(&args));
+}
+
+void Event::await(const char* what) const {
+  auto args = makeArgs<PJRT_Event_Await_Args>();
+  args.event = ev_;
+  api_->check(api_->raw()->PJRT_Event_Await(&args), what);
+}
+
+bool Event::isReady() const {
+  auto args = makeArgs<PJRT_Event_IsReady_Args>();
+  args.event = ev_;
+  api_->check(api_->raw()->PJRT_Event_IsReady(&args), "PJRT_Event_IsReady");
+  return args.is_ready;
+}
+
+Buffer::~Buffer() {
+  if (!buf_) return;
+  auto args = makeArgs<PJRT_Buffer_Destroy_Args>();
+  args.buffer = buf_;
+  api_->destroyError(api_->raw()->PJRT_Buffer_Destroy(&args));
+}
+
+std::vector<int64_t> Buffer::dims() const {
+  auto args = makeArgs<PJRT_Buffer_Dimensions_Args>();
+  args.buffer = buf_;
+  api_->check(api_->raw()->PJRT_Buffer_Dimensions(&args), "PJRT_Buffer_Dimensions");
+  return std::vector<int64_t>(args.dims, args.dims + args.num_dims);
+}
+
+ElementType Buffer::elementType() const {
+  auto args = makeArgs<PJRT_Buffer_ElementType_Args>();
+  args.buffer = buf_;
+  api_->check(api_->raw()->PJRT_Buffer_ElementType(&args), "PJRT_Buffer_ElementType");
+  return static_cast<ElementType>(args.type);
+}
+
+size_t Buffer::onDeviceBytes() const {
+  auto args = makeArgs<PJRT_Buffer_OnDeviceSizeInBytes_Args>();
+  args.buffer = buf_;
+  api_->check(api_->raw()->PJRT_Buffer_OnDeviceSizeInBytes(&args), "PJRT_Buffer_OnDeviceSizeInBytes");
+  return args.on_device_size_in_bytes;
+}
+
+size_t Buffer::hostBytes() const {
+  auto args = makeArgs<PJRT_Buffer_ToHostBuffer_Args>();
+  args.src = buf_;
+  args.dst = nullptr;
+  api_->check(api_->raw()->PJRT_Buffer_ToHostBuffer(&args), "PJRT_Buffer_ToHostBuffer");
+  return args.dst_size;
+}
+
+void Buffer::toHost(void* dst, size_t dst_size) const {
+  auto args = makeArgs<PJRT_Buffer_ToHostBuffer_Args>();
+  args.src = buf_;
+  args.dst = dst;
+  args.dst_size = dst_size;
+  api_->check(api_->raw()->PJRT_Buffer_ToHostBuffer(&args), "PJRT_Buffer_ToHostBuffer");
+  Event ev(api_, args.event);
+  ev.await("device-to-host copy");
+}
+
+void Buffer::awaitReady() const {
+  auto args = makeArgs<PJRT_Buffer_ReadyEvent_Args>();
+  args.buffer = buf_;
+  api_->check(api_->raw()->PJRT_Buffer_ReadyEvent(&args), "PJRT_Buffer_ReadyEvent");
+  Event ev(api_, args.event);
+  ev.await("device computation");
+}
+
+PJRT_Device* Buffer::device() const {
+  auto args = makeArgs<PJRT_Buffer_Device_Args>();
+  args.buffer = buf_;
+  api_->check(api_->raw()->PJRT_Buffer_Device(&args), "PJRT_Buffer_Device");
+  return args.device;
+}
+
+Executable::Executable(std::shared_ptr<const Api> api, PJRT_LoadedExecutable* exe)
+    : api_(std::move(api)), exe_(exe) {
+  auto gargs = makeArgs<PJRT_LoadedExecutable_GetExecutable_Args>();
+  gargs.loaded_executable = exe_;
+  api_->check(api_->raw()->PJRT_LoadedExecutable_GetExecutable(&gargs), "PJRT_LoadedExecutable_GetExecutable");
+  auto nargs = makeArgs<PJRT_Executable_NumOutputs_Args>();
+  nargs.executable = gargs.executable;
+  PJRT_Error* err = api_->raw()->PJRT_Executable_NumOutputs(&nargs);
+  auto dargs = makeArgs<PJRT_Executable_Destroy_Args>();
+  dargs.executable = gargs.executable;
+  api_->destroyError(api_->raw()->PJRT_Executable_Destroy(&dargs));
+  api_->check(err, "PJRT_Executable_NumOutputs");
+  num_outputs_ = nargs.num_outputs;
+}
+
+Executable::~Executable() {
+  if (!exe_) return;
+  auto args = makeArgs<PJRT_LoadedExecutable_Destroy_Args>();
+  args.executable = exe_;
+  api_->destroyError(api_->raw()->PJRT_LoadedExecutable_Destroy(&args));
+}
+
+std::vector<std::unique_ptr<Buffer>> Executable::execute(const std::vector<PJRT_Buffer*>& args,
+                                                         PJRT_Device* device) const {
+  auto opts = makeArgs<PJRT_ExecuteOptions>();
+  std::vector<PJRT_Buffer*> outs(num_outputs_, nullptr);
+  PJRT_Buffer* const* arg_list = args.data();
+  PJRT_Buffer** out_list = outs.data();
+  auto eargs = makeArgs<PJRT_LoadedExecutable_Execute_Args>();
+  eargs.executable = exe_;
+  eargs.options = &opts;
+  eargs.argument_lists = &arg_list;
+  eargs.num_devices = 1;
+  eargs.num_args = args.size();
+  eargs.output_lists = &out_list;
+  eargs.device_complete_events = nullptr;
+  eargs.execute_device = device;
+  api_->check(api_->raw()->PJRT_LoadedExecutable_Execute(&eargs), "PJRT_LoadedExecutable_Execute");
+  std::vector<std::unique_ptr<Buffer>> result;
+  result.reserve(outs.size());
+  for (PJRT_Buffer* b : outs) result.push_back(std::make_unique<Buffer>(api_, b));
+  return result;
+}
+
+std::string Executable::serialize() const {
+  auto gargs = makeArgs<PJRT_LoadedExecutable_GetExecutable_Args>();
+  gargs.loaded_executable = exe_;
+  api_->check(api_->raw()->PJRT_LoadedExecutable_GetExecutable(&gargs), "PJRT_LoadedExecutable_GetExecutable");
+  auto sargs = makeArgs<PJRT_Executable_Serialize_Args>();
+  sargs.executable = gargs.executable;
+  PJRT_Error* err = api_->raw()->PJRT_Executable_Serialize(&sargs);
+  std::string out;
+  if (!err) out.assign(sargs.serialized_bytes, sargs.serialized_bytes_size);
+  if (!err && sargs.serialized_executable_deleter) sargs.serialized_executable_deleter(sargs.serialized_executable);
+  auto dargs = makeArgs<PJRT_Executable_Destroy_Args>();
+  dargs.executable = gargs.executable;
+  api_->destroyError(api_->raw()->PJRT_Executable_Destroy(&dargs));
+  api_->check(err, "PJRT_Executable_Serialize");
+  return out;
+}
+
+std::unique_ptr<Client> Client::create(std::shared_ptr<Api> api, int cpu_device_count) {
+  std::unique_ptr<Client> c(new Client());
+  c->api_ = std::move(api);
+  const PJRT_Api* raw = c->api_->raw();
+  // The CPU plugin takes int64 options; other plugins ignore unknown ones
+  // poorly, so they are passed only when the path names the CPU plugin.
+  std::vector<PJRT_NamedValue> opts;
+  const bool is_cpu = c->api_->path().find("cpu") != std::string::npos;
+  static const char kCount[] = "cpu_device_count";
+  static const char kAsync[] = "asynchronous";
+  if (is_cpu) {
+    PJRT_NamedValue n{};
+    n.struct_size = sizeof(PJRT_NamedValue);
+    n.name = kCount;
+    n.name_size = sizeof(kCount) - 1;
+    n.type = PJRT_NamedValue_kInt64;
+    n.int64_value = cpu_device_count;
+    n.value_size = 1;
+    opts.push_back(n);
+    PJRT_NamedValue a{};
+    a.struct_size = sizeof(PJRT_NamedValue);
+    a.name = kAsync;
+    a.name_size = sizeof(kAsync) - 1;
+    a.type = PJRT_NamedValue_kBool;
+    a.bool_value = true;
+    a.value_size = 1;
+    opts.push_back(a);
+  }
+  auto args = makeArgs<PJRT_Client_Create_Args>();
+  args.create_options = opts.data();
+  args.num_options = opts.size();
+  c->api_->check(raw->PJRT_Client_Create(&args), "PJRT_Client_Create");
+  c->client_ = args.client;
+
+  auto pn = makeArgs<PJRT_Client_PlatformName_Args>();
+  pn.client = c->client_;
+  c->api_->check(raw->PJRT_Client_PlatformName(&pn), "PJRT_Client_PlatformName");
+  c->platform_name_.assign(pn.platform_name, pn.platform_name_size);
+  auto pv = makeArgs<PJRT_Client_PlatformVersion_Args>();
+  pv.client = c->client_;
+  c->api_->check(raw->PJRT_Client_PlatformVersion(&pv), "PJRT_Client_PlatformVersion");
+  c->platform_version_.assign(pv.platform_version, pv.platform_version_size);
+
+  auto da = makeArgs<PJRT_Client_AddressableDevices_Args>();
+  da.client = c->client_;
+  c->api_->check(raw->PJRT_Client_AddressableDevices(&da), "PJRT_Client_AddressableDevices");
+  for (size_t i = 0; i < da.num_addressable_devices; ++i) {
+    DeviceInfo info;
+    info.raw = da.addressable_devices[i];
+    info.id = static_cast<int>(i);
+    auto gd = makeArgs<PJRT_Device_GetDescription_Args>();
+    gd.device = info.raw;
+    c->api_->check(raw->PJRT_Device_GetDescription(&gd), "PJRT_Device_GetDescription");
+    auto kd = makeArgs<PJRT_DeviceDescription_Kind_Args>();
+    kd.device_description = gd.device_description;
+    c->api_->check(raw->PJRT_DeviceDescription_Kind(&kd), "PJRT_DeviceDescription_Kind");
+    info.kind.assign(kd.device_kind, kd.device_kind_size);
+    auto ds = makeArgs<PJRT_DeviceDescription_DebugString_Args>();
+    ds.device_description = gd.device_description;
+    c->api_->check(raw->PJRT_DeviceDescription_DebugString(&ds), "PJRT_DeviceDescription_DebugString");
+    info.debug.assign(ds.debug_string, ds.debug_string_size);
+    c->devices_.push_back(std::move(info));
+  }
+  return c;
+}
+
+Client::~Client() {
+  if (!client_) return;
+  auto args = makeArgs<PJRT_Client_Destroy_Args>();
+  args.client = client_;
+  api_->destroyError(api_->raw()->PJRT_Client_Destroy(&args));
+}
+
+std::unique_ptr<Executable> Client::compile(const std::string& mlir, const std::string& options) const {
+  auto prog = makeArgs<PJRT_Program>();
+  prog.code = const_cast<char*>(mlir.data());
+  prog.code_size = mlir.size();
+  static const char kFormat[] = "mlir";
+  prog.format = kFormat;
+  prog.format_size = sizeof(kFormat) - 1;
+  auto args = makeArgs<PJRT_Client_Compile_Args>();
+  args.client = client_;
+  args.program = &prog;
+  args.compile_options = options.data();
+  args.compile_options_size = options.size();
+  api_->check(api_->raw()->PJRT_Client_Compile(&args), "PJRT_Client_Compile");
+  return std::make_unique<Executable>(api_, args.executable);
+}
+
+std::unique_ptr<Executable> Client::deserialize(const std::string& bytes) const {
+  auto args = makeArgs<PJRT_Executable_DeserializeAndLoad_Args>();
+  args.client = client_;
+  args.serialized_executable = bytes.data();
+  args.serialized_executable_size = bytes.size();
+  api_->check(api_->raw()->PJRT_Executable_DeserializeAndLoad(&args), "PJRT_Executable_DeserializeAndLoad");
+  return std::make_unique<Executable>(api_, args.loaded_executable);
+}
+
+std::unique_ptr<Buffer> Client::fromHost(const void* data, ElementType type, const std::vector<int64_t>& dims,
+                                         int device) const {
+  auto args = makeArgs<PJRT_Client_BufferFromHostBuffer_Args>();
+  args.client = client_;
+  args.data = data;
+  args.type = static_cast<PJRT_Buffer_Type>(type);
+  args.dims = dims.data();
+  args.num_dims = dims.size();
+  args.host_buffer_semantics = PJRT_HostBufferSemantics_kImmutableOnlyDuringCall;
+  args.device = devices_.at(device).raw;
+  api_->check(api_->raw()->PJRT_Client_BufferFromHostBuffer(&args), "PJRT_Client_BufferFromHostBuffer");
+  auto buf = std::make_unique<Buffer>(api_, args.buffer);
+  Event done(api_, args.done_with_host_buffer);
+  done.await("host-to-device copy");
+  return buf;
+}
+
+MemoryStats Client::memoryStats(int device) const {
+  MemoryStats s;
+  if (!TPU_PJRT_HAS(*api_, PJRT_Device_MemoryStats)) return s;
+  auto args = makeArgs<PJRT_Device_MemoryStats_Args>();
+  args.device = devices_.at(device).raw;
+  PJRT_Error* err = api_->raw()->PJRT_Device_MemoryStats(&args);
+  if (err) {  // UNIMPLEMENTED on some plugins (the CPU one): no figures.
+    api_->destroyError(err);
+    return s;
+  }
+  s.bytes_in_use = args.bytes_in_use;
+  if (args.bytes_limit_is_set) s.bytes_limit = args.bytes_limit;
+  return s;
+}
+
+std::string compileOptions(bool portable) {
+  // CompileOptionsProto{ compile_portable_executable(4)=true,
+  //   executable_build_options(3){ num_replicas(4)=1, num_partitions(5)=1 } }
+  std::string out;
+  if (portable) out += std::string("\x20\x01", 2);
+  out += std::string("\x1a\x04\x20\x01\x28\x01", 6);
+  return out;
+}
+
+size_t elementSize(ElementType t) {
+  switch (t) {
+    case ElementType::PRED:
+    case ElementType::S8:
+    case ElementType::U8:
+      return 1;
+    case ElementType::S16:
+    case ElementType::U16:
+    case ElementType::F16:
+    case ElementType::BF16:
+      return 2;
+    case ElementType::S32:
+    case ElementType::U32:
+    case ElementType::F32:
+      return 4;
+    case ElementType::S64:
+    case ElementType::U64:
+    case ElementType::F64:
+    case ElementType::C64:
+      return 8;
+    case ElementType::C128:
+      return 16;
+  }
+  return 0;
+}
+
+}  // namespace tpu::pjrt

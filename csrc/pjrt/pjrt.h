@@ -1,0 +1,207 @@
+// RAII wrappers over the PJRT C API. No torch headers here: this layer builds
+// and tests on its own (tests/cpp/pjrt_test.cpp).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "pjrt_c_api.h"
+
+namespace tpu::pjrt {
+
+// A PJRT call failed; carries the plugin's message and status code.
+class Error : public std::runtime_error {
+ public:
+  Error(const std::string& what, PJRT_Error_Code code)
+      : std::runtime_error(what), code_(code) {}
+  PJRT_Error_Code code() const { return code_; }
+
+ private:
+  PJRT_Error_Code code_;
+};
+
+// The plugin could not be found or loaded; the message says what to install.
+class PluginError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+class Api;
+class Buffer;
+class Event;
+
+// Resolves a plugin name (tpu | cuda | cpu | a path) to a shared-library path.
+// `search_dirs` are site-packages style folders to look in. Empty `name`
+// means the first available of tpu, cuda, cpu. Throws PluginError.
+std::string resolvePluginPath(const std::string& name,
+                              const std::vector<std::string>& search_dirs);
+
+// Owns the dlopen'ed plugin and its PJRT_Api table.
+class Api {
+ public:
+  static std::shared_ptr<Api> load(const std::string& path);
+  ~Api();
+  Api(const Api&) = delete;
+  Api& operator=(const Api&) = delete;
+
+  const PJRT_Api* raw() const { return api_; }
+  const std::string& path() const { return path_; }
+  int majorVersion() const { return api_->pjrt_api_version.major_version; }
+  int minorVersion() const { return api_->pjrt_api_version.minor_version; }
+  // True when the plugin's function table is long enough to hold `offset`.
+  bool has(size_t field_offset) const { return field_offset < api_->struct_size; }
+
+  // Throws Error if `err` is non-null (and frees it). `what` names the call.
+  void check(PJRT_Error* err, const char* what) const;
+  std::string message(const PJRT_Error* err) const;
+  void destroyError(PJRT_Error* err) const;
+
+ private:
+  Api() = default;
+  void* handle_ = nullptr;
+  const PJRT_Api* api_ = nullptr;
+  std::string path_;
+};
+
+#define TPU_PJRT_HAS(api, field) (api).has(offsetof(PJRT_Api, field))
+
+// An event (transfer done, execution done). Destroyed with the object.
+class Event {
+ public:
+  Event(std::shared_ptr<const Api> api, PJRT_Event* ev) : api_(std::move(api)), ev_(ev) {}
+  ~Event();
+  Event(const Event&) = delete;
+  Event& operator=(const Event&) = delete;
+  // Blocks until ready; throws Error with the plugin's message on failure.
+  void await(const char* what = "PJRT_Event_Await") const;
+  bool isReady() const;
+
+ private:
+  std::shared_ptr<const Api> api_;
+  PJRT_Event* ev_;
+};
+
+enum class ElementType : int {
+  PRED = PJRT_Buffer_Type_PRED,
+  S8 = PJRT_Buffer_Type_S8,
+  S16 = PJRT_Buffer_Type_S16,
+  S32 = PJRT_Buffer_Type_S32,
+  S64 = PJRT_Buffer_Type_S64,
+  U8 = PJRT_Buffer_Type_U8,
+  U16 = PJRT_Buffer_Type_U16,
+  U32 = PJRT_Buffer_Type_U32,
+  U64 = PJRT_Buffer_Type_U64,
+  F16 = PJRT_Buffer_Type_F16,
+  F32 = PJRT_Buffer_Type_F32,
+  F64 = PJRT_Buffer_Type_F64,
+  BF16 = PJRT_Buffer_Type_BF16,
+  C64 = PJRT_Buffer_Type_C64,
+  C128 = PJRT_Buffer_Type_C128,
+};
+
+class Client;
+
+// A device buffer. Owns the PJRT_Buffer.
+class Buffer {
+ public:
+  Buffer(std::shared_ptr<const Api> api, PJRT_Buffer* buf) : api_(std::move(api)), buf_(buf) {}
+  ~Buffer();
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+
+  PJRT_Buffer* raw() const { return buf_; }
+  std::vector<int64_t> dims() const;
+  ElementType elementType() const;
+  size_t onDeviceBytes() const;
+  // Copies to host synchronously. `dst` must hold hostBytes().
+  void toHost(void* dst, size_t dst_size) const;
+  size_t hostBytes() const;
+  // Blocks until the buffer's value is computed; throws the producing
+  // computation's error if it failed.
+  void awaitReady() const;
+  PJRT_Device* device() const;
+
+ private:
+  std::shared_ptr<const Api> api_;
+  PJRT_Buffer* buf_;
+};
+
+// A compiled, loaded executable.
+class Executable {
+ public:
+  Executable(std::shared_ptr<const Api> api, PJRT_LoadedExecutable* exe);
+  ~Executable();
+  Executable(const Executable&) = delete;
+  Executable& operator=(const Executable&) = delete;
+
+  size_t numOutputs() const { return num_outputs_; }
+  // Runs asynchronously on `device`; output buffers are returned at once and
+  // become ready when the computation finishes.
+  std::vector<std::unique_ptr<Buffer>> execute(const std::vector<PJRT_Buffer*>& args,
+                                               PJRT_Device* device) const;
+  // Platform-specific bytes; valid only for the same plugin build.
+  std::string serialize() const;
+  PJRT_LoadedExecutable* raw() const { return exe_; }
+
+ private:
+  std::shared_ptr<const Api> api_;
+  PJRT_LoadedExecutable* exe_;
+  size_t num_outputs_ = 0;
+};
+
+struct DeviceInfo {
+  int id = 0;
+  std::string kind;
+  std::string debug;
+  PJRT_Device* raw = nullptr;
+};
+
+struct MemoryStats {
+  int64_t bytes_in_use = 0;
+  int64_t bytes_limit = -1;  // -1: the plugin does not say
+};
+
+class Client {
+ public:
+  // `cpu_device_count` is passed to the CPU plugin only.
+  static std::unique_ptr<Client> create(std::shared_ptr<Api> api, int cpu_device_count);
+  ~Client();
+  Client(const Client&) = delete;
+  Client& operator=(const Client&) = delete;
+
+  const std::shared_ptr<Api>& api() const { return api_; }
+  PJRT_Client* raw() const { return client_; }
+  const std::string& platformName() const { return platform_name_; }
+  const std::string& platformVersion() const { return platform_version_; }
+  const std::vector<DeviceInfo>& devices() const { return devices_; }
+
+  // Compiles MLIR text with the given serialized CompileOptionsProto.
+  std::unique_ptr<Executable> compile(const std::string& mlir, const std::string& options) const;
+  std::unique_ptr<Executable> deserialize(const std::string& bytes) const;
+
+  // Copies a dense row-major host array to `device`. Waits until the host
+  // memory may be reused, so `data` may be freed on return.
+  std::unique_ptr<Buffer> fromHost(const void* data, ElementType type,
+                                   const std::vector<int64_t>& dims, int device) const;
+  MemoryStats memoryStats(int device) const;
+
+ private:
+  Client() = default;
+  std::shared_ptr<Api> api_;
+  PJRT_Client* client_ = nullptr;
+  std::string platform_name_;
+  std::string platform_version_;
+  std::vector<DeviceInfo> devices_;
+};
+
+// The serialized xla.CompileOptionsProto for one replica, one partition.
+// `portable` sets compile_portable_executable so one executable runs on any
+// device of the client.
+std::string compileOptions(bool portable);
+
+size_t elementSize(ElementType t);
+
+}  // namespace tpu::pjrt

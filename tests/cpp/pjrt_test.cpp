@@ -1,0 +1,164 @@
+// Units for the PJRT layer and the IR emitter against the CPU plugin.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <cstring>
+
+#include "ir/ir.h"
+#include "pjrt/pjrt.h"
+
+using namespace tpu;
+
+namespace {
+
+std::vector<std::string> searchDirs() {
+  const char* p = std::getenv("TORCH_TPU_PLUGIN_PATH");
+  std::vector<std::string> dirs;
+  if (p) dirs.push_back(p);
+  return dirs;
+}
+
+pjrt::Client& client() {
+  static std::unique_ptr<pjrt::Client> c = [] {
+    auto api = pjrt::Api::load(pjrt::resolvePluginPath("cpu", searchDirs()));
+    return pjrt::Client::create(api, 2);
+  }();
+  return *c;
+}
+
+std::vector<float> run(const ir::Builder& b, const std::vector<std::vector<float>>& inputs) {
+  auto exe = client().compile(b.emit(), pjrt::compileOptions(true));
+  std::vector<std::unique_ptr<pjrt::Buffer>> bufs;
+  std::vector<PJRT_Buffer*> raw;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    bufs.push_back(client().fromHost(inputs[i].data(), pjrt::ElementType::F32, b.paramTypes()[i].shape, 0));
+    raw.push_back(bufs.back()->raw());
+  }
+  auto outs = exe->execute(raw, client().devices()[0].raw);
+  std::vector<float> host(outs[0]->hostBytes() / sizeof(float));
+  outs[0]->toHost(host.data(), host.size() * sizeof(float));
+  return host;
+}
+
+}  // namespace
+
+TEST(Plugin, ResolvesNamedPlugins) {
+  EXPECT_NO_THROW(pjrt::resolvePluginPath("cpu", searchDirs()));
+  EXPECT_NO_THROW(pjrt::resolvePluginPath("", searchDirs()));
+}
+
+TEST(Plugin, MissingPluginSaysWhatToInstall) {
+  try {
+    pjrt::resolvePluginPath("tpu", {"/nonexistent"});
+    FAIL() << "expected PluginError";
+  } catch (const pjrt::PluginError& e) {
+    EXPECT_NE(std::string(e.what()).find("pip install libtpu"), std::string::npos);
+  }
+  EXPECT_THROW(pjrt::resolvePluginPath("/no/such/plugin.so", {}), pjrt::PluginError);
+  EXPECT_THROW(pjrt::resolvePluginPath("gpu9", {}), pjrt::PluginError);
+}
+
+TEST(Plugin, NonPluginLibraryIsRejected) {
+  EXPECT_THROW(pjrt::Api::load("libm.so.6"), pjrt::PluginError);
+}
+
+TEST(Client, ListsRequestedCpuDevices) {
+  EXPECT_EQ(client().devices().size(), 2u);
+  EXPECT_EQ(client().platformName(), "cpu");
+}
+
+TEST(Client, HostRoundTrip) {
+  std::vector<float> x{1, 2, 3, 4, 5, 6};
+  auto buf = client().fromHost(x.data(), pjrt::ElementType::F32, {2, 3}, 1);
+  EXPECT_EQ(buf->dims(), (std::vector<int64_t>{2, 3}));
+  EXPECT_EQ(buf->elementType(), pjrt::ElementType::F32);
+  std::vector<float> y(6);
+  buf->toHost(y.data(), y.size() * 4);
+  EXPECT_EQ(x, y);
+}
+
+TEST(Compile, ElementwiseProgramRuns) {
+  ir::Builder b;
+  auto x = b.param({ir::DType::F32, {2, 3}});
+  auto y = b.param({ir::DType::F32, {2, 3}});
+  auto s = b.binary("add", x, y);
+  auto two = b.constant(2.0, ir::DType::F32, {2, 3});
+  b.output(b.binary("multiply", s, two));
+  auto out = run(b, {{1, 2, 3, 4, 5, 6}, {1, 1, 1, 1, 1, 1}});
+  EXPECT_EQ(out, (std::vector<float>{4, 6, 8, 10, 12, 14}));
+}
+
+TEST(Compile, ReduceAndDot) {
+  ir::Builder b;
+  auto x = b.param({ir::DType::F32, {2, 3}});
+  auto w = b.param({ir::DType::F32, {3, 2}});
+  auto d = b.dotGeneral(x, w, {}, {}, {1}, {0}, ir::DType::F32);
+  auto zero = b.constant(0.0, ir::DType::F32);
+  auto r = b.reduce({d}, {zero}, {1}, [](ir::Builder& bb, const std::vector<ir::Value>& a) {
+    return std::vector<ir::Value>{bb.binary("add", a[0], a[1])};
+  });
+  b.output(r[0]);
+  auto out = run(b, {{1, 2, 3, 4, 5, 6}, {1, 0, 0, 1, 1, 1}});
+  // rows: [1+3, 2+3] = [4,5] -> 9 ; [4+6, 5+6] = [10, 11] -> 21
+  EXPECT_EQ(out, (std::vector<float>{9, 21}));
+}
+
+TEST(Compile, SortAndGather) {
+  ir::Builder b;
+  auto x = b.param({ir::DType::F32, {4}});
+  auto sorted = b.sort({x}, 0, true, [](ir::Builder& bb, const std::vector<ir::Value>& a) {
+    return std::vector<ir::Value>{bb.compare(a[0], a[1], ir::Cmp::LT)};
+  });
+  auto idx = b.constantInt(2, ir::DType::I64, {1, 1});
+  ir::Builder::GatherDims dn;
+  dn.offset_dims = {};
+  dn.collapsed_slice_dims = {0};
+  dn.start_index_map = {0};
+  dn.index_vector_dim = 1;
+  auto g = b.gather(sorted[0], idx, dn, {1});
+  b.output(g);
+  auto out = run(b, {{4, 1, 3, 2}});
+  EXPECT_EQ(out, (std::vector<float>{3}));
+}
+
+TEST(Compile, ErrorsCarryThePluginMessage) {
+  try {
+    client().compile("module { this is not mlir }", pjrt::compileOptions(true));
+    FAIL() << "expected pjrt::Error";
+  } catch (const pjrt::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("PJRT_Client_Compile"), std::string::npos);
+  }
+}
+
+TEST(Compile, SerializeRoundTrip) {
+  ir::Builder b;
+  auto x = b.param({ir::DType::F32, {3}});
+  b.output(b.unary("negate", x));
+  auto exe = client().compile(b.emit(), pjrt::compileOptions(true));
+  std::string bytes = exe->serialize();
+  ASSERT_FALSE(bytes.empty());
+  auto exe2 = client().deserialize(bytes);
+  std::vector<float> in{1, 2, 3};
+  auto buf = client().fromHost(in.data(), pjrt::ElementType::F32, {3}, 0);
+  auto outs = exe2->execute({buf->raw()}, client().devices()[0].raw);
+  std::vector<float> o(3);
+  outs[0]->toHost(o.data(), 12);
+  EXPECT_EQ(o, (std::vector<float>{-1, -2, -3}));
+}
+
+TEST(IR, PromotionMatchesPyTorch) {
+  using ir::DType;
+  EXPECT_EQ(ir::promote(DType::I64, DType::F32), DType::F32);
+  EXPECT_EQ(ir::promote(DType::F16, DType::BF16), DType::F32);
+  EXPECT_EQ(ir::promote(DType::U8, DType::I8), DType::I16);
+  EXPECT_EQ(ir::promote(DType::Bool, DType::I32), DType::I32);
+  EXPECT_EQ(ir::promote(DType::BF16, DType::F32), DType::F32);
+}
+
+TEST(IR, BroadcastShapes) {
+  ir::Builder b;
+  auto x = b.param({ir::DType::F32, {3, 1}});
+  auto y = b.broadcastTo(x, {2, 3, 4});
+  EXPECT_EQ(y.shape(), (ir::Shape{2, 3, 4}));
+  EXPECT_THROW(b.broadcastTo(x, {2, 4, 4}), std::invalid_argument);
+}
