@@ -206,6 +206,14 @@ void Buffer::awaitReady() const {
   ev.await("device computation");
 }
 
+bool Buffer::isReady() const {
+  auto args = makeArgs<PJRT_Buffer_ReadyEvent_Args>();
+  args.buffer = buf_;
+  api_->check(api_->raw()->PJRT_Buffer_ReadyEvent(&args), "PJRT_Buffer_ReadyEvent");
+  Event ev(api_, args.event);
+  return ev.isReady();
+}
+
 PJRT_Device* Buffer::device() const {
   auto args = makeArgs<PJRT_Buffer_Device_Args>();
   args.buffer = buf_;

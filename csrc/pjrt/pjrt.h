@@ -122,6 +122,7 @@ class Buffer {
   // Blocks until the buffer's value is computed; throws the producing
   // computation's error if it failed.
   void awaitReady() const;
+  bool isReady() const;
   PJRT_Device* device() const;
 
  private:

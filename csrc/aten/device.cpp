@@ -1,0 +1,533 @@
+// The tpu device in PyTorch: allocator, device guard, hooks, generator, and
+// the tensor <-> device-array helpers every other aten/ file uses.
+#include <ATen/detail/PrivateUse1HooksInterface.h>
+#include <ATen/native/Resize.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <c10/util/Exception.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+
+#include "aten/tpu.h"
+#include "ops/lowering.h"
+
+namespace tpu::aten {
+
+// ---------------------------------------------------------------- dtypes
+
+ir::DType toIr(at::ScalarType t) {
+  switch (t) {
+    case at::kBool: return ir::DType::Bool;
+    case at::kByte: return ir::DType::U8;
+    case at::kChar: return ir::DType::I8;
+    case at::kShort: return ir::DType::I16;
+    case at::kInt: return ir::DType::I32;
+    case at::kLong: return ir::DType::I64;
+    case at::kHalf: return ir::DType::F16;
+    case at::kBFloat16: return ir::DType::BF16;
+    case at::kFloat: return ir::DType::F32;
+    case at::kDouble: return ir::DType::F64;
+    case at::kComplexFloat: return ir::DType::C64;
+    case at::kUInt32: return ir::DType::U32;
+    case at::kUInt64: return ir::DType::U64;
+    default: throw ir::Unsupported(std::string("dtype ") + c10::toString(t) + " is not supported on tpu");
+  }
+}
+
+at::ScalarType toAten(ir::DType t) {
+  switch (t) {
+    case ir::DType::Bool: return at::kBool;
+    case ir::DType::U8: return at::kByte;
+    case ir::DType::I8: return at::kChar;
+    case ir::DType::I16: return at::kShort;
+    case ir::DType::I32: return at::kInt;
+    case ir::DType::I64: return at::kLong;
+    case ir::DType::F16: return at::kHalf;
+    case ir::DType::BF16: return at::kBFloat16;
+    case ir::DType::F32: return at::kFloat;
+    case ir::DType::F64: return at::kDouble;
+    case ir::DType::C64: return at::kComplexFloat;
+    case ir::DType::U32: return at::kUInt32;
+    case ir::DType::U64: return at::kUInt64;
+  }
+  return at::kFloat;
+}
+
+bool supported(at::ScalarType t) {
+  try {
+    toIr(t);
+    return true;
+  } catch (const ir::Unsupported&) {
+    return false;
+  }
+}
+
+// ---------------------------------------------------------------- errors
+
+void rethrow(const std::exception& e, const std::string& context) {
+  if (auto* oom = dynamic_cast<const runtime::OutOfMemory*>(&e)) {
+    TORCH_CHECK_WITH(OutOfMemoryError, false, oom->what());
+  }
+  if (auto* pe = dynamic_cast<const pjrt::PluginError*>(&e)) {
+    TORCH_CHECK(false, "torch_tpu: ", pe->what());
+  }
+  if (auto* ce = dynamic_cast<const c10::Error*>(&e)) throw *ce;  // keep PyTorch's own type
+  if (dynamic_cast<const std::out_of_range*>(&e)) TORCH_CHECK_INDEX(false, e.what());
+  TORCH_CHECK(false, context.empty() ? "" : context + ": ", e.what());
+}
+
+namespace {
+std::atomic<int> g_fallback_error{-1};
+}
+bool fallbackIsError() {
+  int v = g_fallback_error.load();
+  if (v < 0) {
+    const char* e = std::getenv("TORCH_TPU_FALLBACK");
+    v = (e && std::string(e) == "error") ? 1 : 0;
+    g_fallback_error = v;
+  }
+  return v == 1;
+}
+void setFallbackError(bool on) { g_fallback_error = on ? 1 : 0; }
+
+// ---------------------------------------------------------------- devices
+
+namespace {
+thread_local c10::DeviceIndex t_current = 0;
+
+runtime::Runtime& rt() {
+  try {
+    return runtime::Runtime::get();
+  } catch (const std::exception& e) {
+    rethrow(e, "torch_tpu could not start its runtime");
+  }
+}
+}  // namespace
+
+c10::DeviceIndex currentDevice() { return t_current; }
+
+void checkDeviceIndex(c10::DeviceIndex d) {
+  int n = rt().deviceCount();
+  TORCH_CHECK(d >= 0 && d < n, "Invalid device tpu:", static_cast<int>(d), ": torch_tpu has ", n,
+              " device(s) (tpu:0", n > 1 ? " to tpu:" + std::to_string(n - 1) : std::string(),
+              "). TORCH_TPU_CPU_DEVICES sets how many the CPU plugin exposes.");
+}
+
+// ---------------------------------------------------------------- allocator
+
+namespace {
+void deleteArray(void* p) { delete static_cast<runtime::DeviceArray*>(p); }
+
+// Allocation is lazy: a device array gets its buffer on first write, so
+// `empty` of any size is cheap (transformers' allocator warm-up relies on it).
+struct TpuAllocator final : public c10::Allocator {
+  c10::DataPtr allocate(size_t nbytes) override {
+    c10::DeviceIndex d = currentDevice();
+    runtime::DeviceArray* a = nullptr;
+    try {
+      a = new runtime::DeviceArray(d, nbytes);
+    } catch (const std::exception& e) {
+      rethrow(e, "");
+    }
+    return {a, a, &deleteArray, c10::Device(kTpu, d)};
+  }
+  c10::DeleterFnPtr raw_deleter() const override { return &deleteArray; }
+  void copy_data(void* dest, const void* src, std::size_t count) const override {
+    TORCH_CHECK(false, "torch_tpu: device memory cannot be copied through raw pointers");
+  }
+};
+TpuAllocator g_allocator;
+}  // namespace
+
+c10::Allocator* allocator() { return &g_allocator; }
+
+runtime::DeviceArray& arrayOf(const at::Tensor& t) {
+  void* p = t.storage().data_ptr().get_context();
+  TORCH_CHECK(p != nullptr || t.storage().nbytes() == 0, "torch_tpu: tensor has no device storage");
+  if (!p) {
+    // A zero-byte storage created outside the allocator: give it one.
+    auto dp = g_allocator.allocate(0);
+    t.storage().unsafeGetStorageImpl()->set_data_ptr_noswap(std::move(dp));
+    p = t.storage().data_ptr().get_context();
+  }
+  return *static_cast<runtime::DeviceArray*>(p);
+}
+
+runtime::ViewGeometry geometryOf(const at::Tensor& t) {
+  runtime::ViewGeometry g;
+  g.dtype = toIr(t.scalar_type());
+  g.sizes = t.sizes().vec();
+  g.strides = t.strides().vec();
+  g.offset = t.storage_offset();
+  return g;
+}
+
+runtime::BufferPtr readTensor(const at::Tensor& t) {
+  try {
+    return runtime::readView(arrayOf(t), geometryOf(t));
+  } catch (const c10::Error&) {
+    throw;
+  } catch (const std::exception& e) {
+    rethrow(e, "torch_tpu: reading a tensor");
+  }
+}
+
+void writeTensor(const at::Tensor& t, const runtime::BufferPtr& b) {
+  try {
+    runtime::writeView(arrayOf(t), geometryOf(t), b);
+  } catch (const c10::Error&) {
+    throw;
+  } catch (const std::exception& e) {
+    rethrow(e, "torch_tpu: writing a tensor");
+  }
+}
+
+at::Tensor emptyTpu(at::IntArrayRef sizes, at::ScalarType dtype, c10::DeviceIndex device) {
+  c10::DeviceIndex prev = t_current;
+  t_current = device;
+  at::Tensor t;
+  try {
+    t = at::detail::empty_generic(sizes, &g_allocator, c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), dtype,
+                                  std::nullopt);
+  } catch (...) {
+    t_current = prev;
+    throw;
+  }
+  t_current = prev;
+  return t;
+}
+
+at::Tensor wrapBuffer(runtime::BufferPtr b, at::IntArrayRef sizes, at::ScalarType dtype, c10::DeviceIndex device) {
+  at::Tensor t = emptyTpu(sizes, dtype, device);
+  int64_t n = t.numel();
+  if (n > 0) arrayOf(t).set(std::move(b), toIr(dtype), n);
+  return t;
+}
+
+// ---------------------------------------------------------------- copies
+
+namespace {
+// Converts and broadcasts a dense buffer (cached per signature).
+runtime::BufferPtr convertBuffer(const runtime::BufferPtr& b, ir::DType from, const std::vector<int64_t>& from_shape,
+                                 ir::DType to, const std::vector<int64_t>& to_shape, int device) {
+  static std::mutex mu;
+  static std::unordered_map<std::string, std::shared_ptr<runtime::Program>> cache;
+  std::string key = std::to_string(int(from)) + ">" + std::to_string(int(to)) + ":" + ir::shapeStr(from_shape) + ">" +
+                    ir::shapeStr(to_shape);
+  std::shared_ptr<runtime::Program> p;
+  {
+    std::lock_guard<std::mutex> g(mu);
+    auto it = cache.find(key);
+    if (it != cache.end()) p = it->second;
+  }
+  if (!p) {
+    ir::Builder bl;
+    int64_t n = 1;
+    for (auto d : from_shape) n *= d;
+    int64_t m = 1;
+    for (auto d : to_shape) m *= d;
+    ir::Value x = bl.reshape(bl.param({from, {n}}), from_shape);
+    x = bl.broadcastTo(bl.convert(x, to), to_shape);
+    bl.output(bl.reshape(x, {m}));
+    p = runtime::Runtime::get().compile(bl, "copy_");
+    std::lock_guard<std::mutex> g(mu);
+    cache[key] = p;
+  }
+  return runtime::execute(*p, {b}, device)[0];
+}
+}  // namespace
+
+void copyInto(const at::Tensor& dst, const at::Tensor& src) {
+  if (dst.numel() == 0) return;
+  try {
+    if (dst.device().type() == kTpu && src.device().type() == kTpu && dst.device() == src.device()) {
+      runtime::BufferPtr b = readTensor(src);
+      auto sd = toIr(src.scalar_type()), dd = toIr(dst.scalar_type());
+      if (sd != dd || src.sizes() != dst.sizes())
+        b = convertBuffer(b, sd, src.sizes().vec(), dd, dst.sizes().vec(), dst.device().index());
+      writeTensor(dst, b);
+      return;
+    }
+    if (dst.device().type() == kTpu) {
+      // From the host (or another tpu device, through the host).
+      at::Tensor host = src.device().type() == kTpu ? src.to(at::kCPU) : src;
+      TORCH_CHECK(host.device().is_cpu(), "torch_tpu: cannot copy from ", src.device(), " to ", dst.device());
+      at::Tensor c = host.to(dst.scalar_type()).expand(dst.sizes()).contiguous();
+      auto b = rt().upload(c.data_ptr(), toIr(dst.scalar_type()), {c.numel()}, dst.device().index());
+      writeTensor(dst, b);
+      return;
+    }
+    TORCH_CHECK(dst.device().is_cpu(), "torch_tpu: cannot copy from ", src.device(), " to ", dst.device());
+    runtime::BufferPtr b = readTensor(src);
+    at::Tensor host = at::empty(src.sizes(), src.options().device(at::kCPU));
+    if (host.numel() > 0) rt().download(*b, host.data_ptr(), host.nbytes());
+    dst.copy_(host);
+  } catch (const c10::Error&) {
+    throw;
+  } catch (const std::exception& e) {
+    rethrow(e, "torch_tpu: copy");
+  }
+}
+
+// ---------------------------------------------------------------- storage resize
+
+void resizeStorageBytes(c10::StorageImpl* storage, size_t nbytes) {
+  size_t old = storage->nbytes();
+  if (nbytes == old) return;
+  auto* old_arr = static_cast<runtime::DeviceArray*>(storage->data_ptr().get_context());
+  c10::DeviceIndex dev = storage->device().index();
+  c10::DeviceIndex prev = t_current;
+  t_current = dev;
+  c10::DataPtr dp;
+  try {
+    dp = g_allocator.allocate(nbytes);
+  } catch (...) {
+    t_current = prev;
+    throw;
+  }
+  t_current = prev;
+  auto* arr = static_cast<runtime::DeviceArray*>(dp.get_context());
+  if (old_arr && old_arr->materialized() && nbytes > 0) {
+    // Keep the old contents: pad or truncate in the old element type.
+    ir::DType t = old_arr->dtype();
+    size_t isz = ir::itemSize(t);
+    int64_t n_old = old_arr->numel();
+    int64_t n_new = static_cast<int64_t>(nbytes / isz);
+    if (n_new * isz == nbytes) {
+      ir::Builder b;
+      ir::Value x = b.param({t, {n_old}});
+      ir::Value y = n_new >= n_old ? b.pad(x, b.constant(0.0, t), {0}, {n_new - n_old}, {0})
+                                   : b.slice(x, {0}, {n_new}, {1});
+      b.output(y);
+      auto p = rt().compile(b, "resize_");
+      arr->set(runtime::execute(*p, {old_arr->buffer()}, dev)[0], t, n_new);
+    }
+  }
+  storage->set_data_ptr_noswap(std::move(dp));
+  storage->set_nbytes(nbytes);
+}
+
+// ---------------------------------------------------------------- generator
+
+namespace {
+uint64_t splitmix64(uint64_t x) {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+}  // namespace
+
+TpuGenerator::TpuGenerator(c10::DeviceIndex device)
+    : c10::GeneratorImpl(c10::Device(kTpu, device), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1)) {}
+void TpuGenerator::set_current_seed(uint64_t seed) {
+  seed_ = seed;
+  offset_ = 0;
+}
+void TpuGenerator::set_offset(uint64_t offset) { offset_ = offset; }
+uint64_t TpuGenerator::get_offset() const { return offset_; }
+uint64_t TpuGenerator::current_seed() const { return seed_; }
+uint64_t TpuGenerator::seed() {
+  uint64_t s = c10::detail::getNonDeterministicRandom();
+  set_current_seed(s);
+  return s;
+}
+void TpuGenerator::set_state(const c10::TensorImpl& new_state) {
+  TORCH_CHECK(new_state.numel() == 16 && new_state.dtype() == caffe2::TypeMeta::Make<uint8_t>(),
+              "torch_tpu: an RNG state is a uint8 tensor of 16 bytes (seed, offset), got ", new_state.numel(),
+              " elements");
+  const auto* p = static_cast<const uint8_t*>(new_state.data());
+  std::memcpy(&seed_, p, 8);
+  std::memcpy(&offset_, p + 8, 8);
+}
+c10::intrusive_ptr<c10::TensorImpl> TpuGenerator::get_state() const {
+  at::Tensor s = at::empty({16}, at::kByte);
+  std::memcpy(s.data_ptr(), &seed_, 8);
+  std::memcpy(static_cast<uint8_t*>(s.data_ptr()) + 8, &offset_, 8);
+  return s.getIntrusivePtr();
+}
+TpuGenerator* TpuGenerator::clone_impl() const {
+  auto* g = new TpuGenerator(device().index());
+  g->seed_ = seed_;
+  g->offset_ = offset_;
+  return g;
+}
+std::array<uint64_t, 2> TpuGenerator::next() {
+  uint64_t o = offset_++;
+  return {splitmix64(seed_ ^ splitmix64(o)), 0};
+}
+
+const at::Generator& defaultGenerator(c10::DeviceIndex device) {
+  static std::mutex mu;
+  static std::vector<at::Generator> gens;
+  std::lock_guard<std::mutex> g(mu);
+  if (gens.empty()) {
+    int n = rt().deviceCount();
+    for (int i = 0; i < n; ++i) gens.push_back(at::make_generator<TpuGenerator>(static_cast<c10::DeviceIndex>(i)));
+  }
+  c10::DeviceIndex d = device < 0 ? currentDevice() : device;
+  TORCH_CHECK(d >= 0 && d < static_cast<int>(gens.size()), "Invalid device tpu:", static_cast<int>(d));
+  return gens[d];
+}
+
+// ---------------------------------------------------------------- guard
+
+namespace {
+struct TpuEvent {
+  runtime::PendingSet pending;
+  std::chrono::steady_clock::time_point recorded;
+  bool was_recorded = false;
+};
+
+struct TpuGuardImpl final : public c10::impl::DeviceGuardImplInterface {
+  c10::DeviceType type() const override { return kTpu; }
+  c10::Device exchangeDevice(c10::Device d) const override {
+    c10::Device old(kTpu, t_current);
+    setDevice(d);
+    return old;
+  }
+  c10::Device getDevice() const override { return c10::Device(kTpu, t_current); }
+  void setDevice(c10::Device d) const override {
+    TORCH_CHECK(d.type() == kTpu, "torch_tpu: expected a tpu device, got ", d);
+    if (d.index() >= 0) {
+      checkDeviceIndex(d.index());
+      t_current = d.index();
+    }
+  }
+  void uncheckedSetDevice(c10::Device d) const noexcept override {
+    if (d.index() >= 0) t_current = d.index();
+  }
+  // PJRT orders work on a device by data dependencies; all streams of a
+  // device share that order, so a stream is a name and waiting on it waits
+  // for the device.
+  c10::Stream getStream(c10::Device d) const override {
+    return c10::Stream(c10::Stream::DEFAULT, c10::Device(kTpu, d.index() < 0 ? t_current : d.index()));
+  }
+  c10::Stream getDefaultStream(c10::Device d) const override { return getStream(d); }
+  c10::Stream getNewStream(c10::Device d, int priority) const override {
+    static std::atomic<int64_t> next{1};
+    return c10::Stream(c10::Stream::UNSAFE, c10::Device(kTpu, d.index() < 0 ? t_current : d.index()), next++);
+  }
+  c10::Stream getStreamFromGlobalPool(c10::Device d, bool high) const override { return getNewStream(d, 0); }
+  c10::Stream exchangeStream(c10::Stream s) const override { return getStream(s.device()); }
+  c10::DeviceIndex deviceCount() const noexcept override {
+    try {
+      return static_cast<c10::DeviceIndex>(runtime::Runtime::get().deviceCount());
+    } catch (...) {
+      return 0;
+    }
+  }
+  bool queryStream(const c10::Stream& s) const override {
+    return runtime::allReady(runtime::pendingSnapshot(s.device_index()));
+  }
+  void synchronizeStream(const c10::Stream& s) const override { synchronizeDevice(s.device_index()); }
+  void synchronizeDevice(const c10::DeviceIndex d) const override {
+    try {
+      runtime::synchronize(d < 0 ? t_current : d);
+    } catch (const std::exception& e) {
+      rethrow(e, "torch_tpu: a device computation failed");
+    }
+  }
+  void record(void** event, const c10::Stream& s, const c10::DeviceIndex d, const c10::EventFlag) const override {
+    auto* ev = static_cast<TpuEvent*>(*event);
+    if (!ev) {
+      ev = new TpuEvent();
+      *event = ev;
+    }
+    ev->pending = runtime::pendingSnapshot(s.device_index());
+    ev->was_recorded = true;
+    ev->recorded = std::chrono::steady_clock::now();
+  }
+  void block(void* event, const c10::Stream& s) const override {
+    // Work on any stream already follows its inputs' producers: nothing to do.
+  }
+  bool queryEvent(void* event) const override {
+    auto* ev = static_cast<TpuEvent*>(event);
+    return !ev || runtime::allReady(ev->pending);
+  }
+  void synchronizeEvent(void* event) const override {
+    auto* ev = static_cast<TpuEvent*>(event);
+    if (!ev) return;
+    try {
+      runtime::awaitAll(ev->pending);
+    } catch (const std::exception& e) {
+      rethrow(e, "torch_tpu: a device computation failed");
+    }
+  }
+  void destroyEvent(void* event, const c10::DeviceIndex) const noexcept override {
+    delete static_cast<TpuEvent*>(event);
+  }
+  double elapsedTime(void* e1, void* e2, const c10::DeviceIndex) const override {
+    auto* a = static_cast<TpuEvent*>(e1);
+    auto* b = static_cast<TpuEvent*>(e2);
+    TORCH_CHECK(a && b && a->was_recorded && b->was_recorded,
+                "Both events must be recorded before calculating elapsed time.");
+    // Completion times: wait for both, then measure host-side record times
+    // (the device executes in submission order per data dependency).
+    runtime::awaitAll(a->pending);
+    runtime::awaitAll(b->pending);
+    return std::chrono::duration<double, std::milli>(b->recorded - a->recorded).count();
+  }
+  void recordDataPtrOnStream(const c10::DataPtr&, const c10::Stream&) const override {}
+};
+
+struct TpuHooks final : public at::PrivateUse1HooksInterface {
+  bool isBuilt() const override { return true; }
+  bool isAvailable() const override {
+    try {
+      return runtime::Runtime::get().deviceCount() > 0;
+    } catch (...) {
+      return false;
+    }
+  }
+  const at::Generator& getDefaultGenerator(c10::DeviceIndex d) const override { return defaultGenerator(d); }
+  at::Generator getNewGenerator(c10::DeviceIndex d) const override {
+    return at::make_generator<TpuGenerator>(d < 0 ? currentDevice() : d);
+  }
+  at::Device getDeviceFromPtr(void* data) const override {
+    auto* a = static_cast<runtime::DeviceArray*>(data);
+    return at::Device(kTpu, a ? a->device() : 0);
+  }
+  bool isPinnedPtr(const void*) const override { return false; }
+  c10::Allocator* getPinnedMemoryAllocator() const override { return at::getCPUAllocator(); }
+  bool hasPrimaryContext(c10::DeviceIndex) const override { return true; }
+  c10::DeviceIndex deviceCount() const override {
+    try {
+      return static_cast<c10::DeviceIndex>(runtime::Runtime::get().deviceCount());
+    } catch (...) {
+      return 0;
+    }
+  }
+  void setCurrentDevice(c10::DeviceIndex d) const override {
+    checkDeviceIndex(d);
+    t_current = d;
+  }
+  c10::DeviceIndex getCurrentDevice() const override { return t_current; }
+  c10::DeviceIndex exchangeDevice(c10::DeviceIndex d) const override {
+    auto old = t_current;
+    setCurrentDevice(d);
+    return old;
+  }
+  c10::DeviceIndex maybeExchangeDevice(c10::DeviceIndex d) const override { return exchangeDevice(d); }
+  void resizePrivateUse1Bytes(const c10::Storage& storage, size_t newsize) const override {
+    resizeStorageBytes(storage.unsafeGetStorageImpl(), newsize);
+  }
+};
+
+TpuHooks g_hooks;
+}  // namespace
+
+C10_REGISTER_GUARD_IMPL(PrivateUse1, TpuGuardImpl);
+
+struct Registration {
+  Registration() {
+    c10::register_privateuse1_backend("tpu");
+    c10::SetAllocator(kTpu, &g_allocator);
+    at::RegisterPrivateUse1HooksInterface(&g_hooks);
+  }
+};
+static Registration g_registration;
+
+}  // namespace tpu::aten

@@ -1,0 +1,721 @@
+// The boxed kernel behind every tpu op without an explicit kernel: it looks
+// the op up in the lowering table, builds (once per signature) a one-op
+// StableHLO program, and runs it; in-place and out= variants write the
+// functional results back. Ops without a lowering run on the CPU (counted,
+// warned once) unless TORCH_TPU_FALLBACK=error.
+#include <ATen/native/CPUFallback.h>
+#include <torch/library.h>
+
+#include <mutex>
+#include <set>
+#include <unordered_map>
+
+#include "aten/tpu.h"
+#include "ops/lowering.h"
+
+namespace tpu::aten {
+namespace {
+
+using c10::IValue;
+
+struct InputSource {
+  enum class Kind { Tensor, ListElem, Scalar, ScalarListElem, CpuScalar, Rng } kind;
+  int arg = -1;
+  int elem = -1;
+  ir::DType dtype = ir::DType::F32;  // Scalar / CpuScalar element type in the program
+};
+
+struct OutputBinding {
+  enum class Kind { Return, ReturnList, WriteArg } kind;
+  int index = -1;  // return index, or argument index for WriteArg
+  int elem = -1;   // list element for WriteArg on a list
+  at::ScalarType dtype = at::kFloat;
+  std::vector<int64_t> sizes;
+};
+
+struct Entry {
+  std::shared_ptr<runtime::Program> prog;
+  std::vector<InputSource> inputs;
+  std::vector<OutputBinding> outputs;
+  size_t num_returns = 0;
+};
+
+std::mutex g_cache_mu;
+std::unordered_map<std::string, std::shared_ptr<Entry>> g_cache;
+
+bool isOutArg(const c10::Argument& a) { return a.kwarg_only() && a.alias_info() && a.alias_info()->isWrite(); }
+
+c10::TypePtr baseType(const c10::TypePtr& t) {
+  if (auto o = t->cast<c10::OptionalType>()) return o->getElementType();
+  return t;
+}
+
+bool isScalarType(const c10::TypePtr& t) { return baseType(t)->kind() == c10::TypeKind::NumberType; }
+
+std::string shortDtype(at::ScalarType t) { return c10::toString(t); }
+
+// "aten::add.Tensor(float32[2, 3], float32[3])" for error messages.
+std::string describe(const c10::OperatorHandle& op, const std::vector<IValue>& args) {
+  std::string s = op.schema().name();
+  if (!op.schema().overload_name().empty()) s += "." + op.schema().overload_name();
+  s += "(";
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (i) s += ", ";
+    const IValue& v = args[i];
+    if (v.isTensor()) {
+      const auto& t = v.toTensor();
+      s += t.defined() ? shortDtype(t.scalar_type()) + ir::shapeStr(t.sizes().vec()) : "None";
+    } else if (v.isTensorList()) {
+      s += "[" + std::to_string(v.toTensorList().size()) + " tensors]";
+    } else {
+      std::ostringstream os;
+      os << v;
+      s += os.str();
+    }
+  }
+  return s + ")";
+}
+
+// --------------------------------------------------------------- fallback
+
+std::mutex g_warn_mu;
+std::set<std::string> g_warned;
+
+void cpuFallback(const c10::OperatorHandle& op, torch::jit::Stack* stack, const std::string& why) {
+  std::string name = op.schema().name() + (op.schema().overload_name().empty() ? "" : "." + op.schema().overload_name());
+  if (fallbackIsError()) {
+    TORCH_CHECK(false, "torch_tpu: ", name, " has no tpu lowering", why.empty() ? "" : " (" + why + ")",
+                ", and TORCH_TPU_FALLBACK=error forbids running it on the CPU. Unset TORCH_TPU_FALLBACK to allow "
+                "the CPU fallback.");
+  }
+  {
+    std::lock_guard<std::mutex> g(runtime::metrics().mu);
+    runtime::metrics().fallbacks[name]++;
+  }
+  {
+    std::lock_guard<std::mutex> g(g_warn_mu);
+    if (g_warned.insert(name).second)
+      TORCH_WARN("torch_tpu: ", name, " has no tpu lowering", why.empty() ? "" : " (" + why + ")",
+                 "; it runs on the CPU (copying its inputs and outputs). Set TORCH_TPU_FALLBACK=error to make this "
+                 "an error.");
+  }
+  // Factory ops name the tpu device in an argument: run them on the CPU and
+  // move the results.
+  const auto& schema = op.schema();
+  size_t n = schema.arguments().size();
+  auto args = torch::jit::last(*stack, n);
+  std::optional<c10::Device> target;
+  for (size_t i = 0; i < n; ++i) {
+    IValue& v = (*stack)[stack->size() - n + i];
+    if (v.isDevice() && v.toDevice().type() == kTpu) {
+      target = v.toDevice();
+      v = IValue(c10::Device(c10::kCPU));
+    }
+  }
+  if (target) {
+    op.callBoxed(stack);
+    c10::Device dev(kTpu, target->index() < 0 ? currentDevice() : target->index());
+    for (size_t i = stack->size() - schema.returns().size(); i < stack->size(); ++i) {
+      IValue& r = (*stack)[i];
+      if (r.isTensor() && r.toTensor().defined()) r = IValue(r.toTensor().to(dev));
+    }
+    return;
+  }
+  at::native::cpu_fallback(op, stack, /*error_on_views=*/false);
+}
+
+// --------------------------------------------------------------- meta run
+
+at::Tensor toMeta(const at::Tensor& t) {
+  if (!t.defined()) return t;
+  // CPU scalars stay on the CPU: meta kernels accept them beside meta
+  // tensors, and Python meta kernels turn wrapped numbers back into numbers.
+  if (t.device().is_cpu() && t.dim() == 0) return t;
+  at::Tensor m = at::empty_strided(t.sizes(), t.strides(), t.options().device(at::kMeta));
+  return m;
+}
+
+IValue metaOf(const IValue& v) {
+  if (v.isTensor()) return IValue(toMeta(v.toTensor()));
+  if (v.isTensorList()) {
+    c10::List<at::Tensor> l;
+    for (const at::Tensor& t : v.toTensorList()) l.push_back(toMeta(t));
+    return IValue(l);
+  }
+  if (v.isList()) {
+    auto lst = v.toList();
+    if (lst.elementType()->kind() == c10::TypeKind::OptionalType) {
+      c10::List<std::optional<at::Tensor>> l;
+      for (const IValue& e : lst) l.push_back(e.isNone() ? std::nullopt : std::optional<at::Tensor>(toMeta(e.toTensor())));
+      return IValue(l);
+    }
+    return v;
+  }
+  if (v.isDevice()) return IValue(c10::Device(at::kMeta));
+  return v;
+}
+
+void collectTypes(const IValue& v, std::vector<ir::Type>& out) {
+  if (v.isTensor()) {
+    const auto& t = v.toTensor();
+    if (t.defined()) out.push_back(ir::Type{toIr(t.scalar_type()), t.sizes().vec()});
+  } else if (v.isTensorList()) {
+    for (const at::Tensor& t : v.toTensorList()) out.push_back(ir::Type{toIr(t.scalar_type()), t.sizes().vec()});
+  }
+}
+
+// Runs the op on meta tensors: PyTorch's own shape/dtype checks raise the
+// same errors as on the CPU, and the results give the expected types.
+// Returns false when the op has no meta kernel.
+bool metaRun(const c10::OperatorHandle& op, const std::vector<IValue>& args, std::vector<ir::Type>& expected) {
+  const auto& schema = op.schema();
+  torch::jit::Stack ms;
+  ms.reserve(args.size());
+  for (const auto& a : args) ms.push_back(metaOf(a));
+  std::vector<IValue> meta_args = ms;  // keep the mutated args for void ops
+  try {
+    op.callBoxed(&ms);
+  } catch (const c10::NotImplementedError&) {
+    return false;
+  } catch (const c10::Error& e) {
+    std::string m = e.what();
+    // No meta kernel (or a data-dependent one): not the user's error.
+    if (m.find("meta") != std::string::npos && (m.find("not implemented") != std::string::npos ||
+                                                 m.find("NotImplemented") != std::string::npos ||
+                                                 m.find("could not run") != std::string::npos ||
+                                                 m.find("Could not run") != std::string::npos))
+      return false;
+    throw;
+  }
+  if (!schema.returns().empty()) {
+    for (const auto& r : ms) collectTypes(r, expected);
+  } else {
+    for (size_t i = 0; i < schema.arguments().size(); ++i) {
+      const auto& a = schema.arguments()[i];
+      if (a.alias_info() && a.alias_info()->isWrite()) collectTypes(meta_args[i], expected);
+    }
+  }
+  return true;
+}
+
+// --------------------------------------------------------------- signature
+
+void keyTensor(std::string& k, const at::Tensor& t) {
+  if (!t.defined()) {
+    k += "N";
+    return;
+  }
+  k += t.device().is_cpu() ? (t.unsafeGetTensorImpl()->is_wrapped_number() ? "w" : "c") : "t";
+  k += std::to_string(static_cast<int>(t.scalar_type()));
+  for (auto s : t.sizes()) {
+    k += ',';
+    k += std::to_string(s);
+  }
+  k += ';';
+}
+
+std::string signature(const c10::OperatorHandle& op, const std::vector<IValue>& args, const ops::Lowering* low) {
+  std::string k = op.schema().name();
+  k += '.';
+  k += op.schema().overload_name();
+  k += '|';
+  const auto& sargs = op.schema().arguments();
+  for (size_t i = 0; i < args.size(); ++i) {
+    const IValue& v = args[i];
+    if (v.isTensor()) {
+      keyTensor(k, v.toTensor());
+    } else if (v.isTensorList()) {
+      k += "L";
+      for (const at::Tensor& t : v.toTensorList()) keyTensor(k, t);
+    } else if (v.isList() && v.toList().elementType()->kind() == c10::TypeKind::OptionalType) {
+      k += "O";
+      for (const IValue& e : v.toList()) {
+        if (e.isNone())
+          k += "N;";
+        else
+          keyTensor(k, e.toTensor());
+      }
+    } else if (isScalarType(sargs[i].type()) && !v.isNone() && !v.isList()) {
+      bool is_const = std::find(low->const_scalars.begin(), low->const_scalars.end(), static_cast<int>(i)) !=
+                      low->const_scalars.end();
+      k += v.isDouble() ? "sd" : (v.isBool() ? "sb" : (v.isComplexDouble() ? "sc" : "si"));
+      if (is_const) {
+        std::ostringstream os;
+        os.precision(17);
+        os << v;
+        k += os.str();
+      }
+      k += ';';
+    } else if (v.isList() && baseType(sargs[i].type())->cast<c10::ListType>() &&
+               baseType(sargs[i].type())->castRaw<c10::ListType>()->getElementType()->kind() ==
+                   c10::TypeKind::NumberType) {
+      k += "S" + std::to_string(v.toList().size()) + ";";
+    } else if (v.isGenerator()) {
+      k += "g;";
+    } else if (v.isDevice()) {
+      k += "d;";
+    } else {
+      std::ostringstream os;
+      os.precision(17);
+      os << v;
+      k += os.str();
+      k += ';';
+    }
+  }
+  return k;
+}
+
+// --------------------------------------------------------------- lowering
+
+struct Built {
+  std::shared_ptr<Entry> entry;
+};
+
+ir::DType scalarIrType(const IValue& v) {
+  if (v.isDouble()) return ir::DType::F64;
+  if (v.isBool()) return ir::DType::Bool;
+  if (v.isComplexDouble()) throw ir::Unsupported("complex scalars");
+  return ir::DType::I64;
+}
+
+std::shared_ptr<Entry> build(const c10::OperatorHandle& op, const std::vector<IValue>& args,
+                             const ops::Lowering* low, bool foreach_expand, const std::string& base) {
+  const auto& schema = op.schema();
+  const auto& sargs = schema.arguments();
+  auto entry = std::make_shared<Entry>();
+
+  std::vector<ir::Type> expected;
+  bool have_expected = metaRun(op, args, expected);
+
+  ir::Builder b;
+  std::vector<ops::Arg> largs;
+  auto tensorParam = [&](const at::Tensor& t, InputSource src) {
+    ir::Type ty{toIr(t.scalar_type()), {t.numel()}};
+    if (t.device().is_cpu()) {
+      src.kind = InputSource::Kind::CpuScalar;
+      src.dtype = ty.dtype;
+      ir::Value v = b.param({ty.dtype, {}});
+      entry->inputs.push_back(src);
+      return v;
+    }
+    ir::Value v = b.param(ty);
+    entry->inputs.push_back(src);
+    return b.reshape(v, t.sizes().vec());
+  };
+
+  for (size_t i = 0; i < args.size(); ++i) {
+    const IValue& v = args[i];
+    const auto& sa = sargs[i];
+    ops::Arg a;
+    if (isOutArg(sa)) {
+      largs.push_back(a);  // out= tensors are written, not read
+      continue;
+    }
+    if (v.isNone()) {
+      a.kind = ops::Arg::Kind::None;
+    } else if (v.isTensor()) {
+      const at::Tensor& t = v.toTensor();
+      if (!t.defined()) {
+        a.kind = ops::Arg::Kind::None;
+      } else if (t.device().is_cpu() && t.unsafeGetTensorImpl()->is_wrapped_number()) {
+        a.kind = ops::Arg::Kind::Scalar;
+        a.scalar_is_float = at::isFloatingType(t.scalar_type());
+        a.value = tensorParam(t, {InputSource::Kind::CpuScalar, static_cast<int>(i)});
+      } else {
+        a.kind = ops::Arg::Kind::Tensor;
+        a.value = tensorParam(t, {InputSource::Kind::Tensor, static_cast<int>(i)});
+      }
+    } else if (v.isTensorList() ||
+               (v.isList() && v.toList().elementType()->kind() == c10::TypeKind::OptionalType)) {
+      a.kind = ops::Arg::Kind::TensorList;
+      auto lst = v.toList();
+      for (size_t j = 0; j < lst.size(); ++j) {
+        IValue e = lst.get(j);
+        if (e.isNone() || !e.toTensor().defined()) {
+          a.values.push_back(ir::Value{});
+        } else {
+          a.values.push_back(
+              tensorParam(e.toTensor(), {InputSource::Kind::ListElem, static_cast<int>(i), static_cast<int>(j)}));
+        }
+      }
+    } else if (isScalarType(sa.type()) && (v.isDouble() || v.isInt() || v.isBool() || v.isComplexDouble())) {
+      a.kind = ops::Arg::Kind::Scalar;
+      a.scalar_is_float = v.isDouble();
+      bool is_const = std::find(low->const_scalars.begin(), low->const_scalars.end(), static_cast<int>(i)) !=
+                      low->const_scalars.end();
+      ir::DType st = scalarIrType(v);
+      if (is_const) {
+        a.const_value = v.isDouble() ? v.toDouble() : (v.isBool() ? double(v.toBool()) : double(v.toInt()));
+        a.value = v.isInt() ? b.constantInt(v.toInt(), st) : b.constant(*a.const_value, st);
+      } else {
+        a.value = b.param({st, {}});
+        entry->inputs.push_back({InputSource::Kind::Scalar, static_cast<int>(i), -1, st});
+      }
+    } else if (v.isList() && baseType(sa.type())->castRaw<c10::ListType>() &&
+               baseType(sa.type())->castRaw<c10::ListType>()->getElementType()->kind() == c10::TypeKind::NumberType) {
+      a.kind = ops::Arg::Kind::ScalarList;
+      auto lst = v.toList();
+      for (size_t j = 0; j < lst.size(); ++j) {
+        ir::DType st = scalarIrType(lst.get(j));
+        a.values.push_back(b.param({st, {}}));
+        entry->inputs.push_back({InputSource::Kind::ScalarListElem, static_cast<int>(i), static_cast<int>(j), st});
+      }
+      a.scalar_is_float = !lst.empty() && lst.get(0).isDouble();
+    } else if (v.isInt() && baseType(sa.type())->kind() == c10::TypeKind::ScalarTypeType) {
+      a.kind = ops::Arg::Kind::DType;
+      a.dtype = toIr(static_cast<at::ScalarType>(v.toInt()));
+    } else if (v.isInt() || v.isSymInt()) {
+      a.kind = ops::Arg::Kind::Int;
+      a.i = v.isInt() ? v.toInt() : v.toSymInt().expect_int();
+    } else if (v.isDouble()) {
+      a.kind = ops::Arg::Kind::Double;
+      a.d = v.toDouble();
+    } else if (v.isBool()) {
+      a.kind = ops::Arg::Kind::Bool;
+      a.b = v.toBool();
+    } else if (v.isIntList() || (v.isList() && (baseType(sa.type())->str() == "SymInt[]" ||
+                                                baseType(sa.type())->str() == "int[]"))) {
+      a.kind = ops::Arg::Kind::IntList;
+      if (v.isIntList()) {
+        a.ints = v.toIntVector();
+      } else {
+        for (const IValue& e : v.toList()) a.ints.push_back(e.isInt() ? e.toInt() : e.toSymInt().expect_int());
+      }
+    } else if (v.isDoubleList()) {
+      a.kind = ops::Arg::Kind::DoubleList;
+      a.doubles = v.toDoubleVector();
+    } else if (v.isBoolList()) {
+      a.kind = ops::Arg::Kind::BoolList;
+      for (bool x : v.toBoolList()) a.ints.push_back(x);
+    } else if (v.isString()) {
+      a.kind = ops::Arg::Kind::String;
+      a.s = v.toStringRef();
+    } else {
+      a.kind = ops::Arg::Kind::Other;  // layout, device, memory format, generator
+    }
+    largs.push_back(std::move(a));
+  }
+
+  auto make_rng = [entry](ir::Builder& bb) {
+    entry->inputs.push_back({InputSource::Kind::Rng, -1, -1, ir::DType::U64});
+    return bb.param({ir::DType::U64, {2}});
+  };
+
+  std::vector<ir::Value> results;
+  std::vector<ops::Ctx::Mutation> mutations;
+  if (!foreach_expand) {
+    ops::Ctx ctx(b, base, largs, have_expected ? expected : std::vector<ir::Type>{});
+    ctx.make_rng_state = make_rng;
+    results = low->fn(ctx);
+    mutations = ctx.mutations();
+  } else {
+    // _foreach_X(list, list|scalar|scalars, ...) = X on each element.
+    size_t len = 0;
+    for (const auto& a : largs)
+      if (a.kind == ops::Arg::Kind::TensorList) len = std::max(len, a.values.size());
+    for (size_t j = 0; j < len; ++j) {
+      std::vector<ops::Arg> el;
+      for (const auto& a : largs) {
+        ops::Arg e = a;
+        if (a.kind == ops::Arg::Kind::TensorList) {
+          e.kind = ops::Arg::Kind::Tensor;
+          e.value = a.values.at(j);
+          e.values.clear();
+        } else if (a.kind == ops::Arg::Kind::ScalarList) {
+          e.kind = ops::Arg::Kind::Scalar;
+          e.value = a.values.at(j);
+          e.values.clear();
+        }
+        el.push_back(std::move(e));
+      }
+      std::vector<ir::Type> ex;
+      if (have_expected && expected.size() == len) ex.push_back(expected[j]);
+      ops::Ctx ctx(b, base, std::move(el), ex);
+      ctx.make_rng_state = make_rng;
+      auto r = low->fn(ctx);
+      if (r.size() != 1) throw ir::Unsupported("foreach over a multi-result op");
+      results.push_back(r[0]);
+    }
+  }
+
+  // Bind results to returns / written arguments.
+  const auto& rets = schema.returns();
+  entry->num_returns = rets.size();
+  size_t ri = 0;
+  auto take = [&]() -> ir::Value {
+    if (ri >= results.size())
+      throw std::logic_error("torch_tpu internal: the lowering of " + schema.name() + " returned too few results");
+    return results[ri++];
+  };
+  std::vector<std::pair<OutputBinding, ir::Value>> bound;
+  auto argTensor = [&](int idx, int elem) -> at::Tensor {
+    const IValue& v = args[idx];
+    if (elem < 0) return v.toTensor();
+    return v.toList().get(elem).toTensor();
+  };
+  auto bindWrite = [&](int idx, int elem, const ir::Value& val) {
+    at::Tensor t = argTensor(idx, elem);
+    OutputBinding ob{OutputBinding::Kind::WriteArg, idx, elem, t.scalar_type(), {}};
+    bound.push_back({ob, val});
+  };
+  if (rets.empty()) {
+    for (size_t i = 0; i < sargs.size() && ri < results.size(); ++i) {
+      if (!(sargs[i].alias_info() && sargs[i].alias_info()->isWrite())) continue;
+      const IValue& v = args[i];
+      if (v.isTensor()) {
+        bindWrite(static_cast<int>(i), -1, take());
+      } else if (v.isTensorList() || v.isList()) {
+        auto lst = v.toList();
+        for (size_t j = 0; j < lst.size(); ++j)
+          if (!lst.get(j).isNone()) bindWrite(static_cast<int>(i), static_cast<int>(j), take());
+      }
+    }
+  } else {
+    for (size_t r = 0; r < rets.size(); ++r) {
+      const auto& ret = rets[r];
+      if (ret.alias_info() && ret.alias_info()->isWrite()) {
+        int target = -1;
+        for (size_t i = 0; i < sargs.size(); ++i)
+          if (sargs[i].alias_info() && sargs[i].alias_info()->beforeSets() == ret.alias_info()->beforeSets())
+            target = static_cast<int>(i);
+        if (target < 0) throw ir::Unsupported("unmatched alias in " + schema.name());
+        const IValue& v = args[target];
+        if (v.isTensor()) {
+          bindWrite(target, -1, take());
+        } else {
+          auto lst = v.toList();
+          for (size_t j = 0; j < lst.size(); ++j) bindWrite(target, static_cast<int>(j), take());
+        }
+      } else if (ret.type()->kind() == c10::TypeKind::ListType) {
+        while (ri < results.size()) {
+          ir::Value val = take();
+          OutputBinding ob{OutputBinding::Kind::ReturnList, static_cast<int>(r), -1, toAten(val.dtype()), val.shape()};
+          bound.push_back({ob, val});
+        }
+      } else {
+        ir::Value val = take();
+        OutputBinding ob{OutputBinding::Kind::Return, static_cast<int>(r), -1, toAten(val.dtype()), val.shape()};
+        bound.push_back({ob, val});
+      }
+    }
+  }
+  if (ri != results.size())
+    throw std::logic_error("torch_tpu internal: the lowering of " + schema.name() + " returned " +
+                           std::to_string(results.size()) + " results, the schema binds " + std::to_string(ri));
+  for (const auto& m : mutations) bindWrite(static_cast<int>(m.arg), m.elem, m.value);
+
+  // Check against the meta results, convert dtypes, flatten.
+  for (size_t i = 0; i < bound.size(); ++i) {
+    auto& [ob, val] = bound[i];
+    bool from_mutation = i >= bound.size() - mutations.size();
+    if (have_expected && !from_mutation && i < expected.size()) {
+      const ir::Type& ex = expected[i];
+      if (ex.shape != val.shape())
+        throw std::logic_error("torch_tpu internal: the lowering of " + schema.name() + " produced shape " +
+                               ir::shapeStr(val.shape()) + ", PyTorch expects " + ir::shapeStr(ex.shape));
+      if (ob.kind != OutputBinding::Kind::WriteArg) ob.dtype = toAten(ex.dtype);
+      ob.sizes = ex.shape;
+    } else if (ob.kind == OutputBinding::Kind::WriteArg) {
+      ob.sizes = val.shape();
+    }
+    ir::Value out = b.convert(val, toIr(ob.dtype));
+    b.output(b.reshape(out, {out.type.numel()}));
+    entry->outputs.push_back(ob);
+  }
+  entry->prog = runtime::Runtime::get().compile(b, schema.name());
+  return entry;
+}
+
+// --------------------------------------------------------------- run
+
+c10::DeviceIndex findDevice(const c10::OperatorHandle& op, const std::vector<IValue>& args) {
+  std::optional<c10::Device> dev;
+  auto see = [&](const at::Tensor& t) {
+    if (!t.defined()) return;
+    if (t.device().type() == kTpu) {
+      if (dev && *dev != t.device())
+        TORCH_CHECK(false, "Expected all tensors to be on the same device, but found at least two devices, ", *dev,
+                    " and ", t.device(), "! (when checking arguments for ", op.schema().name(), ")");
+      dev = t.device();
+    }
+  };
+  for (const auto& v : args) {
+    if (v.isTensor()) see(v.toTensor());
+    else if (v.isTensorList()) for (const at::Tensor& t : v.toTensorList()) see(t);
+    else if (v.isList()) for (const IValue& e : v.toList()) if (e.isTensor()) see(e.toTensor());
+  }
+  // CPU tensors may only join as 0-d scalars.
+  auto check_cpu = [&](const at::Tensor& t) {
+    if (t.defined() && t.device().is_cpu() && t.dim() != 0 && dev)
+      TORCH_CHECK(false, "Expected all tensors to be on the same device, but found at least two devices, ", *dev,
+                  " and cpu! (when checking arguments for ", op.schema().name(), ")");
+    if (t.defined() && !t.device().is_cpu() && t.device().type() != kTpu)
+      TORCH_CHECK(false, "Expected all tensors to be on the same device, but found at least two devices, ",
+                  dev ? *dev : c10::Device(kTpu, 0), " and ", t.device(), "!");
+  };
+  for (const auto& v : args) {
+    if (v.isTensor()) check_cpu(v.toTensor());
+    else if (v.isTensorList()) for (const at::Tensor& t : v.toTensorList()) check_cpu(t);
+  }
+  if (!dev)
+    for (const auto& v : args)
+      if (v.isDevice() && v.toDevice().type() == kTpu) dev = v.toDevice();
+  c10::DeviceIndex d = dev ? dev->index() : currentDevice();
+  if (d < 0) d = currentDevice();
+  checkDeviceIndex(d);
+  return d;
+}
+
+at::Generator generatorFor(const std::vector<IValue>& args, c10::DeviceIndex d) {
+  for (const auto& v : args)
+    if (v.isGenerator()) {
+      at::Generator g = v.toGenerator();
+      TORCH_CHECK(g.device().type() == kTpu, "Expected a 'tpu' device type for generator but found '",
+                  g.device().type(), "'");
+      return g;
+    }
+  return defaultGenerator(d);
+}
+
+runtime::BufferPtr cpuScalarBuffer(const at::Tensor& t, ir::DType dt, int device) {
+  if (ir::isFloat(dt)) return runtime::scalarBuffer(dt, t.item<double>(), device);
+  return runtime::scalarBufferInt(dt, t.item<int64_t>(), device);
+}
+
+void runEntry(const Entry& e, const c10::OperatorHandle& op, torch::jit::Stack* stack, std::vector<IValue>& args,
+              c10::DeviceIndex dev) {
+  std::vector<runtime::BufferPtr> inputs;
+  inputs.reserve(e.inputs.size());
+  std::optional<at::Generator> gen;
+  for (const auto& src : e.inputs) {
+    switch (src.kind) {
+      case InputSource::Kind::Tensor: inputs.push_back(readTensor(args[src.arg].toTensor())); break;
+      case InputSource::Kind::ListElem: {
+        at::Tensor t = args[src.arg].toList().get(src.elem).toTensor();
+        inputs.push_back(readTensor(t));
+        break;
+      }
+      case InputSource::Kind::CpuScalar: {
+        const IValue& v = args[src.arg];
+        at::Tensor t = src.elem < 0 ? v.toTensor() : v.toList().get(src.elem).toTensor();
+        inputs.push_back(cpuScalarBuffer(t, src.dtype, dev));
+        break;
+      }
+      case InputSource::Kind::Scalar:
+      case InputSource::Kind::ScalarListElem: {
+        IValue v = src.kind == InputSource::Kind::Scalar ? args[src.arg] : args[src.arg].toList().get(src.elem);
+        if (src.dtype == ir::DType::F64)
+          inputs.push_back(runtime::scalarBuffer(ir::DType::F64, v.toDouble(), dev));
+        else if (src.dtype == ir::DType::Bool)
+          inputs.push_back(runtime::scalarBufferInt(ir::DType::Bool, v.toBool(), dev));
+        else
+          inputs.push_back(runtime::scalarBufferInt(ir::DType::I64, v.toInt(), dev));
+        break;
+      }
+      case InputSource::Kind::Rng: {
+        if (!gen) gen = generatorFor(args, dev);
+        std::array<uint64_t, 2> st;
+        {
+          std::lock_guard<std::mutex> lock(gen->mutex());
+          st = gen->get<TpuGenerator>()->next();
+        }
+        inputs.push_back(runtime::Runtime::get().upload(st.data(), ir::DType::U64, {2}, dev));
+        break;
+      }
+    }
+  }
+  auto outs = runtime::execute(*e.prog, inputs, dev);
+
+  std::vector<IValue> returns(e.num_returns);
+  std::vector<c10::List<at::Tensor>> lists(e.num_returns);
+  for (size_t i = 0; i < e.outputs.size(); ++i) {
+    const auto& ob = e.outputs[i];
+    if (ob.kind == OutputBinding::Kind::WriteArg) {
+      at::Tensor t = ob.elem < 0 ? args[ob.index].toTensor() : args[ob.index].toList().get(ob.elem).toTensor();
+      if (t.sizes().vec() != ob.sizes) t.resize_(ob.sizes);
+      writeTensor(t, outs[i]);
+    } else if (ob.kind == OutputBinding::Kind::Return) {
+      returns[ob.index] = IValue(wrapBuffer(outs[i], ob.sizes, ob.dtype, dev));
+    } else {
+      lists[ob.index].push_back(wrapBuffer(outs[i], ob.sizes, ob.dtype, dev));
+    }
+  }
+  const auto& schema = op.schema();
+  for (size_t r = 0; r < e.num_returns; ++r) {
+    const auto& ret = schema.returns()[r];
+    if (ret.alias_info() && ret.alias_info()->isWrite()) {
+      for (size_t i = 0; i < schema.arguments().size(); ++i)
+        if (schema.arguments()[i].alias_info() &&
+            schema.arguments()[i].alias_info()->beforeSets() == ret.alias_info()->beforeSets())
+          returns[r] = args[i];
+    } else if (ret.type()->kind() == c10::TypeKind::ListType) {
+      returns[r] = IValue(lists[r]);
+    }
+  }
+  torch::jit::drop(*stack, schema.arguments().size());
+  for (auto& r : returns) stack->push_back(std::move(r));
+}
+
+void boxedKernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  const auto& schema = op.schema();
+  const std::string& full = schema.name();
+  if (full.rfind("aten::", 0) != 0) return cpuFallback(op, stack, "");
+  std::string base = full.substr(6);
+  if (base.size() > 1 && base.back() == '_' && base.rfind("__", 0) != 0) base.pop_back();
+  const ops::Lowering* low = ops::findLowering(base, schema.overload_name());
+  bool foreach_expand = false;
+  if (!low && base.rfind("_foreach_", 0) == 0) {
+    low = ops::findLowering(base.substr(9), "");
+    foreach_expand = low != nullptr;
+  }
+  if (!low) return cpuFallback(op, stack, "");
+
+  size_t n = schema.arguments().size();
+  std::vector<IValue> args(stack->end() - n, stack->end());
+  c10::DeviceIndex dev = findDevice(op, args);
+  for (const auto& v : args) {  // unsupported dtypes go to the CPU
+    if (v.isTensor() && v.toTensor().defined() && !supported(v.toTensor().scalar_type()))
+      return cpuFallback(op, stack, std::string("dtype ") + c10::toString(v.toTensor().scalar_type()));
+  }
+
+  std::string key = signature(op, args, low);
+  std::shared_ptr<Entry> entry;
+  {
+    std::lock_guard<std::mutex> g(g_cache_mu);
+    auto it = g_cache.find(key);
+    if (it != g_cache.end()) entry = it->second;
+  }
+  if (!entry) {
+    try {
+      entry = build(op, args, low, foreach_expand, base);
+    } catch (const ir::Unsupported& e) {
+      return cpuFallback(op, stack, e.what());
+    } catch (const c10::Error&) {
+      throw;
+    } catch (const std::exception& e) {
+      rethrow(e, "torch_tpu: " + describe(op, args));
+    }
+    std::lock_guard<std::mutex> g(g_cache_mu);
+    g_cache[key] = entry;
+  } else {
+    runtime::metrics().cache_hits++;
+  }
+  try {
+    runEntry(*entry, op, stack, args, dev);
+  } catch (const c10::Error&) {
+    throw;
+  } catch (const std::exception& e) {
+    rethrow(e, "torch_tpu: " + describe(op, args));
+  }
+}
+
+}  // namespace
+
+size_t kernelCacheSize() {
+  std::lock_guard<std::mutex> g(g_cache_mu);
+  return g_cache.size();
+}
+
+TORCH_LIBRARY_IMPL(_, PrivateUse1, m) { m.fallback(torch::CppFunction::makeFromBoxedFunction<&boxedKernel>()); }
+
+}  // namespace tpu::aten

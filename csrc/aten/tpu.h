@@ -1,0 +1,72 @@
+// PrivateUse1 glue shared by the aten/ files: dtype mapping, the storage's
+// device array, tensor <-> buffer, the device's generator.
+#pragma once
+
+#include <ATen/ATen.h>
+#include <c10/core/GeneratorImpl.h>
+
+#include "ir/ir.h"
+#include "runtime/runtime.h"
+#include "runtime/views.h"
+
+namespace tpu::aten {
+
+constexpr c10::DeviceType kTpu = c10::DeviceType::PrivateUse1;
+
+// Throws ir::Unsupported for dtypes the device cannot hold.
+ir::DType toIr(at::ScalarType t);
+at::ScalarType toAten(ir::DType t);
+bool supported(at::ScalarType t);
+
+c10::Allocator* allocator();
+c10::DeviceIndex currentDevice();
+void checkDeviceIndex(c10::DeviceIndex d);
+
+runtime::DeviceArray& arrayOf(const at::Tensor& t);
+runtime::ViewGeometry geometryOf(const at::Tensor& t);
+// The tensor's elements as a flat dense buffer.
+runtime::BufferPtr readTensor(const at::Tensor& t);
+// Writes a flat dense buffer into the tensor (through any view).
+void writeTensor(const at::Tensor& t, const runtime::BufferPtr& b);
+// A new contiguous tpu tensor holding `b`.
+at::Tensor wrapBuffer(runtime::BufferPtr b, at::IntArrayRef sizes, at::ScalarType dtype, c10::DeviceIndex device);
+at::Tensor emptyTpu(at::IntArrayRef sizes, at::ScalarType dtype, c10::DeviceIndex device);
+
+// Copies between cpu and tpu or tpu and tpu; dst and src may be views,
+// differ in dtype, and src broadcasts to dst.
+void copyInto(const at::Tensor& dst, const at::Tensor& src);
+
+// Grows or shrinks a storage's bytes, keeping its contents.
+void resizeStorageBytes(c10::StorageImpl* storage, size_t nbytes);
+
+// The device's default generator: (seed, offset); each random op takes a
+// fresh state derived from both and advances the offset.
+class TpuGenerator : public c10::GeneratorImpl {
+ public:
+  explicit TpuGenerator(c10::DeviceIndex device);
+  void set_current_seed(uint64_t seed) override;
+  void set_offset(uint64_t offset) override;
+  uint64_t get_offset() const override;
+  uint64_t current_seed() const override;
+  uint64_t seed() override;
+  void set_state(const c10::TensorImpl& new_state) override;
+  c10::intrusive_ptr<c10::TensorImpl> get_state() const override;
+  static c10::DeviceType device_type() { return kTpu; }
+  // Returns the state words for the next random op.
+  std::array<uint64_t, 2> next();
+
+ private:
+  TpuGenerator* clone_impl() const override;
+  uint64_t seed_ = 67280421310721ull;
+  uint64_t offset_ = 0;
+};
+const at::Generator& defaultGenerator(c10::DeviceIndex device);
+
+// Converts runtime errors into the exception types PyTorch raises.
+[[noreturn]] void rethrow(const std::exception& e, const std::string& context);
+
+// Fallback policy: TORCH_TPU_FALLBACK=error raises instead of running on CPU.
+bool fallbackIsError();
+void setFallbackError(bool on);
+
+}  // namespace tpu::aten

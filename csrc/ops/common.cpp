@@ -1,0 +1,342 @@
+#include "ops/common.h"
+
+#include <limits>
+#include <map>
+#include <stdexcept>
+
+namespace tpu::ops {
+
+// ---------------------------------------------------------------- registry
+
+namespace {
+std::map<std::string, Lowering>& table() {
+  static std::map<std::string, Lowering> t;
+  return t;
+}
+}  // namespace
+
+void registerLowering(const std::string& name, LowerFn fn, std::vector<int> const_scalars) {
+  table()[name] = Lowering{std::move(fn), std::move(const_scalars)};
+}
+
+const Lowering* findLowering(const std::string& name, const std::string& overload) {
+  auto& t = table();
+  if (!overload.empty()) {
+    auto it = t.find(name + "." + overload);
+    if (it != t.end()) return &it->second;
+  }
+  auto it = t.find(name);
+  return it == t.end() ? nullptr : &it->second;
+}
+
+std::vector<std::string> loweredOps() {
+  std::vector<std::string> out;
+  for (const auto& [k, v] : table()) out.push_back(k);
+  return out;
+}
+
+// ---------------------------------------------------------------- Ctx
+
+const Arg& Ctx::arg(size_t i) const {
+  if (i >= args_.size()) throw ir::Unsupported(op_ + ": argument " + std::to_string(i) + " missing");
+  return args_[i];
+}
+
+Value Ctx::tensor(size_t i) const {
+  const Arg& a = arg(i);
+  if (a.kind == Arg::Kind::Tensor || a.kind == Arg::Kind::Scalar) return a.value;
+  throw ir::Unsupported(op_ + ": argument " + std::to_string(i) + " is not a tensor");
+}
+
+std::optional<Value> Ctx::optTensor(size_t i) const {
+  if (!has(i)) return std::nullopt;
+  return tensor(i);
+}
+
+std::vector<Value> Ctx::tensors(size_t i) const {
+  const Arg& a = arg(i);
+  if (a.kind != Arg::Kind::TensorList && a.kind != Arg::Kind::ScalarList)
+    throw ir::Unsupported(op_ + ": argument " + std::to_string(i) + " is not a tensor list");
+  return a.values;
+}
+
+int64_t Ctx::i64(size_t i) const {
+  const Arg& a = arg(i);
+  if (a.kind == Arg::Kind::Int) return a.i;
+  if (a.kind == Arg::Kind::Bool) return a.b;
+  if (a.kind == Arg::Kind::IntList && a.ints.size() == 1) return a.ints[0];
+  throw ir::Unsupported(op_ + ": argument " + std::to_string(i) + " is not an int");
+}
+
+double Ctx::f64(size_t i) const {
+  const Arg& a = arg(i);
+  if (a.kind == Arg::Kind::Double) return a.d;
+  if (a.kind == Arg::Kind::Int) return static_cast<double>(a.i);
+  if (a.kind == Arg::Kind::Bool) return a.b;
+  if (a.kind == Arg::Kind::Scalar && a.const_value) return *a.const_value;
+  throw ir::Unsupported(op_ + ": argument " + std::to_string(i) + " is not a float");
+}
+
+bool Ctx::flag(size_t i) const {
+  const Arg& a = arg(i);
+  if (a.kind == Arg::Kind::Bool) return a.b;
+  if (a.kind == Arg::Kind::Int) return a.i != 0;
+  throw ir::Unsupported(op_ + ": argument " + std::to_string(i) + " is not a bool");
+}
+
+std::vector<int64_t> Ctx::ints(size_t i) const {
+  const Arg& a = arg(i);
+  if (a.kind == Arg::Kind::IntList) return a.ints;
+  if (a.kind == Arg::Kind::Int) return {a.i};
+  throw ir::Unsupported(op_ + ": argument " + std::to_string(i) + " is not an int list");
+}
+
+std::optional<std::vector<int64_t>> Ctx::optInts(size_t i) const {
+  if (!has(i)) return std::nullopt;
+  return ints(i);
+}
+
+std::string Ctx::str(size_t i) const {
+  const Arg& a = arg(i);
+  if (a.kind == Arg::Kind::String) return a.s;
+  throw ir::Unsupported(op_ + ": argument " + std::to_string(i) + " is not a string");
+}
+
+std::optional<DType> Ctx::optDType(size_t i) const {
+  if (!has(i)) return std::nullopt;
+  const Arg& a = arg(i);
+  if (a.kind != Arg::Kind::DType) throw ir::Unsupported(op_ + ": argument " + std::to_string(i) + " is not a dtype");
+  return a.dtype;
+}
+
+Value Ctx::scalar(size_t i, DType t) const {
+  const Arg& a = arg(i);
+  if (a.kind == Arg::Kind::Scalar || a.kind == Arg::Kind::Tensor) {
+    if (a.value.rank() != 0) throw ir::Unsupported(op_ + ": expected a scalar at argument " + std::to_string(i));
+    return b.convert(a.value, t);
+  }
+  if (a.kind == Arg::Kind::Double) return b.constant(a.d, t);
+  if (a.kind == Arg::Kind::Int) return b.constantInt(a.i, t);
+  if (a.kind == Arg::Kind::Bool) return b.constantInt(a.b, t);
+  throw ir::Unsupported(op_ + ": argument " + std::to_string(i) + " is not a scalar");
+}
+
+Value Ctx::scalarOr(size_t i, DType t, double dflt) const {
+  return has(i) ? scalar(i, t) : b.constant(dflt, t);
+}
+
+double Ctx::constScalar(size_t i) const {
+  const Arg& a = arg(i);
+  if (a.const_value) return *a.const_value;
+  return f64(i);
+}
+
+const Type& Ctx::expectedAt(size_t i) const {
+  if (i >= expected_.size()) throw ir::Unsupported(op_ + ": no expected type for result " + std::to_string(i));
+  return expected_[i];
+}
+
+Value Ctx::rngState() {
+  if (!make_rng_state) throw ir::Unsupported(op_ + ": random numbers are not available here");
+  ++rng_states_;
+  return make_rng_state(b);
+}
+
+// ---------------------------------------------------------------- helpers
+
+Shape broadcastShapes(const Shape& a, const Shape& b) {
+  size_t n = std::max(a.size(), b.size());
+  Shape out(n);
+  for (size_t i = 0; i < n; ++i) {
+    int64_t da = i < n - a.size() ? 1 : a[i - (n - a.size())];
+    int64_t db = i < n - b.size() ? 1 : b[i - (n - b.size())];
+    if (da != db && da != 1 && db != 1)
+      throw std::invalid_argument("The size of tensor a (" + std::to_string(da) + ") must match the size of tensor b (" +
+                                  std::to_string(db) + ") at non-singleton dimension " + std::to_string(i));
+    out[i] = da == 1 ? db : da;
+  }
+  return out;
+}
+
+std::vector<Value> broadcastAll(ir::Builder& b, std::vector<Value> vs) {
+  Shape s;
+  for (const auto& v : vs) s = broadcastShapes(s, v.shape());
+  for (auto& v : vs) v = b.broadcastTo(v, s);
+  return vs;
+}
+
+namespace {
+int cat(DType t) {
+  if (t == DType::Bool) return 0;
+  if (ir::isInt(t)) return 1;
+  if (ir::isFloat(t)) return 2;
+  return 3;
+}
+// c10's combine_categories.
+std::optional<DType> combine(std::optional<DType> higher, std::optional<DType> lower) {
+  if (!higher) return lower;
+  if (!lower) return higher;
+  if (ir::isComplex(*higher)) return higher;
+  if (ir::isFloat(*higher)) return higher;
+  if (*higher == DType::Bool || ir::isFloat(*lower) || ir::isComplex(*lower)) return ir::promote(*higher, *lower);
+  return higher;
+}
+std::optional<DType> promoteOpt(std::optional<DType> a, DType b) { return a ? ir::promote(*a, b) : b; }
+}  // namespace
+
+DType resultType(const Ctx& c, const std::vector<size_t>& idx) {
+  std::optional<DType> dim, zero, wrapped;
+  for (size_t i : idx) {
+    if (!c.has(i)) continue;
+    const Arg& a = c.arg(i);
+    if (a.kind == Arg::Kind::Scalar) {
+      DType t = a.scalar_is_float ? DType::F32 : (a.value.dtype() == DType::Bool ? DType::Bool : DType::I64);
+      if (a.value.dtype() == DType::C64) t = DType::C64;
+      wrapped = promoteOpt(wrapped, t);
+    } else if (a.kind == Arg::Kind::Tensor) {
+      if (a.value.rank() == 0)
+        zero = promoteOpt(zero, a.value.dtype());
+      else
+        dim = promoteOpt(dim, a.value.dtype());
+    } else if (a.kind == Arg::Kind::Double) {
+      wrapped = promoteOpt(wrapped, DType::F32);
+    } else if (a.kind == Arg::Kind::Int) {
+      wrapped = promoteOpt(wrapped, DType::I64);
+    }
+  }
+  auto r = combine(dim, combine(zero, wrapped));
+  return r ? *r : DType::F32;
+}
+
+Value cast(ir::Builder& b, const Value& v, DType t) { return b.convert(v, t); }
+
+Value castTo(ir::Builder& b, const Value& v, DType t, const Shape& shape) {
+  return b.broadcastTo(b.convert(v, t), shape);
+}
+
+int64_t wrapDim(int64_t d, int64_t rank) {
+  int64_t r = rank == 0 ? 1 : rank;
+  if (d < -r || d >= r)
+    throw std::out_of_range("Dimension out of range (expected to be in range of [" + std::to_string(-r) + ", " +
+                            std::to_string(r - 1) + "], but got " + std::to_string(d) + ")");
+  return d < 0 ? d + r : d;
+}
+
+std::vector<int64_t> wrapDims(const std::vector<int64_t>& dims, int64_t rank) {
+  std::vector<int64_t> out;
+  for (auto d : dims) out.push_back(rank == 0 ? 0 : wrapDim(d, rank));
+  if (rank == 0) out.clear();
+  return out;
+}
+
+std::vector<int64_t> reductionDims(const std::optional<std::vector<int64_t>>& dims, int64_t rank) {
+  if (!dims || dims->empty()) {
+    std::vector<int64_t> all;
+    for (int64_t i = 0; i < rank; ++i) all.push_back(i);
+    return all;
+  }
+  return wrapDims(*dims, rank);
+}
+
+double lowestValue(DType t) {
+  switch (t) {
+    case DType::Bool: return 0;
+    case DType::U8: return 0;
+    case DType::I8: return -128;
+    case DType::I16: return -32768;
+    case DType::I32: return -2147483648.0;
+    case DType::I64: return -9223372036854775808.0;
+    default: return -std::numeric_limits<double>::infinity();
+  }
+}
+
+double highestValue(DType t) {
+  switch (t) {
+    case DType::Bool: return 1;
+    case DType::U8: return 255;
+    case DType::I8: return 127;
+    case DType::I16: return 32767;
+    case DType::I32: return 2147483647.0;
+    case DType::I64: return 9223372036854775807.0;
+    default: return std::numeric_limits<double>::infinity();
+  }
+}
+
+namespace {
+Value extremeConst(ir::Builder& b, DType t, bool lowest) {
+  if (t == DType::I64)
+    return b.constantInt(lowest ? std::numeric_limits<int64_t>::min() : std::numeric_limits<int64_t>::max(), t);
+  return b.constant(lowest ? lowestValue(t) : highestValue(t), t);
+}
+Value reduceWith(ir::Builder& b, const Value& v, const std::vector<int64_t>& dims, const char* op, const Value& init) {
+  if (dims.empty()) return v;
+  return b.reduce({v}, {init}, dims, [op](ir::Builder& bb, const std::vector<Value>& a) {
+    return std::vector<Value>{bb.binary(op, a[0], a[1])};
+  })[0];
+}
+}  // namespace
+
+Value reduceSum(ir::Builder& b, const Value& v, const std::vector<int64_t>& dims) {
+  if (v.dtype() == DType::Bool) return reduceWith(b, v, dims, "or", b.constantInt(0, DType::Bool));
+  return reduceWith(b, v, dims, "add", b.constant(0.0, v.dtype()));
+}
+
+Value reduceMax(ir::Builder& b, const Value& v, const std::vector<int64_t>& dims) {
+  if (v.dtype() == DType::Bool) return reduceWith(b, v, dims, "or", b.constantInt(0, DType::Bool));
+  return reduceWith(b, v, dims, "maximum", extremeConst(b, v.dtype(), true));
+}
+
+Value reduceMin(ir::Builder& b, const Value& v, const std::vector<int64_t>& dims) {
+  if (v.dtype() == DType::Bool) return reduceWith(b, v, dims, "and", b.constantInt(1, DType::Bool));
+  return reduceWith(b, v, dims, "minimum", extremeConst(b, v.dtype(), false));
+}
+
+Value keepDims(ir::Builder& b, const Value& reduced, const Shape& in_shape, const std::vector<int64_t>& dims) {
+  Shape s = in_shape;
+  for (auto d : dims) s[d] = 1;
+  return b.reshape(reduced, s);
+}
+
+Value add(ir::Builder& b, const Value& x, const Value& y) {
+  if (x.dtype() == DType::Bool) return b.binary("or", x, y);
+  return b.binary("add", x, y);
+}
+Value sub(ir::Builder& b, const Value& x, const Value& y) { return b.binary("subtract", x, y); }
+Value mul(ir::Builder& b, const Value& x, const Value& y) {
+  if (x.dtype() == DType::Bool) return b.binary("and", x, y);
+  return b.binary("multiply", x, y);
+}
+Value div(ir::Builder& b, const Value& x, const Value& y) { return b.binary("divide", x, y); }
+Value full(ir::Builder& b, double v, const Value& like) { return b.constant(v, like.dtype(), like.shape()); }
+
+Value matmul(ir::Builder& b, const Value& x0, const Value& y0) {
+  Value x = x0, y = y0;
+  DType t = x.dtype();
+  if (x.rank() == 1 && y.rank() == 1) return b.dotGeneral(x, y, {}, {}, {0}, {0}, t);
+  if (x.rank() == 2 && y.rank() == 2) return b.dotGeneral(x, y, {}, {}, {1}, {0}, t);
+  if (x.rank() == 2 && y.rank() == 1) return b.dotGeneral(x, y, {}, {}, {1}, {0}, t);
+  if (x.rank() == 1 && y.rank() == 2) return b.dotGeneral(x, y, {}, {}, {0}, {0}, t);
+  // Batched: promote 1-d operands, broadcast batch dims, dot, squeeze.
+  bool xv = x.rank() == 1, yv = y.rank() == 1;
+  if (xv) x = b.reshape(x, {1, x.shape()[0]});
+  if (yv) y = b.reshape(y, {y.shape()[0], 1});
+  Shape xb(x.shape().begin(), x.shape().end() - 2), yb(y.shape().begin(), y.shape().end() - 2);
+  Shape batch = broadcastShapes(xb, yb);
+  Shape xs = batch, ys = batch;
+  xs.push_back(x.shape()[x.rank() - 2]);
+  xs.push_back(x.shape()[x.rank() - 1]);
+  ys.push_back(y.shape()[y.rank() - 2]);
+  ys.push_back(y.shape()[y.rank() - 1]);
+  x = b.broadcastTo(x, xs);
+  y = b.broadcastTo(y, ys);
+  int64_t nb = static_cast<int64_t>(batch.size());
+  std::vector<int64_t> bd;
+  for (int64_t i = 0; i < nb; ++i) bd.push_back(i);
+  Value r = b.dotGeneral(x, y, bd, bd, {nb + 1}, {nb}, t);
+  Shape out = batch;
+  if (!xv) out.push_back(x.shape()[nb]);
+  if (!yv) out.push_back(y.shape()[nb + 1]);
+  return b.reshape(r, out);
+}
+
+}  // namespace tpu::ops

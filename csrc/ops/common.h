@@ -1,0 +1,53 @@
+// Helpers shared by the lowerings: broadcasting, PyTorch type promotion,
+// dimension wrapping, and common reduction bodies.
+#pragma once
+
+#include "ops/lowering.h"
+
+namespace tpu::ops {
+
+Shape broadcastShapes(const Shape& a, const Shape& b);
+// Broadcasts all values to their common shape (dtypes untouched).
+std::vector<Value> broadcastAll(ir::Builder& b, std::vector<Value> vs);
+
+// PyTorch's result_type over the tensor/scalar arguments at `idx`:
+// dimensioned tensors win over 0-d tensors, which win over Python scalars,
+// except across categories (bool < int < float).
+DType resultType(const Ctx& c, const std::vector<size_t>& idx);
+
+// Converts to `t` and broadcasts to `shape`.
+Value cast(ir::Builder& b, const Value& v, DType t);
+Value castTo(ir::Builder& b, const Value& v, DType t, const Shape& shape);
+
+int64_t wrapDim(int64_t d, int64_t rank);
+std::vector<int64_t> wrapDims(const std::vector<int64_t>& dims, int64_t rank);
+// All dims when `dims` is empty or absent.
+std::vector<int64_t> reductionDims(const std::optional<std::vector<int64_t>>& dims, int64_t rank);
+
+// Scalar reductions.
+Value reduceSum(ir::Builder& b, const Value& v, const std::vector<int64_t>& dims);
+Value reduceMax(ir::Builder& b, const Value& v, const std::vector<int64_t>& dims);
+Value reduceMin(ir::Builder& b, const Value& v, const std::vector<int64_t>& dims);
+// Re-inserts reduced dims as size 1 (keepdim).
+Value keepDims(ir::Builder& b, const Value& reduced, const Shape& in_shape, const std::vector<int64_t>& dims);
+
+double lowestValue(DType t);   // -inf for floats, min for ints
+double highestValue(DType t);  // +inf for floats, max for ints
+
+// Elementwise helpers taking operands of equal type.
+Value add(ir::Builder& b, const Value& x, const Value& y);
+Value sub(ir::Builder& b, const Value& x, const Value& y);
+Value mul(ir::Builder& b, const Value& x, const Value& y);
+Value div(ir::Builder& b, const Value& x, const Value& y);
+// A constant like `like` (same dtype and shape).
+Value full(ir::Builder& b, double v, const Value& like);
+
+// Matrix product with PyTorch's matmul broadcasting (1-d, 2-d, batched).
+Value matmul(ir::Builder& b, const Value& x, const Value& y);
+
+// The float type math on `t` computes in (integers and bool become float32).
+inline DType floatOf(DType t) { return ir::isFloat(t) ? t : DType::F32; }
+// Low-precision floats compute in float32 internally, like PyTorch's CPU.
+inline DType accOf(DType t) { return (t == DType::F16 || t == DType::BF16) ? DType::F32 : t; }
+
+}  // namespace tpu::ops

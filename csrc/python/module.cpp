@@ -1,0 +1,103 @@
+// torch_tpu._C: the Python-facing entry points of the C++ core.
+#include <torch/csrc/Generator.h>
+#include <torch/extension.h>
+
+#include "aten/tpu.h"
+#include "ops/lowering.h"
+
+namespace tpu::aten {
+size_t kernelCacheSize();
+}
+
+namespace {
+
+using namespace tpu;
+
+runtime::Runtime& rt() {
+  try {
+    return runtime::Runtime::get();
+  } catch (const std::exception& e) {
+    aten::rethrow(e, "torch_tpu could not start its runtime");
+  }
+}
+
+py::dict metricsDict() {
+  auto& m = runtime::metrics();
+  py::dict d;
+  d["compiles"] = m.compiles.load();
+  d["cache_hits"] = m.cache_hits.load();
+  d["cache_misses"] = m.cache_misses.load();
+  d["executions"] = m.executions.load();
+  d["h2d_bytes"] = m.h2d_bytes.load();
+  d["d2h_bytes"] = m.d2h_bytes.load();
+  d["h2d_transfers"] = m.h2d_transfers.load();
+  d["d2h_transfers"] = m.d2h_transfers.load();
+  d["compile_seconds"] = m.compile_ns.load() / 1e9;
+  py::dict fb, cb;
+  {
+    std::lock_guard<std::mutex> g(m.mu);
+    for (const auto& [k, v] : m.fallbacks) fb[py::str(k)] = v;
+    for (const auto& [k, v] : m.compiles_by_op) cb[py::str(k)] = v;
+  }
+  d["fallbacks"] = fb;
+  d["compiles_by_op"] = cb;
+  d["kernel_signatures"] = aten::kernelCacheSize();
+  return d;
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_C, m) {
+  m.def("_set_search_dirs", [](std::vector<std::string> dirs) { runtime::Runtime::setSearchDirs(std::move(dirs)); });
+  m.def("_init", []() { rt(); });
+  m.def("_initialized", []() { return runtime::Runtime::initialized(); });
+  m.def("_device_count", []() {
+    try {
+      return runtime::Runtime::get().deviceCount();
+    } catch (...) {
+      return 0;
+    }
+  });
+  m.def("_init_error", []() -> std::string {
+    try {
+      runtime::Runtime::get();
+      return "";
+    } catch (const std::exception& e) {
+      return e.what();
+    }
+  });
+  m.def("_platform", []() { return rt().client().platformName(); });
+  m.def("_platform_version", []() { return rt().client().platformVersion(); });
+  m.def("_plugin_path", []() { return rt().pluginPath(); });
+  m.def("_device_kind", [](int d) {
+    aten::checkDeviceIndex(d);
+    return rt().client().devices().at(d).kind;
+  });
+  m.def("_current_device", []() { return static_cast<int>(aten::currentDevice()); });
+  m.def("_set_device", [](int d) {
+    aten::checkDeviceIndex(d);
+    c10::impl::getDeviceGuardImpl(aten::kTpu)->setDevice(c10::Device(aten::kTpu, d));
+  });
+  m.def("_synchronize", [](int d) {
+    aten::checkDeviceIndex(d);
+    py::gil_scoped_release nogil;
+    c10::impl::getDeviceGuardImpl(aten::kTpu)->synchronizeDevice(d);
+  });
+  m.def("_memory_allocated", [](int d) { aten::checkDeviceIndex(d); return rt().allocated(d); });
+  m.def("_max_memory_allocated", [](int d) { aten::checkDeviceIndex(d); return rt().peak(d); });
+  m.def("_reset_peak_memory_stats", [](int d) { aten::checkDeviceIndex(d); rt().resetPeak(d); });
+  m.def("_memory_limit", [](int d) { aten::checkDeviceIndex(d); return rt().memoryLimit(d); });
+  m.def("_allocation_count", [](int d) { aten::checkDeviceIndex(d); return rt().allocCount(d); });
+  m.def("_default_generator", [](int d) {
+    aten::checkDeviceIndex(d);
+    return py::reinterpret_steal<py::object>(THPGenerator_initDefaultGenerator(aten::defaultGenerator(d)));
+  });
+  m.def("_set_launch_blocking", [](bool on) { runtime::setLaunchBlocking(on); });
+  m.def("_launch_blocking", []() { return runtime::launchBlocking(); });
+  m.def("_set_fallback_error", [](bool on) { aten::setFallbackError(on); });
+  m.def("_fallback_is_error", []() { return aten::fallbackIsError(); });
+  m.def("_metrics", &metricsDict);
+  m.def("_metrics_report", []() { return runtime::metrics().report(); });
+  m.def("_reset_metrics", []() { runtime::metrics().reset(); });
+  m.def("_lowered_ops", []() { return ops::loweredOps(); });
+}

@@ -1,0 +1,240 @@
+#include "runtime/runtime.h"
+
+#include <unistd.h>
+
+#include <cstdlib>
+#include <sstream>
+
+namespace tpu::runtime {
+
+Metrics& metrics() {
+  static Metrics m;
+  return m;
+}
+
+void Metrics::reset() {
+  compiles = cache_hits = cache_misses = executions = 0;
+  h2d_bytes = d2h_bytes = h2d_transfers = d2h_transfers = compile_ns = 0;
+  std::lock_guard<std::mutex> g(mu);
+  fallbacks.clear();
+  compiles_by_op.clear();
+}
+
+std::string Metrics::report() {
+  std::ostringstream os;
+  os << "torch_tpu metrics\n"
+     << "  compiles:          " << compiles << " (" << compile_ns / 1e9 << " s)\n"
+     << "  cache hits/misses: " << cache_hits << " / " << cache_misses << "\n"
+     << "  executions:        " << executions << "\n"
+     << "  host->device:      " << h2d_transfers << " transfers, " << h2d_bytes << " bytes\n"
+     << "  device->host:      " << d2h_transfers << " transfers, " << d2h_bytes << " bytes\n";
+  std::lock_guard<std::mutex> g(mu);
+  os << "  CPU fallbacks:     " << (fallbacks.empty() ? "none" : "") << "\n";
+  for (const auto& [op, n] : fallbacks) os << "    " << op << ": " << n << "\n";
+  return os.str();
+}
+
+ir::DType elementDType(pjrt::ElementType t) {
+  using E = pjrt::ElementType;
+  switch (t) {
+    case E::PRED: return ir::DType::Bool;
+    case E::U8: return ir::DType::U8;
+    case E::S8: return ir::DType::I8;
+    case E::S16: return ir::DType::I16;
+    case E::S32: return ir::DType::I32;
+    case E::S64: return ir::DType::I64;
+    case E::U32: return ir::DType::U32;
+    case E::U64: return ir::DType::U64;
+    case E::F16: return ir::DType::F16;
+    case E::BF16: return ir::DType::BF16;
+    case E::F32: return ir::DType::F32;
+    case E::F64: return ir::DType::F64;
+    case E::C64: return ir::DType::C64;
+    default: throw std::runtime_error("torch_tpu: unsupported PJRT element type");
+  }
+}
+
+pjrt::ElementType elementType(ir::DType t) {
+  using E = pjrt::ElementType;
+  switch (t) {
+    case ir::DType::Bool: return E::PRED;
+    case ir::DType::U8: return E::U8;
+    case ir::DType::I8: return E::S8;
+    case ir::DType::I16: return E::S16;
+    case ir::DType::I32: return E::S32;
+    case ir::DType::I64: return E::S64;
+    case ir::DType::U32: return E::U32;
+    case ir::DType::U64: return E::U64;
+    case ir::DType::F16: return E::F16;
+    case ir::DType::BF16: return E::BF16;
+    case ir::DType::F32: return E::F32;
+    case ir::DType::F64: return E::F64;
+    case ir::DType::C64: return E::C64;
+  }
+  return E::F32;
+}
+
+namespace {
+std::vector<std::string>& searchDirs() {
+  static std::vector<std::string> d;
+  return d;
+}
+std::atomic<bool> g_initialized{false};
+
+int envInt(const char* name, int dflt) {
+  const char* v = std::getenv(name);
+  if (!v || !*v) return dflt;
+  char* end = nullptr;
+  long x = std::strtol(v, &end, 10);
+  if (*end || x <= 0) throw std::invalid_argument(std::string(name) + "='" + v + "' must be a positive integer");
+  return static_cast<int>(x);
+}
+
+// TORCH_TPU_MEMORY_LIMIT: bytes, or with a K/M/G suffix.
+int64_t envBytes(const char* name) {
+  const char* v = std::getenv(name);
+  if (!v || !*v) return 0;
+  char* end = nullptr;
+  double x = std::strtod(v, &end);
+  int64_t mult = 1;
+  if (*end == 'K' || *end == 'k') mult = 1LL << 10;
+  if (*end == 'M' || *end == 'm') mult = 1LL << 20;
+  if (*end == 'G' || *end == 'g') mult = 1LL << 30;
+  if (x <= 0) throw std::invalid_argument(std::string(name) + "='" + v + "' must be a positive size");
+  return static_cast<int64_t>(x * mult);
+}
+}  // namespace
+
+void Runtime::setSearchDirs(std::vector<std::string> dirs) { searchDirs() = std::move(dirs); }
+bool Runtime::initialized() { return g_initialized.load(); }
+
+Runtime& Runtime::get() {
+  // Construction errors propagate to the caller each time (no half-built
+  // runtime is kept), so a fixed environment can retry.
+  static std::mutex init_mu;
+  static std::unique_ptr<Runtime> rt;
+  if (g_initialized.load()) return *rt;
+  std::lock_guard<std::mutex> g(init_mu);
+  if (!rt) {
+    rt.reset(new Runtime());
+    g_initialized = true;
+  }
+  return *rt;
+}
+
+Runtime::Runtime() {
+  std::vector<std::string> dirs;
+  if (const char* p = std::getenv("TORCH_TPU_PLUGIN_PATH")) {
+    std::string s(p);
+    size_t start = 0;
+    while (start <= s.size()) {
+      size_t end = s.find(':', start);
+      if (end == std::string::npos) end = s.size();
+      if (end > start) dirs.push_back(s.substr(start, end - start));
+      start = end + 1;
+    }
+  }
+  for (const auto& d : searchDirs()) dirs.push_back(d);
+  const char* name = std::getenv("TORCH_TPU_PLUGIN");
+  std::string path = pjrt::resolvePluginPath(name ? name : "", dirs);
+  auto api = pjrt::Api::load(path);
+  client_ = pjrt::Client::create(api, envInt("TORCH_TPU_CPU_DEVICES", 1));
+  if (client_->devices().empty()) throw pjrt::PluginError("The PJRT plugin '" + path + "' reports no devices.");
+  options_ = pjrt::compileOptions(/*portable=*/true);
+  int n = deviceCount();
+  mem_.reset(new Mem[n]);
+  int64_t env_limit = envBytes("TORCH_TPU_MEMORY_LIMIT");
+  for (int i = 0; i < n; ++i) {
+    auto st = client_->memoryStats(i);
+    int64_t lim = st.bytes_limit > 0 ? st.bytes_limit : 0;
+    if (lim == 0) {  // host memory for the CPU plugin
+      long pages = sysconf(_SC_PHYS_PAGES), psize = sysconf(_SC_PAGE_SIZE);
+      lim = static_cast<int64_t>(pages) * psize;
+    }
+    if (env_limit > 0) lim = env_limit;
+    mem_[i].limit = lim;
+  }
+}
+
+std::shared_ptr<Program> Runtime::compile(const ir::Builder& b, const std::string& what) {
+  std::string text = b.emit();
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    auto it = programs_.find(text);
+    if (it != programs_.end()) {
+      metrics().cache_hits++;
+      return it->second;
+    }
+  }
+  metrics().cache_misses++;
+  auto t0 = std::chrono::steady_clock::now();
+  auto prog = std::make_shared<Program>();
+  try {
+    prog->exe = client_->compile(text, options_);
+  } catch (const pjrt::Error& e) {
+    throw std::runtime_error(std::string("torch_tpu: compiling the program for ") + what + " failed: " + e.what());
+  }
+  auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();
+  prog->param_types = b.paramTypes();
+  for (const auto& v : b.outputs()) prog->out_types.push_back(v.type);
+  prog->op_count = b.opCount();
+  prog->compile_seconds = ns / 1e9;
+  metrics().compiles++;
+  metrics().compile_ns += ns;
+  {
+    std::lock_guard<std::mutex> g(metrics().mu);
+    metrics().compiles_by_op[what]++;
+  }
+  std::lock_guard<std::mutex> g(mu_);
+  programs_.emplace(std::move(text), prog);
+  return prog;
+}
+
+BufferPtr Runtime::upload(const void* data, ir::DType t, const std::vector<int64_t>& dims, int device) {
+  size_t bytes = ir::itemSize(t);
+  for (auto d : dims) bytes *= d;
+  metrics().h2d_transfers++;
+  metrics().h2d_bytes += bytes;
+  return BufferPtr(client_->fromHost(data, elementType(t), dims, device));
+}
+
+void Runtime::download(const pjrt::Buffer& b, void* dst, size_t bytes) {
+  metrics().d2h_transfers++;
+  metrics().d2h_bytes += bytes;
+  b.toHost(dst, bytes);
+}
+
+void Runtime::reserve(int device, size_t bytes) {
+  Mem& m = mem_[device];
+  int64_t now = m.in_use.fetch_add(bytes) + bytes;
+  if (now > m.limit) {
+    m.in_use -= bytes;
+    std::ostringstream os;
+    os << "tpu out of memory: tried to allocate " << bytes << " bytes on tpu:" << device << ", "
+       << (now - static_cast<int64_t>(bytes)) << " bytes in use of a " << m.limit
+       << "-byte limit (TORCH_TPU_MEMORY_LIMIT sets the limit). Free tensors or use a smaller batch.";
+    throw OutOfMemory(os.str());
+  }
+  m.count++;
+  int64_t p = m.peak.load();
+  while (now > p && !m.peak.compare_exchange_weak(p, now)) {
+  }
+}
+
+void Runtime::release(int device, size_t bytes) {
+  mem_[device].in_use -= bytes;
+  mem_[device].count--;
+}
+int64_t Runtime::allocated(int device) const { return mem_[device].in_use; }
+int64_t Runtime::peak(int device) const { return mem_[device].peak; }
+void Runtime::resetPeak(int device) { mem_[device].peak = mem_[device].in_use.load(); }
+int64_t Runtime::memoryLimit(int device) const { return mem_[device].limit; }
+int64_t Runtime::allocCount(int device) const { return mem_[device].count; }
+
+DeviceArray::DeviceArray(int device, size_t nbytes) : device_(device), nbytes_(nbytes) {
+  Runtime::get().reserve(device, nbytes);
+}
+
+DeviceArray::~DeviceArray() { Runtime::get().release(device_, nbytes_); }
+
+}  // namespace tpu::runtime

@@ -1,0 +1,132 @@
+// The process-wide runtime: the loaded plugin and client, device arrays
+// (the contents of a tensor storage), the compilation cache and metrics.
+// No torch headers here.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "ir/ir.h"
+#include "pjrt/pjrt.h"
+
+namespace tpu::runtime {
+
+// A request larger than the device's free memory.
+class OutOfMemory : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+struct Metrics {
+  std::atomic<int64_t> compiles{0};
+  std::atomic<int64_t> cache_hits{0};     // program found in memory
+  std::atomic<int64_t> cache_misses{0};
+  std::atomic<int64_t> executions{0};
+  std::atomic<int64_t> h2d_bytes{0};
+  std::atomic<int64_t> d2h_bytes{0};
+  std::atomic<int64_t> h2d_transfers{0};
+  std::atomic<int64_t> d2h_transfers{0};
+  std::atomic<int64_t> compile_ns{0};
+  std::mutex mu;
+  std::map<std::string, int64_t> fallbacks;  // op name -> count
+  std::map<std::string, int64_t> compiles_by_op;
+  void reset();
+  std::string report();
+};
+Metrics& metrics();
+
+ir::DType elementDType(pjrt::ElementType t);
+pjrt::ElementType elementType(ir::DType t);
+
+// A compiled program and what it returns.
+struct Program {
+  std::unique_ptr<pjrt::Executable> exe;
+  std::vector<ir::Type> param_types;
+  std::vector<ir::Type> out_types;
+  int op_count = 0;
+  double compile_seconds = 0;
+};
+
+using BufferPtr = std::shared_ptr<pjrt::Buffer>;
+
+class Runtime {
+ public:
+  // Folders to search for named plugins (site-packages); set by Python
+  // before first use. TORCH_TPU_PLUGIN_PATH adds more.
+  static void setSearchDirs(std::vector<std::string> dirs);
+  static Runtime& get();
+  static bool initialized();
+
+  pjrt::Client& client() { return *client_; }
+  int deviceCount() const { return static_cast<int>(client_->devices().size()); }
+  PJRT_Device* device(int i) const { return client_->devices().at(i).raw; }
+  const std::string& pluginPath() const { return client_->api()->path(); }
+
+  // Compiles the builder's program, or returns the cached executable for the
+  // same text. `what` names the program in metrics (an op name).
+  std::shared_ptr<Program> compile(const ir::Builder& b, const std::string& what);
+
+  BufferPtr upload(const void* data, ir::DType t, const std::vector<int64_t>& dims, int device);
+  void download(const pjrt::Buffer& b, void* dst, size_t bytes);
+
+  // Memory accounting for device arrays.
+  void reserve(int device, size_t bytes);  // throws OutOfMemory
+  void release(int device, size_t bytes);
+  int64_t allocated(int device) const;
+  int64_t peak(int device) const;
+  void resetPeak(int device);
+  int64_t memoryLimit(int device) const;
+  int64_t allocCount(int device) const;
+
+ private:
+  Runtime();
+  std::unique_ptr<pjrt::Client> client_;
+  std::string options_;
+  std::mutex mu_;
+  std::unordered_map<std::string, std::shared_ptr<Program>> programs_;
+  struct Mem {
+    std::atomic<int64_t> in_use{0};
+    std::atomic<int64_t> peak{0};
+    std::atomic<int64_t> count{0};
+    int64_t limit = 0;
+  };
+  std::unique_ptr<Mem[]> mem_;
+};
+
+// The contents of one tensor storage on one device: a flat PJRT buffer of
+// `numel` elements of `dtype`, or nothing yet (reads as zeros). An in-place
+// op replaces the buffer, so every tensor sharing the storage sees it.
+class DeviceArray {
+ public:
+  DeviceArray(int device, size_t nbytes);
+  ~DeviceArray();
+  DeviceArray(const DeviceArray&) = delete;
+  DeviceArray& operator=(const DeviceArray&) = delete;
+
+  int device() const { return device_; }
+  size_t nbytes() const { return nbytes_; }
+  bool materialized() const { return static_cast<bool>(buffer_); }
+  const BufferPtr& buffer() const { return buffer_; }
+  ir::DType dtype() const { return dtype_; }
+  int64_t numel() const { return numel_; }
+  void set(BufferPtr b, ir::DType t, int64_t numel) {
+    buffer_ = std::move(b);
+    dtype_ = t;
+    numel_ = numel;
+  }
+
+ private:
+  int device_;
+  size_t nbytes_;
+  BufferPtr buffer_;
+  ir::DType dtype_ = ir::DType::U8;
+  int64_t numel_ = 0;
+};
+
+}  // namespace tpu::runtime

@@ -1,0 +1,392 @@
+#include "runtime/views.h"
+
+#include <algorithm>
+#include <cstring>
+#include <list>
+#include <numeric>
+
+namespace tpu::runtime {
+
+namespace {
+std::atomic<bool> g_blocking{false};
+
+using ProgramCache = std::unordered_map<std::string, std::shared_ptr<Program>>;
+
+std::shared_ptr<Program> cached(ProgramCache& cache, const std::string& key,
+                                const std::function<void(ir::Builder&)>& build, const char* what) {
+  static std::mutex mu;
+  {
+    std::lock_guard<std::mutex> g(mu);
+    auto it = cache.find(key);
+    if (it != cache.end()) return it->second;
+  }
+  ir::Builder b;
+  build(b);
+  auto p = Runtime::get().compile(b, what);
+  std::lock_guard<std::mutex> g(mu);
+  cache[key] = p;
+  return p;
+}
+
+std::string geomKey(const ViewGeometry& g, int64_t n) {
+  std::string k = std::to_string(static_cast<int>(g.dtype)) + ":" + std::to_string(n) + ":";
+  for (auto s : g.sizes) k += std::to_string(s) + ",";
+  k += ":";
+  for (auto s : g.strides) k += std::to_string(s) + ",";
+  return k;
+}
+
+// Reinterprets a flat array's bytes as another dtype.
+ir::Value reinterpret(ir::Builder& b, const ir::Value& v, ir::DType to) {
+  using ir::DType;
+  ir::DType from = v.dtype();
+  if (from == to) return v;
+  if (from == DType::Bool) return reinterpret(b, b.convert(v, DType::U8), to);
+  if (to == DType::Bool) return b.convert(reinterpret(b, v, DType::U8), DType::Bool);
+  size_t fs = ir::itemSize(from), ts = ir::itemSize(to);
+  int64_t n = v.shape()[0];
+  if (fs == ts) return b.bitcast(v, {to, {n}});
+  if (fs > ts) {
+    int64_t r = static_cast<int64_t>(fs / ts);
+    ir::Value w = b.bitcast(v, {to, {n, r}});
+    return b.reshape(w, {n * r});
+  }
+  int64_t r = static_cast<int64_t>(ts / fs);
+  int64_t m = n / r;
+  ir::Value x = v;
+  if (m * r != n) x = b.slice(x, {0}, {m * r}, {1});
+  x = b.reshape(x, {m, r});
+  return b.bitcast(x, {to, {m}});
+}
+
+// Memory-order description of a view: dims with stride 0 are broadcast; the
+// rest are "dense permuted" when some ordering of them tiles a contiguous
+// block exactly (transposes, permutes, contiguous slices).
+struct Layout {
+  bool dense = false;
+  std::vector<int64_t> order;      // non-broadcast dims, outermost first
+  std::vector<int64_t> bcast;      // dims with stride 0 (size > 1)
+  int64_t span = 0;                // elements covered in memory
+};
+
+Layout analyze(const ViewGeometry& g) {
+  Layout l;
+  std::vector<int64_t> dims;
+  for (size_t i = 0; i < g.sizes.size(); ++i) {
+    if (g.sizes[i] == 1) continue;
+    if (g.strides[i] == 0)
+      l.bcast.push_back(i);
+    else
+      dims.push_back(i);
+  }
+  std::stable_sort(dims.begin(), dims.end(), [&](int64_t a, int64_t b) { return g.strides[a] > g.strides[b]; });
+  int64_t expect = 1;
+  bool ok = true;
+  for (auto it = dims.rbegin(); it != dims.rend(); ++it) {
+    if (g.strides[*it] != expect) ok = false;
+    expect *= g.sizes[*it];
+  }
+  l.dense = ok;
+  l.order = dims;
+  l.span = expect;
+  return l;
+}
+
+// Flat element index of every position of the view (i64, view-shaped),
+// without the offset.
+ir::Value viewIndices(ir::Builder& b, const ViewGeometry& g) {
+  ir::Type t{ir::DType::I64, g.sizes};
+  ir::Value acc = b.constantInt(0, ir::DType::I64, g.sizes);
+  for (size_t d = 0; d < g.sizes.size(); ++d) {
+    if (g.sizes[d] == 1 || g.strides[d] == 0) continue;
+    ir::Value io = b.iota(t, static_cast<int>(d));
+    ir::Value st = b.constantInt(g.strides[d], ir::DType::I64, g.sizes);
+    acc = b.binary("add", acc, b.binary("multiply", io, st));
+  }
+  return acc;
+}
+
+// Builds view = storage[offset + ...] as a flat value.
+ir::Value buildRead(ir::Builder& b, const ir::Value& flat, const ir::Value& offset, const ViewGeometry& g) {
+  int64_t numel = g.numel();
+  Layout l = analyze(g);
+  if (l.dense) {
+    ir::Value block = b.dynamicSlice(flat, {offset}, {l.span});
+    ir::Shape mem;
+    for (auto d : l.order) mem.push_back(g.sizes[d]);
+    block = b.reshape(block, mem);
+    // Memory order -> logical order (non-broadcast dims), then broadcast.
+    std::vector<int64_t> logical;  // non-broadcast, non-unit dims in logical order
+    for (size_t i = 0; i < g.sizes.size(); ++i)
+      if (std::find(l.order.begin(), l.order.end(), static_cast<int64_t>(i)) != l.order.end()) logical.push_back(i);
+    std::vector<int64_t> perm;
+    for (auto d : logical) perm.push_back(std::find(l.order.begin(), l.order.end(), d) - l.order.begin());
+    block = b.transpose(block, perm);
+    std::vector<int64_t> bdims;
+    for (size_t i = 0; i < logical.size(); ++i) bdims.push_back(logical[i]);
+    ir::Value full = b.broadcastInDim(block, g.sizes, bdims);
+    return b.reshape(full, {numel});
+  }
+  ir::Value idx = b.binary("add", viewIndices(b, g), b.broadcastInDim(offset, g.sizes, {}));
+  idx = b.reshape(idx, {numel, 1});
+  ir::Builder::GatherDims dn;
+  dn.collapsed_slice_dims = {0};
+  dn.start_index_map = {0};
+  dn.index_vector_dim = 1;
+  return b.gather(flat, idx, dn, {1});
+}
+
+ir::Value buildWrite(ir::Builder& b, const ir::Value& flat, const ir::Value& value, const ir::Value& offset,
+                     const ViewGeometry& g) {
+  int64_t numel = g.numel();
+  Layout l = analyze(g);
+  if (l.dense && l.bcast.empty()) {
+    ir::Value v = b.reshape(value, g.sizes);
+    ir::Shape logical_nonunit;
+    std::vector<int64_t> logical;
+    for (size_t i = 0; i < g.sizes.size(); ++i)
+      if (g.sizes[i] != 1) logical.push_back(i);
+    v = b.reshape(v, [&] {
+      ir::Shape s;
+      for (auto d : logical) s.push_back(g.sizes[d]);
+      return s;
+    }());
+    std::vector<int64_t> perm;  // logical(non-unit) -> memory order
+    for (auto d : l.order) perm.push_back(std::find(logical.begin(), logical.end(), d) - logical.begin());
+    v = b.transpose(v, perm);
+    v = b.reshape(v, {numel});
+    return b.dynamicUpdateSlice(flat, v, {offset});
+  }
+  ir::Value idx = b.binary("add", viewIndices(b, g), b.broadcastInDim(offset, g.sizes, {}));
+  idx = b.reshape(idx, {numel, 1});
+  ir::Builder::ScatterDims dn;
+  dn.inserted_window_dims = {0};
+  dn.scatter_dims_to_operand_dims = {0};
+  dn.index_vector_dim = 1;
+  return b.scatter(flat, idx, value, dn, [](ir::Builder&, const std::vector<ir::Value>& a) {
+    return std::vector<ir::Value>{a[1]};
+  });
+}
+
+}  // namespace
+
+void trackPending(int device, const BufferPtr& b);
+void setLaunchBlocking(bool on) { g_blocking = on; }
+bool launchBlocking() { return g_blocking; }
+
+int64_t ViewGeometry::numel() const {
+  int64_t n = 1;
+  for (auto s : sizes) n *= s;
+  return n;
+}
+
+bool ViewGeometry::contiguous() const {
+  int64_t expect = 1;
+  for (int i = static_cast<int>(sizes.size()) - 1; i >= 0; --i) {
+    if (sizes[i] != 1 && strides[i] != expect) return false;
+    expect *= sizes[i];
+  }
+  return true;
+}
+
+std::vector<BufferPtr> execute(const Program& p, const std::vector<BufferPtr>& inputs, int device) {
+  std::vector<PJRT_Buffer*> raw;
+  raw.reserve(inputs.size());
+  for (const auto& b : inputs) raw.push_back(b->raw());
+  auto outs = p.exe->execute(raw, Runtime::get().device(device));
+  metrics().executions++;
+  std::vector<BufferPtr> result;
+  result.reserve(outs.size());
+  for (auto& o : outs) result.emplace_back(std::move(o));
+  if (g_blocking) {
+    for (const auto& r : result) r->awaitReady();
+  } else if (!result.empty()) {
+    trackPending(device, result[0]);
+  }
+  return result;
+}
+
+namespace {
+struct Pending {
+  std::mutex mu;
+  std::unordered_map<int, PendingSet> by_device;
+};
+Pending& pending() {
+  static Pending p;
+  return p;
+}
+}  // namespace
+
+void trackPending(int device, const BufferPtr& b) {
+  auto& p = pending();
+  std::lock_guard<std::mutex> g(p.mu);
+  auto& v = p.by_device[device];
+  v.push_back(b);
+  if (v.size() >= 1024) {  // drop entries that are gone or done
+    PendingSet keep;
+    for (auto& w : v)
+      if (auto s = w.lock())
+        if (!s->isReady()) keep.push_back(w);
+    v.swap(keep);
+  }
+}
+
+PendingSet pendingSnapshot(int device) {
+  auto& p = pending();
+  std::lock_guard<std::mutex> g(p.mu);
+  return p.by_device[device];
+}
+
+bool allReady(const PendingSet& s) {
+  for (const auto& w : s)
+    if (auto b = w.lock())
+      if (!b->isReady()) return false;
+  return true;
+}
+
+void awaitAll(const PendingSet& s) {
+  for (const auto& w : s)
+    if (auto b = w.lock()) b->awaitReady();
+}
+
+void synchronize(int device) {
+  PendingSet s;
+  {
+    auto& p = pending();
+    std::lock_guard<std::mutex> g(p.mu);
+    s.swap(p.by_device[device]);
+  }
+  awaitAll(s);
+}
+
+void ensureTyped(DeviceArray& a, ir::DType t) {
+  int64_t n = static_cast<int64_t>(a.nbytes() / ir::itemSize(t));
+  if (!a.materialized()) {
+    static ProgramCache zeros;
+    std::string key = std::to_string(static_cast<int>(t)) + ":" + std::to_string(n);
+    auto p = cached(zeros, key, [&](ir::Builder& b) { b.output(b.constant(0.0, t, {n})); }, "zeros");
+    a.set(execute(*p, {}, a.device())[0], t, n);
+    return;
+  }
+  if (a.dtype() == t) return;
+  static ProgramCache casts;
+  int64_t from_n = a.numel();
+  ir::DType from = a.dtype();
+  std::string key = std::to_string(static_cast<int>(from)) + ">" + std::to_string(static_cast<int>(t)) + ":" +
+                    std::to_string(from_n);
+  auto p = cached(casts, key, [&](ir::Builder& b) {
+    b.output(reinterpret(b, b.param({from, {from_n}}), t));
+  }, "reinterpret");
+  auto out = execute(*p, {a.buffer()}, a.device())[0];
+  a.set(out, t, p->out_types[0].shape[0]);
+}
+
+BufferPtr readView(DeviceArray& a, const ViewGeometry& g) {
+  ensureTyped(a, g.dtype);
+  int64_t numel = g.numel();
+  if (numel == a.numel() && g.offset == 0 && g.contiguous()) return a.buffer();
+  static ProgramCache reads;
+  int64_t n = a.numel();
+  auto p = cached(reads, geomKey(g, n), [&](ir::Builder& b) {
+    ir::Value flat = b.param({g.dtype, {n}});
+    ir::Value off = b.param({ir::DType::I64, {}});
+    b.output(numel == 0 ? b.constant(0.0, g.dtype, {0}) : buildRead(b, flat, off, g));
+  }, "view_read");
+  return execute(*p, {a.buffer(), scalarBufferInt(ir::DType::I64, g.offset, a.device())}, a.device())[0];
+}
+
+void writeView(DeviceArray& a, const ViewGeometry& g, const BufferPtr& value) {
+  int64_t numel = g.numel();
+  int64_t n_as = static_cast<int64_t>(a.nbytes() / ir::itemSize(g.dtype));
+  if (numel == 0) return;
+  if (numel == n_as && g.offset == 0 && g.contiguous()) {
+    a.set(value, g.dtype, numel);
+    return;
+  }
+  ensureTyped(a, g.dtype);
+  static ProgramCache writes;
+  int64_t n = a.numel();
+  auto p = cached(writes, geomKey(g, n), [&](ir::Builder& b) {
+    ir::Value flat = b.param({g.dtype, {n}});
+    ir::Value val = b.param({g.dtype, {numel}});
+    ir::Value off = b.param({ir::DType::I64, {}});
+    b.output(buildWrite(b, flat, val, off, g));
+  }, "view_write");
+  auto out = execute(*p, {a.buffer(), value, scalarBufferInt(ir::DType::I64, g.offset, a.device())}, a.device())[0];
+  a.set(out, g.dtype, n);
+}
+
+namespace {
+// A small LRU of scalar buffers: optimizers and schedulers pass the same few
+// scalars to every op, and uploading them each time costs a transfer.
+struct ScalarCache {
+  std::mutex mu;
+  std::list<std::string> order;
+  std::unordered_map<std::string, std::pair<BufferPtr, std::list<std::string>::iterator>> map;
+  BufferPtr get(const std::string& key, const std::function<BufferPtr()>& make) {
+    std::lock_guard<std::mutex> g(mu);
+    auto it = map.find(key);
+    if (it != map.end()) {
+      order.splice(order.begin(), order, it->second.second);
+      return it->second.first;
+    }
+    BufferPtr b = make();
+    order.push_front(key);
+    map[key] = {b, order.begin()};
+    if (map.size() > 4096) {
+      map.erase(order.back());
+      order.pop_back();
+    }
+    return b;
+  }
+};
+ScalarCache& scalarCache() {
+  static ScalarCache c;
+  return c;
+}
+
+template <typename T>
+BufferPtr uploadScalar(ir::DType t, T v, int device) {
+  return Runtime::get().upload(&v, t, {}, device);
+}
+}  // namespace
+
+BufferPtr scalarBuffer(ir::DType t, double v, int device) {
+  if (!ir::isFloat(t)) return scalarBufferInt(t, static_cast<int64_t>(v), device);
+  uint64_t bits;
+  std::memcpy(&bits, &v, 8);
+  std::string key = "f" + std::to_string(static_cast<int>(t)) + ":" + std::to_string(bits) + "@" + std::to_string(device);
+  return scalarCache().get(key, [&]() -> BufferPtr {
+    switch (t) {
+      case ir::DType::F64: return uploadScalar<double>(t, v, device);
+      case ir::DType::F32: return uploadScalar<float>(t, static_cast<float>(v), device);
+      default: {
+        // f16/bf16: upload as f64 and convert on the device.
+        static ProgramCache conv;
+        auto p = cached(conv, std::to_string(static_cast<int>(t)), [&](ir::Builder& b) {
+          b.output(b.convert(b.param({ir::DType::F64, {}}), t));
+        }, "scalar_convert");
+        return execute(*p, {uploadScalar<double>(ir::DType::F64, v, device)}, device)[0];
+      }
+    }
+  });
+}
+
+BufferPtr scalarBufferInt(ir::DType t, int64_t v, int device) {
+  if (ir::isFloat(t)) return scalarBuffer(t, static_cast<double>(v), device);
+  std::string key = "i" + std::to_string(static_cast<int>(t)) + ":" + std::to_string(v) + "@" + std::to_string(device);
+  return scalarCache().get(key, [&]() -> BufferPtr {
+    switch (t) {
+      case ir::DType::Bool: return uploadScalar<uint8_t>(t, v != 0, device);
+      case ir::DType::U8: return uploadScalar<uint8_t>(t, static_cast<uint8_t>(v), device);
+      case ir::DType::I8: return uploadScalar<int8_t>(t, static_cast<int8_t>(v), device);
+      case ir::DType::I16: return uploadScalar<int16_t>(t, static_cast<int16_t>(v), device);
+      case ir::DType::I32: return uploadScalar<int32_t>(t, static_cast<int32_t>(v), device);
+      case ir::DType::U32: return uploadScalar<uint32_t>(t, static_cast<uint32_t>(v), device);
+      case ir::DType::U64: return uploadScalar<uint64_t>(t, static_cast<uint64_t>(v), device);
+      default: return uploadScalar<int64_t>(t, v, device);
+    }
+  });
+}
+
+}  // namespace tpu::runtime

@@ -1,0 +1,48 @@
+// Reading and writing strided views of a device array (a tensor storage).
+// A view is (dtype, sizes, strides, offset) over the storage's elements, as in
+// PyTorch. Programs are cached by geometry; the offset is a runtime input so
+// that moving a window over a storage does not recompile.
+#pragma once
+
+#include <vector>
+
+#include "runtime/runtime.h"
+
+namespace tpu::runtime {
+
+struct ViewGeometry {
+  ir::DType dtype;
+  std::vector<int64_t> sizes;
+  std::vector<int64_t> strides;
+  int64_t offset = 0;
+  int64_t numel() const;
+  bool contiguous() const;
+};
+
+// Runs a program: inputs in order; returns its outputs. Counts executions.
+// In blocking mode (TPU_LAUNCH_BLOCKING) waits for the results.
+std::vector<BufferPtr> execute(const Program& p, const std::vector<BufferPtr>& inputs, int device);
+void setLaunchBlocking(bool on);
+// Waits for every program launched on `device` so far; rethrows the first
+// failure. Events record the same set.
+void synchronize(int device);
+using PendingSet = std::vector<std::weak_ptr<pjrt::Buffer>>;
+PendingSet pendingSnapshot(int device);
+bool allReady(const PendingSet& s);
+void awaitAll(const PendingSet& s);
+bool launchBlocking();
+
+// Makes sure the array holds a buffer whose element type is `t`
+// (zero-filling an unwritten array, reinterpreting bytes of another dtype).
+void ensureTyped(DeviceArray& a, ir::DType t);
+
+// The view's elements as a flat, dense buffer of numel() elements.
+BufferPtr readView(DeviceArray& a, const ViewGeometry& g);
+// Writes a flat buffer of numel() elements into the view.
+void writeView(DeviceArray& a, const ViewGeometry& g, const BufferPtr& value);
+
+// A cached 0-d buffer holding `v` (scalars passed to programs).
+BufferPtr scalarBuffer(ir::DType t, double v, int device);
+BufferPtr scalarBufferInt(ir::DType t, int64_t v, int device);
+
+}  // namespace tpu::runtime

@@ -1,0 +1,119 @@
+"""torch_tpu: a native PyTorch device backend ("tpu") on PJRT plugins.
+
+``import torch_tpu`` (or PyTorch's backend autoload) registers the ``tpu``
+device; tensors moved there run as StableHLO programs compiled by the XLA
+compiler inside a PJRT plugin (TPU, CUDA GPU, or the host CPU).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import site
+import sys
+
+import torch
+
+__all__ = [
+    "metrics",
+    "metrics_report",
+    "reset_metrics",
+    "set_mode",
+    "get_mode",
+    "mode",
+    "sync",
+    "lowered_ops",
+    "set_fallback",
+]
+
+
+def _search_dirs():
+    dirs = []
+    for d in list(site.getsitepackages()) + [site.getusersitepackages()] + sys.path:
+        if d and os.path.isdir(d) and d not in dirs:
+            dirs.append(d)
+    return dirs
+
+
+torch.utils.rename_privateuse1_backend("tpu")
+
+from . import _C  # noqa: E402  (registers the device's C++ kernels)
+
+_C._set_search_dirs(_search_dirs())
+
+from . import device as _device_module  # noqa: E402
+
+torch._register_device_module("tpu", _device_module)
+torch.utils.generate_methods_for_privateuse1_backend(
+    for_tensor=True, for_module=True, for_packed_sequence=True, for_storage=True
+)
+
+if os.environ.get("TPU_LAUNCH_BLOCKING", "") == "1":
+    _C._set_launch_blocking(True)
+
+_MODES = ("strict", "debug")
+
+
+def set_mode(name: str) -> None:
+    """Selects the execution mode: "strict" (asynchronous, the default) or
+    "debug" (synchronous; an error names the op that caused it)."""
+    if name not in _MODES:
+        raise ValueError(f"torch_tpu: unknown mode {name!r}; choose one of {_MODES}")
+    _C._set_launch_blocking(name == "debug")
+
+
+def get_mode() -> str:
+    return "debug" if _C._launch_blocking() else "strict"
+
+
+@contextlib.contextmanager
+def mode(name: str):
+    """Context manager: run the block in the given execution mode."""
+    old = get_mode()
+    set_mode(name)
+    try:
+        yield
+    finally:
+        set_mode(old)
+
+
+def set_fallback(policy: str) -> None:
+    """"warn" (run ops without a lowering on the CPU, warning once per op) or
+    "error" (raise instead). TORCH_TPU_FALLBACK=error sets "error"."""
+    if policy not in ("warn", "error"):
+        raise ValueError("torch_tpu: fallback policy must be 'warn' or 'error'")
+    _C._set_fallback_error(policy == "error")
+
+
+def sync(device=None) -> None:
+    """Waits until every program launched on the device has finished."""
+    _device_module.synchronize(device)
+
+
+class Metrics(dict):
+    """Counters: compiles, cache hits/misses, executions, host<->device bytes,
+    compile seconds, CPU fallbacks by op."""
+
+    def report(self) -> str:
+        return _C._metrics_report()
+
+
+def metrics() -> Metrics:
+    return Metrics(_C._metrics())
+
+
+def metrics_report() -> str:
+    return _C._metrics_report()
+
+
+def reset_metrics() -> None:
+    _C._reset_metrics()
+
+
+def lowered_ops():
+    """Names of the ATen ops with a native lowering."""
+    return list(_C._lowered_ops())
+
+
+def _autoload():
+    """Entry point for PyTorch's backend autoload (importing is enough)."""
