@@ -40,6 +40,7 @@ torch.utils.rename_privateuse1_backend("tpu")
 from . import _C  # noqa: E402  (registers the device's C++ kernels)
 
 _C._set_search_dirs(_search_dirs())
+_C._register_lowered_kernels()
 
 from . import device as _device_module  # noqa: E402
 

@@ -26,7 +26,7 @@ struct InputSource {
 };
 
 struct OutputBinding {
-  enum class Kind { Return, ReturnList, WriteArg } kind;
+  enum class Kind { Return, ReturnList, WriteArg, ReturnNone } kind;
   int index = -1;  // return index, or argument index for WriteArg
   int elem = -1;   // list element for WriteArg on a list
   at::ScalarType dtype = at::kFloat;
@@ -65,8 +65,8 @@ std::string describe(const c10::OperatorHandle& op, const std::vector<IValue>& a
     if (v.isTensor()) {
       const auto& t = v.toTensor();
       s += t.defined() ? shortDtype(t.scalar_type()) + ir::shapeStr(t.sizes().vec()) : "None";
-    } else if (v.isTensorList()) {
-      s += "[" + std::to_string(v.toTensorList().size()) + " tensors]";
+    } else if (v.isTensorList() || (v.isList() && v.toList().elementType()->kind() == c10::TypeKind::OptionalType)) {
+      s += "[" + std::to_string(v.toList().size()) + " tensors]";
     } else {
       std::ostringstream os;
       os << v;
@@ -158,7 +158,8 @@ IValue metaOf(const IValue& v) {
 void collectTypes(const IValue& v, std::vector<ir::Type>& out) {
   if (v.isTensor()) {
     const auto& t = v.toTensor();
-    if (t.defined()) out.push_back(ir::Type{toIr(t.scalar_type()), t.sizes().vec()});
+    // An undefined result (a masked-out gradient) keeps its slot.
+    out.push_back(t.defined() ? ir::Type{toIr(t.scalar_type()), t.sizes().vec()} : ir::Type{ir::DType::F32, {-1}});
   } else if (v.isTensorList()) {
     for (const at::Tensor& t : v.toTensorList()) out.push_back(ir::Type{toIr(t.scalar_type()), t.sizes().vec()});
   }
@@ -448,6 +449,8 @@ std::shared_ptr<Entry> build(const c10::OperatorHandle& op, const std::vector<IV
     return results[ri++];
   };
   std::vector<std::pair<OutputBinding, ir::Value>> bound;
+  std::vector<int> none_returns;
+  std::vector<size_t> expected_skip;  // positions (in return order) of undefined results
   auto argTensor = [&](int idx, int elem) -> at::Tensor {
     const IValue& v = args[idx];
     if (elem < 0) return v.toTensor();
@@ -494,6 +497,11 @@ std::shared_ptr<Entry> build(const c10::OperatorHandle& op, const std::vector<IV
         }
       } else {
         ir::Value val = take();
+        if (!val.valid()) {  // the lowering leaves this result undefined
+          none_returns.push_back(static_cast<int>(r));
+          expected_skip.push_back(r);
+          continue;
+        }
         OutputBinding ob{OutputBinding::Kind::Return, static_cast<int>(r), -1, toAten(val.dtype()), val.shape()};
         bound.push_back({ob, val});
       }
@@ -504,12 +512,16 @@ std::shared_ptr<Entry> build(const c10::OperatorHandle& op, const std::vector<IV
                            std::to_string(results.size()) + " results, the schema binds " + std::to_string(ri));
   for (const auto& m : mutations) bindWrite(static_cast<int>(m.arg), m.elem, m.value);
 
+  // Expected types of the bound results (undefined results removed).
+  std::vector<ir::Type> ex_bound;
+  for (size_t i = 0; i < expected.size(); ++i)
+    if (std::find(expected_skip.begin(), expected_skip.end(), i) == expected_skip.end()) ex_bound.push_back(expected[i]);
   // Check against the meta results, convert dtypes, flatten.
   for (size_t i = 0; i < bound.size(); ++i) {
     auto& [ob, val] = bound[i];
     bool from_mutation = i >= bound.size() - mutations.size();
-    if (have_expected && !from_mutation && i < expected.size()) {
-      const ir::Type& ex = expected[i];
+    if (have_expected && !from_mutation && i < ex_bound.size() && ex_bound[i].shape != ir::Shape{-1}) {
+      const ir::Type& ex = ex_bound[i];
       if (ex.shape != val.shape())
         throw std::logic_error("torch_tpu internal: the lowering of " + schema.name() + " produced shape " +
                                ir::shapeStr(val.shape()) + ", PyTorch expects " + ir::shapeStr(ex.shape));
@@ -522,6 +534,7 @@ std::shared_ptr<Entry> build(const c10::OperatorHandle& op, const std::vector<IV
     b.output(b.reshape(out, {out.type.numel()}));
     entry->outputs.push_back(ob);
   }
+  for (int r : none_returns) entry->outputs.push_back({OutputBinding::Kind::ReturnNone, r, -1, at::kFloat, {}});
   entry->prog = runtime::Runtime::get().compile(b, schema.name());
   return entry;
 }
@@ -556,6 +569,7 @@ c10::DeviceIndex findDevice(const c10::OperatorHandle& op, const std::vector<IVa
   for (const auto& v : args) {
     if (v.isTensor()) check_cpu(v.toTensor());
     else if (v.isTensorList()) for (const at::Tensor& t : v.toTensorList()) check_cpu(t);
+    else if (v.isList()) for (const IValue& e : v.toList()) if (e.isTensor()) check_cpu(e.toTensor());
   }
   if (!dev)
     for (const auto& v : args)
@@ -634,6 +648,8 @@ void runEntry(const Entry& e, const c10::OperatorHandle& op, torch::jit::Stack* 
       at::Tensor t = ob.elem < 0 ? args[ob.index].toTensor() : args[ob.index].toList().get(ob.elem).toTensor();
       if (t.sizes().vec() != ob.sizes) t.resize_(ob.sizes);
       writeTensor(t, outs[i]);
+    } else if (ob.kind == OutputBinding::Kind::ReturnNone) {
+      returns[ob.index] = IValue(at::Tensor());
     } else if (ob.kind == OutputBinding::Kind::Return) {
       returns[ob.index] = IValue(wrapBuffer(outs[i], ob.sizes, ob.dtype, dev));
     } else {
@@ -656,6 +672,26 @@ void runEntry(const Entry& e, const c10::OperatorHandle& op, torch::jit::Stack* 
   for (auto& r : returns) stack->push_back(std::move(r));
 }
 
+// Advanced indexing accepts index tensors on the CPU (as on CUDA): move them.
+void moveIndicesToDevice(torch::jit::Stack* stack, size_t n) {
+  IValue& self = (*stack)[stack->size() - n];
+  IValue& idx = (*stack)[stack->size() - n + 1];
+  if (!self.isTensor() || !idx.isList()) return;
+  c10::Device dev = self.toTensor().device();
+  auto lst = idx.toList();
+  bool changed = false;
+  c10::List<std::optional<at::Tensor>> out;
+  for (const IValue& e : lst) {
+    if (e.isTensor() && e.toTensor().defined() && e.toTensor().device().is_cpu()) {
+      out.push_back(e.toTensor().to(dev));
+      changed = true;
+    } else {
+      out.push_back(e.isNone() ? std::nullopt : std::optional<at::Tensor>(e.toTensor()));
+    }
+  }
+  if (changed) idx = IValue(out);
+}
+
 void boxedKernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const auto& schema = op.schema();
   const std::string& full = schema.name();
@@ -671,6 +707,9 @@ void boxedKernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   if (!low) return cpuFallback(op, stack, "");
 
   size_t n = schema.arguments().size();
+  if (base == "index" || base == "index_put" || base == "_index_put_impl" || base == "_unsafe_index" ||
+      base == "_unsafe_index_put")
+    moveIndicesToDevice(stack, n);
   std::vector<IValue> args(stack->end() - n, stack->end());
   c10::DeviceIndex dev = findDevice(op, args);
   for (const auto& v : args) {  // unsupported dtypes go to the CPU
@@ -710,6 +749,45 @@ void boxedKernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
 }
 
 }  // namespace
+
+// Ops with a lowering whose default kernel for every backend is a composite
+// (CompositeExplicitAutograd, or a structured op calling its out= variant)
+// get the lowering directly: one program instead of the composite's detour,
+// and the "overrideable" ops (convolution) are implemented at all. Ops that
+// decompose before autograd (CompositeImplicitAutograd) and factories that
+// take a device argument keep PyTorch's own path.
+int registerLoweredKernels() {
+  static torch::Library lib(torch::Library::IMPL, "aten", c10::DispatchKey::PrivateUse1, __FILE__, __LINE__);
+  static int count = -1;
+  if (count >= 0) return count;
+  count = 0;
+  auto& d = c10::Dispatcher::singleton();
+  for (const auto& name : d.getAllOpNames()) {
+    if (name.name.rfind("aten::", 0) != 0) continue;
+    auto op = d.findOp(name);
+    if (!op || !op->hasSchema()) continue;
+    if (op->hasKernelForDispatchKey(c10::DispatchKey::PrivateUse1) ||
+        op->hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd))
+      continue;
+    if (!op->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutograd) &&
+        !op->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutogradNonFunctional))
+      continue;
+    const auto& schema = op->schema();
+    bool has_device = false;
+    for (const auto& a : schema.arguments())
+      has_device |= baseType(a.type())->kind() == c10::TypeKind::DeviceObjType;
+    if (has_device) continue;
+    std::string base = name.name.substr(6);
+    if (base.size() > 1 && base.back() == '_' && base.rfind("__", 0) != 0) base.pop_back();
+    bool lowered = ops::findLowering(base, name.overload_name) != nullptr;
+    if (!lowered && base.rfind("_foreach_", 0) == 0) lowered = ops::findLowering(base.substr(9), "") != nullptr;
+    if (!lowered) continue;
+    std::string full = name.name.substr(6) + (name.overload_name.empty() ? "" : "." + name.overload_name);
+    lib.impl(full.c_str(), torch::CppFunction::makeFromBoxedFunction<&boxedKernel>());
+    ++count;
+  }
+  return count;
+}
 
 size_t kernelCacheSize() {
   std::lock_guard<std::mutex> g(g_cache_mu);

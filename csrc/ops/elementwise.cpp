@@ -233,6 +233,16 @@ Registrar reg_isinf("isinf", [](Ctx& c) {
   Value a = c.b.unary("abs", x);
   return std::vector<Value>{c.b.compare(a, k(c.b, INFINITY, a), ir::Cmp::EQ)};
 });
+Registrar reg_isposinf("isposinf", [](Ctx& c) {
+  Value x = c.tensor(0);
+  if (!ir::isFloat(x.dtype())) return std::vector<Value>{c.b.constantInt(0, DType::Bool, x.shape())};
+  return std::vector<Value>{c.b.compare(x, k(c.b, INFINITY, x), ir::Cmp::EQ)};
+});
+Registrar reg_isneginf("isneginf", [](Ctx& c) {
+  Value x = c.tensor(0);
+  if (!ir::isFloat(x.dtype())) return std::vector<Value>{c.b.constantInt(0, DType::Bool, x.shape())};
+  return std::vector<Value>{c.b.compare(x, k(c.b, -INFINITY, x), ir::Cmp::EQ)};
+});
 Registrar reg_isfinite("isfinite", [](Ctx& c) {
   Value x = c.tensor(0);
   if (!ir::isFloat(x.dtype())) return std::vector<Value>{c.b.constantInt(1, DType::Bool, x.shape())};

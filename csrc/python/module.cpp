@@ -7,6 +7,7 @@
 
 namespace tpu::aten {
 size_t kernelCacheSize();
+int registerLoweredKernels();
 }
 
 namespace {
@@ -100,4 +101,5 @@ PYBIND11_MODULE(_C, m) {
   m.def("_metrics_report", []() { return runtime::metrics().report(); });
   m.def("_reset_metrics", []() { runtime::metrics().reset(); });
   m.def("_lowered_ops", []() { return ops::loweredOps(); });
+  m.def("_register_lowered_kernels", &aten::registerLoweredKernels);
 }

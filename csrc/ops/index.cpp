@@ -1,0 +1,360 @@
+// Indexing: index_select, gather/scatter (all reductions), advanced indexing
+// (index / index_put), index_add/copy/fill, embedding backward.
+// Negative indices wrap as in PyTorch.
+#include "ops/common.h"
+
+namespace tpu::ops {
+namespace {
+
+DType outType(Ctx& c, DType fallback) { return c.hasExpected() ? c.expectedAt(0).dtype : fallback; }
+
+// Wraps negative indices by `size`.
+Value wrapIndex(ir::Builder& b, const Value& idx, int64_t size) {
+  Value i = b.convert(idx, DType::I64);
+  Value zero = b.constantInt(0, DType::I64, i.shape());
+  Value n = b.constantInt(size, DType::I64, i.shape());
+  return b.select(b.compare(i, zero, ir::Cmp::LT), add(b, i, n), i);
+}
+
+// Full coordinates for "along dim" ops: index tensor `idx` (same rank as x)
+// gives the coordinate on `dim`; other coordinates are the positions.
+Value coordinates(ir::Builder& b, const Value& idx, int64_t dim, int64_t dim_size) {
+  Type it{DType::I64, idx.shape()};
+  std::vector<Value> parts;
+  Shape s = idx.shape();
+  s.push_back(1);
+  for (int d = 0; d < idx.rank(); ++d) {
+    Value c = d == dim ? wrapIndex(b, idx, dim_size) : b.iota(it, d);
+    parts.push_back(b.reshape(c, s));
+  }
+  return b.concatenate(parts, idx.rank());
+}
+
+Value gatherAlong(ir::Builder& b, const Value& x, int64_t dim, const Value& idx) {
+  if (idx.rank() == 0 || x.rank() == 0) {
+    return b.reshape(gatherAlong(b, b.reshape(x, {1}), 0, b.reshape(idx, {1})), idx.shape());
+  }
+  Value coords = coordinates(b, idx, dim, x.shape()[dim]);
+  ir::Builder::GatherDims dn;
+  for (int d = 0; d < x.rank(); ++d) {
+    dn.collapsed_slice_dims.push_back(d);
+    dn.start_index_map.push_back(d);
+  }
+  dn.index_vector_dim = idx.rank();
+  return b.gather(x, coords, dn, Shape(x.rank(), 1));
+}
+
+using Combine = std::function<Value(ir::Builder&, const Value&, const Value&)>;
+
+Value scatterAlong(ir::Builder& b, const Value& x, int64_t dim, const Value& idx, const Value& src,
+                   const Combine& combine) {
+  if (x.rank() == 0) {
+    Value r = scatterAlong(b, b.reshape(x, {1}), 0, b.reshape(idx, {1}), b.reshape(src, {1}), combine);
+    return b.reshape(r, {});
+  }
+  Value coords = coordinates(b, idx, dim, x.shape()[dim]);
+  // src may be larger than idx: use its leading idx-shaped block.
+  Value upd = src;
+  if (src.shape() != idx.shape()) {
+    Shape start(src.rank(), 0), strides(src.rank(), 1);
+    upd = b.slice(src, start, idx.shape(), strides);
+  }
+  ir::Builder::ScatterDims dn;
+  for (int d = 0; d < x.rank(); ++d) {
+    dn.inserted_window_dims.push_back(d);
+    dn.scatter_dims_to_operand_dims.push_back(d);
+  }
+  dn.index_vector_dim = idx.rank();
+  return b.scatter(x, coords, upd, dn, [combine](ir::Builder& bb, const std::vector<Value>& a) {
+    return std::vector<Value>{combine(bb, a[0], a[1])};
+  });
+}
+
+Combine replaceFn() {
+  return [](ir::Builder&, const Value&, const Value& n) { return n; };
+}
+Combine addFn() {
+  return [](ir::Builder& b, const Value& o, const Value& n) { return add(b, o, n); };
+}
+
+Registrar reg_gather("gather", [](Ctx& c) {
+  Value x = c.tensor(0), idx = c.tensor(2);
+  int64_t dim = wrapDim(c.i64(1), x.rank());
+  return std::vector<Value>{gatherAlong(c.b, x, dim, idx)};
+});
+
+// scatter(self, dim, index, src|value, *, reduce?) / scatter_add / scatter_reduce
+Registrar reg_scatter("scatter", [](Ctx& c) {
+  Value x = c.tensor(0), idx = c.tensor(2);
+  int64_t dim = wrapDim(c.i64(1), x.rank());
+  Value src = c.b.convert(c.tensor(3), x.dtype());
+  if (src.rank() == 0) src = c.b.broadcastTo(src, idx.shape());
+  Combine f = replaceFn();
+  if (c.kind(4) == Arg::Kind::String) {
+    std::string r = c.str(4);
+    if (r == "add") f = addFn();
+    else if (r == "multiply") f = [](ir::Builder& b, const Value& o, const Value& n) { return mul(b, o, n); };
+    else throw ir::Unsupported("scatter reduce " + r);
+  }
+  return std::vector<Value>{scatterAlong(c.b, x, dim, idx, src, f)};
+});
+Registrar reg_scatter_add("scatter_add", [](Ctx& c) {
+  Value x = c.tensor(0), idx = c.tensor(2);
+  int64_t dim = wrapDim(c.i64(1), x.rank());
+  return std::vector<Value>{scatterAlong(c.b, x, dim, idx, c.b.convert(c.tensor(3), x.dtype()), addFn())};
+});
+Registrar reg_scatter_reduce("scatter_reduce", [](Ctx& c) {
+  Value x = c.tensor(0), idx = c.tensor(2);
+  int64_t dim = wrapDim(c.i64(1), x.rank());
+  Value src = c.b.convert(c.tensor(3), x.dtype());
+  std::string r = c.str(4);
+  bool include_self = c.flagOr(5, true);
+  ir::Builder& b = c.b;
+  Combine f;
+  double init = 0;
+  if (r == "sum" || r == "mean") {
+    f = addFn();
+  } else if (r == "prod") {
+    f = [](ir::Builder& bb, const Value& o, const Value& n) { return mul(bb, o, n); };
+    init = 1;
+  } else if (r == "amax") {
+    f = [](ir::Builder& bb, const Value& o, const Value& n) { return bb.binary("maximum", o, n); };
+    init = lowestValue(x.dtype());
+  } else if (r == "amin") {
+    f = [](ir::Builder& bb, const Value& o, const Value& n) { return bb.binary("minimum", o, n); };
+    init = highestValue(x.dtype());
+  } else {
+    throw ir::Unsupported("scatter_reduce " + r);
+  }
+  // Positions that receive any update.
+  Value touched = scatterAlong(b, b.constant(0.0, DType::F32, x.shape()), dim, idx,
+                               b.constant(1.0, DType::F32, idx.shape()), addFn());
+  Value hit = b.compare(touched, b.constant(0.0, DType::F32, x.shape()), ir::Cmp::GT);
+  Value base = include_self ? x : b.select(hit, b.constant(init, x.dtype(), x.shape()), x);
+  Value res = scatterAlong(b, base, dim, idx, src, f);
+  if (r == "mean") {
+    Value cnt = include_self ? add(b, touched, b.constant(1.0, DType::F32, x.shape())) : touched;
+    cnt = b.select(hit, cnt, b.constant(1.0, DType::F32, x.shape()));
+    Value q = div(b, b.convert(res, accOf(floatOf(x.dtype()))), b.convert(cnt, accOf(floatOf(x.dtype()))));
+    if (!ir::isFloat(x.dtype())) q = b.unary("floor", q);
+    res = b.select(hit, b.convert(q, x.dtype()), res);
+  }
+  return std::vector<Value>{res};
+});
+
+// index_select(self, dim, index)
+Value indexSelect(ir::Builder& b, const Value& x, int64_t dim, const Value& index) {
+  if (x.rank() == 0) return b.reshape(gatherAlong(b, b.reshape(x, {1}), 0, b.reshape(index, {1})), {});
+  Value idx = wrapIndex(b, b.reshape(index, {index.type.numel()}), x.shape()[dim]);
+  int64_t k = idx.shape()[0];
+  idx = b.reshape(idx, {k, 1});
+  ir::Builder::GatherDims dn;
+  for (int d = 0; d < x.rank(); ++d)
+    if (d != dim) dn.offset_dims.push_back(d);
+  dn.collapsed_slice_dims = {dim};
+  dn.start_index_map = {dim};
+  dn.index_vector_dim = 1;
+  Shape sizes = x.shape();
+  sizes[dim] = 1;
+  return b.gather(x, idx, dn, sizes);
+}
+Registrar reg_index_select("index_select", [](Ctx& c) {
+  Value x = c.tensor(0);
+  int64_t dim = x.rank() == 0 ? 0 : wrapDim(c.i64(1), x.rank());
+  return std::vector<Value>{indexSelect(c.b, x, dim, c.tensor(2))};
+});
+
+// Scatters `src` (shaped like x with dim replaced by len(index)) along dim.
+Value indexScatter(ir::Builder& b, const Value& x, int64_t dim, const Value& index, const Value& src,
+                   const Combine& f) {
+  Value idx = wrapIndex(b, b.reshape(index, {index.type.numel()}), x.shape()[dim]);
+  int64_t k = idx.shape()[0];
+  idx = b.reshape(idx, {k, 1});
+  // Move dim of src to the front: updates [k, rest...].
+  std::vector<int64_t> perm{dim};
+  for (int d = 0; d < x.rank(); ++d)
+    if (d != dim) perm.push_back(d);
+  Value upd = b.transpose(src, perm);
+  ir::Builder::ScatterDims dn;
+  for (int d = 1; d < x.rank(); ++d) dn.update_window_dims.push_back(d);
+  dn.inserted_window_dims = {dim};
+  dn.scatter_dims_to_operand_dims = {dim};
+  dn.index_vector_dim = 1;
+  return b.scatter(x, idx, upd, dn, [f](ir::Builder& bb, const std::vector<Value>& a) {
+    return std::vector<Value>{f(bb, a[0], a[1])};
+  });
+}
+
+Registrar reg_index_add("index_add", [](Ctx& c) {
+  Value x = c.tensor(0);
+  if (x.rank() == 0) throw ir::Unsupported("index_add on a 0-d tensor");
+  int64_t dim = wrapDim(c.i64(1), x.rank());
+  Value src = c.b.convert(c.tensor(3), x.dtype());
+  if (c.has(4)) src = mul(c.b, src, c.b.broadcastTo(c.scalar(4, x.dtype()), src.shape()));
+  return std::vector<Value>{indexScatter(c.b, x, dim, c.tensor(2), src, addFn())};
+});
+Registrar reg_index_copy("index_copy", [](Ctx& c) {
+  Value x = c.tensor(0);
+  if (x.rank() == 0) throw ir::Unsupported("index_copy on a 0-d tensor");
+  int64_t dim = wrapDim(c.i64(1), x.rank());
+  return std::vector<Value>{indexScatter(c.b, x, dim, c.tensor(2), c.b.convert(c.tensor(3), x.dtype()), replaceFn())};
+});
+Registrar reg_index_fill("index_fill", [](Ctx& c) {
+  Value x = c.tensor(0);
+  if (x.rank() == 0) throw ir::Unsupported("index_fill on a 0-d tensor");
+  int64_t dim = wrapDim(c.i64(1), x.rank());
+  Value index = c.tensor(2);
+  Shape s = x.shape();
+  s[dim] = index.type.numel();
+  Value src = c.b.broadcastTo(c.b.convert(c.tensor(3), x.dtype()), s);
+  return std::vector<Value>{indexScatter(c.b, x, dim, index, src, replaceFn())};
+});
+
+// Advanced indexing: the (broadcast) index tensors select along the indexed
+// dims; the result has the broadcast index shape at the first indexed dim if
+// they are adjacent, else in front.
+struct AdvIndex {
+  Value coords;            // [B..., k] int64
+  std::vector<int64_t> indexed;
+  Shape batch;             // broadcast index shape
+  bool front = true;       // batch dims in front of the result
+  int64_t first = 0;
+};
+
+AdvIndex advancedIndex(ir::Builder& b, const Value& x, const std::vector<Value>& indices) {
+  AdvIndex a;
+  std::vector<Value> idx;
+  for (size_t i = 0; i < indices.size(); ++i) {
+    if (!indices[i].valid()) continue;
+    if (indices[i].dtype() == DType::Bool || indices[i].dtype() == DType::U8)
+      throw ir::Unsupported("boolean mask indexing (data-dependent shape)");
+    a.indexed.push_back(static_cast<int64_t>(i));
+    idx.push_back(indices[i]);
+  }
+  if (idx.empty()) throw ir::Unsupported("indexing without index tensors");
+  for (const auto& v : idx) a.batch = broadcastShapes(a.batch, v.shape());
+  Shape s = a.batch;
+  s.push_back(1);
+  std::vector<Value> parts;
+  for (size_t j = 0; j < idx.size(); ++j) {
+    Value w = wrapIndex(b, b.broadcastTo(idx[j], a.batch), x.shape()[a.indexed[j]]);
+    parts.push_back(b.reshape(w, s));
+  }
+  a.coords = b.concatenate(parts, static_cast<int64_t>(a.batch.size()));
+  bool adjacent = true;
+  for (size_t j = 1; j < a.indexed.size(); ++j) adjacent &= a.indexed[j] == a.indexed[j - 1] + 1;
+  a.first = a.indexed[0];
+  a.front = !adjacent || a.first == 0;
+  return a;
+}
+
+Registrar reg_index("index", [](Ctx& c) {
+  Value x = c.tensor(0);
+  AdvIndex a = advancedIndex(c.b, x, c.tensors(1));
+  int64_t nb = static_cast<int64_t>(a.batch.size());
+  ir::Builder::GatherDims dn;
+  Shape sizes = x.shape();
+  int64_t pos = nb;
+  for (int d = 0; d < x.rank(); ++d) {
+    if (std::find(a.indexed.begin(), a.indexed.end(), d) != a.indexed.end()) {
+      dn.collapsed_slice_dims.push_back(d);
+      sizes[d] = 1;
+    } else {
+      dn.offset_dims.push_back(pos++);
+    }
+  }
+  dn.start_index_map = a.indexed;
+  dn.index_vector_dim = nb;
+  Value r = c.b.gather(x, a.coords, dn, sizes);
+  if (!a.front) {  // move batch dims to position `first`
+    std::vector<int64_t> perm;
+    int64_t nrest = r.rank() - nb;
+    for (int64_t i = 0; i < a.first; ++i) perm.push_back(nb + i);
+    for (int64_t i = 0; i < nb; ++i) perm.push_back(i);
+    for (int64_t i = a.first; i < nrest; ++i) perm.push_back(nb + i);
+    r = c.b.transpose(r, perm);
+  }
+  return std::vector<Value>{r};
+});
+Registrar reg_unsafe_index("_unsafe_index", [](Ctx& c) { return findLowering("index", "")->fn(c); });
+
+// index_put(self, indices, values, accumulate) / _index_put_impl_(..., unsafe)
+std::vector<Value> indexPut(Ctx& c) {
+  Value x = c.tensor(0);
+  AdvIndex a = advancedIndex(c.b, x, c.tensors(1));
+  bool accumulate = c.flagOr(3, false);
+  int64_t nb = static_cast<int64_t>(a.batch.size());
+  ir::Builder::ScatterDims dn;
+  Shape upd_shape = a.batch;
+  for (int d = 0; d < x.rank(); ++d) {
+    if (std::find(a.indexed.begin(), a.indexed.end(), d) != a.indexed.end()) {
+      dn.inserted_window_dims.push_back(d);
+    } else {
+      dn.update_window_dims.push_back(static_cast<int64_t>(upd_shape.size()));
+      upd_shape.push_back(x.shape()[d]);
+    }
+  }
+  dn.scatter_dims_to_operand_dims = a.indexed;
+  dn.index_vector_dim = nb;
+  Value v = c.b.convert(c.tensor(2), x.dtype());
+  if (!a.front) {
+    // values are laid out with batch dims at `first`: broadcast there, then
+    // move them to the front.
+    Shape res_shape;
+    int64_t nrest = static_cast<int64_t>(upd_shape.size()) - nb;
+    for (int64_t i = 0; i < a.first; ++i) res_shape.push_back(upd_shape[nb + i]);
+    for (int64_t i = 0; i < nb; ++i) res_shape.push_back(upd_shape[i]);
+    for (int64_t i = a.first; i < nrest; ++i) res_shape.push_back(upd_shape[nb + i]);
+    v = c.b.broadcastTo(v, res_shape);
+    std::vector<int64_t> perm;
+    for (int64_t i = 0; i < nb; ++i) perm.push_back(a.first + i);
+    for (int64_t i = 0; i < a.first; ++i) perm.push_back(i);
+    for (int64_t i = a.first + nb; i < static_cast<int64_t>(res_shape.size()); ++i) perm.push_back(i);
+    v = c.b.transpose(v, perm);
+  } else {
+    v = c.b.broadcastTo(v, upd_shape);
+  }
+  Combine f = accumulate ? addFn() : replaceFn();
+  Value r = c.b.scatter(x, a.coords, v, dn, [f](ir::Builder& bb, const std::vector<Value>& args) {
+    return std::vector<Value>{f(bb, args[0], args[1])};
+  });
+  return {r};
+}
+Registrar reg_index_put("index_put", indexPut);
+Registrar reg_index_put_impl("_index_put_impl", indexPut);
+
+// embedding_dense_backward(grad, indices, num_weights, padding_idx, scale_grad_by_freq)
+Registrar reg_embedding_dense_backward("embedding_dense_backward", [](Ctx& c) {
+  Value g = c.tensor(0), idx = c.tensor(1);
+  int64_t n = c.i64(2), pad = c.i64(3);
+  if (c.flagOr(4, false)) throw ir::Unsupported("embedding backward with scale_grad_by_freq");
+  ir::Builder& b = c.b;
+  int64_t m = idx.type.numel();
+  int64_t d = g.shape().back();
+  DType acc = accOf(g.dtype());
+  Value flat_idx = b.reshape(b.convert(idx, DType::I64), {m, 1});
+  Value upd = b.reshape(b.convert(g, acc), {m, d});
+  if (pad >= 0) {
+    Value keep = b.compare(b.reshape(flat_idx, {m}), b.constantInt(pad, DType::I64, {m}), ir::Cmp::NE);
+    upd = b.select(b.broadcastInDim(keep, {m, d}, {0}), upd, b.constant(0.0, acc, {m, d}));
+  }
+  ir::Builder::ScatterDims dn;
+  dn.update_window_dims = {1};
+  dn.inserted_window_dims = {0};
+  dn.scatter_dims_to_operand_dims = {0};
+  dn.index_vector_dim = 1;
+  Value r = b.scatter(b.constant(0.0, acc, {n, d}), flat_idx, upd, dn, [](ir::Builder& bb, const std::vector<Value>& a) {
+    return std::vector<Value>{add(bb, a[0], a[1])};
+  });
+  return std::vector<Value>{b.convert(r, g.dtype())};
+});
+
+Registrar reg_take("take", [](Ctx& c) {
+  Value x = c.tensor(0), idx = c.tensor(1);
+  Value flat = c.b.reshape(x, {x.type.numel()});
+  Value g = gatherAlong(c.b, flat, 0, c.b.reshape(idx, {idx.type.numel()}));
+  return std::vector<Value>{c.b.reshape(g, idx.shape())};
+});
+
+}  // namespace
+}  // namespace tpu::ops
