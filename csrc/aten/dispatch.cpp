@@ -38,6 +38,7 @@ struct Entry {
   std::vector<InputSource> inputs;
   std::vector<OutputBinding> outputs;
   size_t num_returns = 0;
+  bool data_dependent = false;  // the last program output is result 0's length
 };
 
 std::mutex g_cache_mu;
@@ -286,7 +287,8 @@ std::shared_ptr<Entry> build(const c10::OperatorHandle& op, const std::vector<IV
   auto entry = std::make_shared<Entry>();
 
   std::vector<ir::Type> expected;
-  bool have_expected = metaRun(op, args, expected);
+  bool have_expected = !low->data_dependent && metaRun(op, args, expected);
+  entry->data_dependent = low->data_dependent;
 
   ir::Builder b;
   std::vector<ops::Arg> largs;
@@ -404,11 +406,16 @@ std::shared_ptr<Entry> build(const c10::OperatorHandle& op, const std::vector<IV
 
   std::vector<ir::Value> results;
   std::vector<ops::Ctx::Mutation> mutations;
+  ir::Value dynamic_len;
   if (!foreach_expand) {
     ops::Ctx ctx(b, base, largs, have_expected ? expected : std::vector<ir::Type>{});
     ctx.make_rng_state = make_rng;
     results = low->fn(ctx);
     mutations = ctx.mutations();
+    dynamic_len = ctx.dynamicLength();
+    if (low->data_dependent && (!dynamic_len.valid() || schema.returns().size() != 1 ||
+                                (schema.returns()[0].alias_info() != nullptr)))
+      throw ir::Unsupported("data-dependent result here");
   } else {
     // _foreach_X(list, list|scalar|scalars, ...) = X on each element.
     size_t len = 0;
@@ -535,6 +542,7 @@ std::shared_ptr<Entry> build(const c10::OperatorHandle& op, const std::vector<IV
     entry->outputs.push_back(ob);
   }
   for (int r : none_returns) entry->outputs.push_back({OutputBinding::Kind::ReturnNone, r, -1, at::kFloat, {}});
+  if (dynamic_len.valid()) b.output(b.convert(dynamic_len, ir::DType::I64));
   entry->prog = runtime::Runtime::get().compile(b, schema.name());
   return entry;
 }
@@ -639,6 +647,10 @@ void runEntry(const Entry& e, const c10::OperatorHandle& op, torch::jit::Stack* 
     }
   }
   auto outs = runtime::execute(*e.prog, inputs, dev);
+  int64_t dynamic_len = -1;
+  if (e.data_dependent) {  // the host needs the length: read it back
+    runtime::Runtime::get().download(*outs.back(), &dynamic_len, sizeof(dynamic_len));
+  }
 
   std::vector<IValue> returns(e.num_returns);
   std::vector<c10::List<at::Tensor>> lists(e.num_returns);
@@ -651,7 +663,9 @@ void runEntry(const Entry& e, const c10::OperatorHandle& op, torch::jit::Stack* 
     } else if (ob.kind == OutputBinding::Kind::ReturnNone) {
       returns[ob.index] = IValue(at::Tensor());
     } else if (ob.kind == OutputBinding::Kind::Return) {
-      returns[ob.index] = IValue(wrapBuffer(outs[i], ob.sizes, ob.dtype, dev));
+      at::Tensor t = wrapBuffer(outs[i], ob.sizes, ob.dtype, dev);
+      if (e.data_dependent && i == 0) t = t.narrow(0, 0, dynamic_len);
+      returns[ob.index] = IValue(t);
     } else {
       lists[ob.index].push_back(wrapBuffer(outs[i], ob.sizes, ob.dtype, dev));
     }

@@ -15,8 +15,8 @@ std::map<std::string, Lowering>& table() {
 }
 }  // namespace
 
-void registerLowering(const std::string& name, LowerFn fn, std::vector<int> const_scalars) {
-  table()[name] = Lowering{std::move(fn), std::move(const_scalars)};
+void registerLowering(const std::string& name, LowerFn fn, std::vector<int> const_scalars, bool data_dependent) {
+  table()[name] = Lowering{std::move(fn), std::move(const_scalars), data_dependent};
 }
 
 const Lowering* findLowering(const std::string& name, const std::string& overload) {

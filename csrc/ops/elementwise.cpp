@@ -630,6 +630,20 @@ Registrar reg_mish_backward("mish_backward", [](Ctx& c) {
     return mul(b, g, add(b, t, mul(b, mul(b, x, s), sub(b, k(b, 1, x), mul(b, t, t)))));
   });
 });
+// log_sigmoid_forward(self) -> (output, buffer); the buffer is unused here.
+Registrar reg_log_sigmoid_forward("log_sigmoid_forward", [](Ctx& c) {
+  Value x = c.tensor(0);
+  DType acc = accOf(x.dtype());
+  ir::Builder& b = c.b;
+  Value xx = b.convert(x, acc);
+  Value y = b.unary("negate", softplus(b, b.unary("negate", xx), k(b, 1, xx), k(b, 20, xx)));
+  return std::vector<Value>{b.convert(y, x.dtype()), b.zeros(x.type)};
+});
+Registrar reg_log_sigmoid_backward("log_sigmoid_backward", [](Ctx& c) {
+  return arith(c, [](ir::Builder& b, const Value& g, const Value& x) {
+    return mul(b, g, sigmoid(b, b.unary("negate", x)));
+  });
+});
 Registrar reg_logit("logit", [](Ctx& c) {
   return floatUnary(c, [&c](ir::Builder& b, const Value& x0) {
     Value x = x0;

@@ -356,5 +356,61 @@ Registrar reg_take("take", [](Ctx& c) {
   return std::vector<Value>{c.b.reshape(g, idx.shape())};
 });
 
+// Flat positions where `mask` holds, first; the rest padded with numel.
+Value selectedPositions(ir::Builder& b, const Value& flat_mask) {
+  int64_t n = flat_mask.shape()[0];
+  Value pos = b.iota({DType::I64, {n}}, 0);
+  Value keys = b.select(flat_mask, pos, b.constantInt(n, DType::I64, {n}));
+  return b.sort({keys}, 0, false, [](ir::Builder& bb, const std::vector<Value>& a) {
+    return std::vector<Value>{bb.compare(a[0], a[1], ir::Cmp::LT)};
+  })[0];
+}
+
+Value countTrue(ir::Builder& b, const Value& flat_mask) {
+  return reduceSum(b, b.convert(flat_mask, DType::I64), {0});
+}
+
+// nonzero(self) -> [count, rank] int64 (data-dependent length)
+Registrar reg_nonzero("nonzero", [](Ctx& c) {
+  Value x = c.tensor(0);
+  ir::Builder& b = c.b;
+  int64_t n = x.type.numel();
+  Value flat = b.reshape(x, {n});
+  Value mask = b.compare(flat, b.constant(0.0, flat.dtype(), {n}), ir::Cmp::NE);
+  if (flat.dtype() == DType::Bool) mask = flat;
+  Value keys = selectedPositions(b, mask);
+  std::vector<Value> cols;
+  int64_t stride = 1;
+  std::vector<int64_t> strides(x.rank());
+  for (int d = x.rank() - 1; d >= 0; --d) {
+    strides[d] = stride;
+    stride *= x.shape()[d];
+  }
+  for (int d = 0; d < x.rank(); ++d) {
+    Value q = b.binary("divide", keys, b.constantInt(strides[d], DType::I64, {n}));
+    Value r = b.binary("remainder", q, b.constantInt(std::max<int64_t>(x.shape()[d], 1), DType::I64, {n}));
+    cols.push_back(b.reshape(r, {n, 1}));
+  }
+  Value out = cols.empty() ? b.constantInt(0, DType::I64, {n, 0}) : b.concatenate(cols, 1);
+  c.setDynamicLength(countTrue(b, mask));
+  return std::vector<Value>{out};
+}, {}, true);
+
+// masked_select(self, mask) -> 1-d (data-dependent length)
+Registrar reg_masked_select("masked_select", [](Ctx& c) {
+  ir::Builder& b = c.b;
+  auto vs = broadcastAll(b, {c.tensor(0), b.convert(c.tensor(1), DType::Bool)});
+  int64_t n = vs[0].type.numel();
+  Value flat = b.reshape(vs[0], {n}), mask = b.reshape(vs[1], {n});
+  if (n == 0) {
+    c.setDynamicLength(b.constantInt(0, DType::I64));
+    return std::vector<Value>{flat};
+  }
+  Value keys = selectedPositions(b, mask);
+  Value safe = b.binary("minimum", keys, b.constantInt(n - 1, DType::I64, {n}));
+  c.setDynamicLength(countTrue(b, mask));
+  return std::vector<Value>{gatherAlong(b, flat, 0, safe)};
+}, {}, true);
+
 }  // namespace
 }  // namespace tpu::ops

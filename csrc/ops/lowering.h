@@ -47,6 +47,10 @@ struct Lowering {
   LowerFn fn;
   // Scalar arguments (by index) whose value must be known when compiling.
   std::vector<int> const_scalars;
+  // The first result's leading dim depends on the data (nonzero,
+  // masked_select): the lowering returns it padded and reports the length
+  // with Ctx::setDynamicLength; the host reads the length back.
+  bool data_dependent = false;
 };
 
 class Ctx {
@@ -101,24 +105,29 @@ class Ctx {
   void mutate(size_t arg, Value v, int elem = -1) { mutations_.push_back({arg, elem, v}); }
   const std::vector<Mutation>& mutations() const { return mutations_; }
 
+  void setDynamicLength(Value len) { dynamic_len_ = len; }
+  const Value& dynamicLength() const { return dynamic_len_; }
+
  private:
   std::string op_;
   std::vector<Arg> args_;
   std::vector<Type> expected_;
   std::vector<Mutation> mutations_;
+  Value dynamic_len_;
   int rng_states_ = 0;
 };
 
 // Registry. Lowerings register by base name ("add") or by "name.overload"
 // ("sum.dim_IntList"); lookup tries the exact overload first.
-void registerLowering(const std::string& name, LowerFn fn, std::vector<int> const_scalars = {});
+void registerLowering(const std::string& name, LowerFn fn, std::vector<int> const_scalars = {},
+                      bool data_dependent = false);
 const Lowering* findLowering(const std::string& name, const std::string& overload);
 std::vector<std::string> loweredOps();
 
 // Registers at static-initialization time from each ops/*.cpp file.
 struct Registrar {
-  Registrar(const char* name, LowerFn fn, std::vector<int> const_scalars = {}) {
-    registerLowering(name, std::move(fn), std::move(const_scalars));
+  Registrar(const char* name, LowerFn fn, std::vector<int> const_scalars = {}, bool data_dependent = false) {
+    registerLowering(name, std::move(fn), std::move(const_scalars), data_dependent);
   }
 };
 

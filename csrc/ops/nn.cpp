@@ -190,6 +190,13 @@ BnResult batchNorm(Ctx& c, const Value& x, std::optional<Value> w, std::optional
 
 Value emptyStat(ir::Builder& b, DType t) { return b.constant(0.0, t, {0}); }
 
+// Eval-mode statistics: empty, or per channel, as the meta kernel says.
+std::vector<Value> evalStats(Ctx& c, const BnResult& r, DType st) {
+  bool per_channel = c.hasExpected() && c.expected().size() > 1 && c.expectedAt(1).shape != Shape{0};
+  if (per_channel) return {r.out, r.save_mean, r.save_invstd};
+  return {r.out, emptyStat(c.b, st), emptyStat(c.b, st)};
+}
+
 // native_batch_norm(input, w?, b?, rm?, rv?, training, momentum, eps) -> (out, save_mean, save_invstd)
 Registrar reg_native_batch_norm("native_batch_norm", [](Ctx& c) {
   Value x = c.tensor(0);
@@ -197,8 +204,7 @@ Registrar reg_native_batch_norm("native_batch_norm", [](Ctx& c) {
   auto r = batchNorm(c, x, c.optTensor(1), c.optTensor(2), c.optTensor(3), c.optTensor(4), training, c.f64(6), c.f64(7));
   if (r.rm.valid()) c.mutate(3, r.rm);
   if (r.rv.valid()) c.mutate(4, r.rv);
-  DType st = accOf(x.dtype());
-  if (!training) return std::vector<Value>{r.out, emptyStat(c.b, st), emptyStat(c.b, st)};
+  if (!training) return evalStats(c, r, accOf(x.dtype()));
   return std::vector<Value>{r.out, r.save_mean, r.save_invstd};
 });
 // _native_batch_norm_legit(input, w?, b?, rm!, rv!, training, momentum, eps) and .no_stats
@@ -211,8 +217,7 @@ Registrar reg_native_batch_norm_legit("_native_batch_norm_legit", [](Ctx& c) {
   auto r = batchNorm(c, x, c.optTensor(1), c.optTensor(2), rm, rv, training, c.f64(o + 1), c.f64(o + 2));
   if (r.rm.valid()) c.mutate(3, r.rm);
   if (r.rv.valid()) c.mutate(4, r.rv);
-  DType st = accOf(x.dtype());
-  if (!training) return std::vector<Value>{r.out, emptyStat(c.b, st), emptyStat(c.b, st)};
+  if (!training) return evalStats(c, r, accOf(x.dtype()));
   return std::vector<Value>{r.out, r.save_mean, r.save_invstd};
 });
 // _batch_norm_with_update(input, w?, b?, rm!, rv!, momentum, eps) -> (out, save_mean, save_invstd, reserve)
