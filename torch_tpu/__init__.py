@@ -49,6 +49,10 @@ torch.utils.generate_methods_for_privateuse1_backend(
     for_tensor=True, for_module=True, for_packed_sequence=True, for_storage=True
 )
 
+from . import _patches  # noqa: E402
+
+_patches.install()
+
 if os.environ.get("TPU_LAUNCH_BLOCKING", "") == "1":
     _C._set_launch_blocking(True)
 

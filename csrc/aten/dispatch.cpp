@@ -39,6 +39,8 @@ struct Entry {
   std::vector<OutputBinding> outputs;
   size_t num_returns = 0;
   bool data_dependent = false;  // the last program output is result 0's length
+  bool bounds_check = false;    // an output (before the length) says all indices were in range
+  std::string op_name;
 };
 
 std::mutex g_cache_mu;
@@ -166,6 +168,39 @@ void collectTypes(const IValue& v, std::vector<ir::Type>& out) {
   }
 }
 
+// Bad input found by a meta kernel: run the op on CPU tensors of the same
+// shapes so the user sees exactly the CPU's exception type and message.
+// Returns normally if the CPU accepts the input (the caller rethrows).
+void raiseAsCpu(const c10::OperatorHandle& op, const std::vector<IValue>& args) {
+  int64_t total = 0;
+  auto toCpu = [&total](const at::Tensor& t) -> at::Tensor {
+    if (!t.defined() || t.device().is_cpu()) return t;
+    total += t.numel();
+    return at::zeros(t.sizes(), t.options().device(at::kCPU));
+  };
+  torch::jit::Stack cs;
+  for (const auto& v : args) {
+    if (v.isTensor()) {
+      cs.push_back(toCpu(v.toTensor()));
+    } else if (v.isTensorList()) {
+      c10::List<at::Tensor> l;
+      for (const at::Tensor& t : v.toTensorList()) l.push_back(toCpu(t));
+      cs.push_back(l);
+    } else if (v.isList() && v.toList().elementType()->kind() == c10::TypeKind::OptionalType) {
+      c10::List<std::optional<at::Tensor>> l;
+      for (const IValue& e : v.toList())
+        l.push_back(e.isNone() ? std::nullopt : std::optional<at::Tensor>(toCpu(e.toTensor())));
+      cs.push_back(l);
+    } else if (v.isDevice()) {
+      cs.push_back(c10::Device(at::kCPU));
+    } else {
+      cs.push_back(v);
+    }
+  }
+  if (total > (int64_t(1) << 24)) return;  // too large to mirror: keep the meta error
+  op.callBoxed(&cs);  // throws the CPU's own error
+}
+
 // Runs the op on meta tensors: PyTorch's own shape/dtype checks raise the
 // same errors as on the CPU, and the results give the expected types.
 // Returns false when the op has no meta kernel.
@@ -187,6 +222,7 @@ bool metaRun(const c10::OperatorHandle& op, const std::vector<IValue>& args, std
                                                  m.find("could not run") != std::string::npos ||
                                                  m.find("Could not run") != std::string::npos))
       return false;
+    raiseAsCpu(op, args);
     throw;
   }
   if (!schema.returns().empty()) {
@@ -406,13 +442,14 @@ std::shared_ptr<Entry> build(const c10::OperatorHandle& op, const std::vector<IV
 
   std::vector<ir::Value> results;
   std::vector<ops::Ctx::Mutation> mutations;
-  ir::Value dynamic_len;
+  ir::Value dynamic_len, bounds_ok;
   if (!foreach_expand) {
     ops::Ctx ctx(b, base, largs, have_expected ? expected : std::vector<ir::Type>{});
     ctx.make_rng_state = make_rng;
     results = low->fn(ctx);
     mutations = ctx.mutations();
     dynamic_len = ctx.dynamicLength();
+    bounds_ok = ctx.boundsOk();
     if (low->data_dependent && (!dynamic_len.valid() || schema.returns().size() != 1 ||
                                 (schema.returns()[0].alias_info() != nullptr)))
       throw ir::Unsupported("data-dependent result here");
@@ -542,7 +579,12 @@ std::shared_ptr<Entry> build(const c10::OperatorHandle& op, const std::vector<IV
     entry->outputs.push_back(ob);
   }
   for (int r : none_returns) entry->outputs.push_back({OutputBinding::Kind::ReturnNone, r, -1, at::kFloat, {}});
+  if (bounds_ok.valid()) {
+    b.output(bounds_ok);
+    entry->bounds_check = true;
+  }
   if (dynamic_len.valid()) b.output(b.convert(dynamic_len, ir::DType::I64));
+  entry->op_name = schema.name() + (schema.overload_name().empty() ? "" : "." + schema.overload_name());
   entry->prog = runtime::Runtime::get().compile(b, schema.name());
   return entry;
 }
@@ -647,6 +689,10 @@ void runEntry(const Entry& e, const c10::OperatorHandle& op, torch::jit::Stack* 
     }
   }
   auto outs = runtime::execute(*e.prog, inputs, dev);
+  if (e.bounds_check) {
+    size_t pos = outs.size() - (e.data_dependent ? 2 : 1);
+    runtime::checkIndicesLater(outs[pos], e.op_name, dev);
+  }
   int64_t dynamic_len = -1;
   if (e.data_dependent) {  // the host needs the length: read it back
     runtime::Runtime::get().download(*outs.back(), &dynamic_len, sizeof(dynamic_len));
@@ -718,9 +764,13 @@ void boxedKernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     low = ops::findLowering(base.substr(9), "");
     foreach_expand = low != nullptr;
   }
-  if (!low) return cpuFallback(op, stack, "");
-
   size_t n = schema.arguments().size();
+  if (!low) {
+    std::vector<IValue> args(stack->end() - n, stack->end());
+    findDevice(op, args);  // mixing devices is an error on the fallback path too
+    return cpuFallback(op, stack, "");
+  }
+
   if (base == "index" || base == "index_put" || base == "_index_put_impl" || base == "_unsafe_index" ||
       base == "_unsafe_index_put")
     moveIndicesToDevice(stack, n);

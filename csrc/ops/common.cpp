@@ -297,6 +297,16 @@ Value keepDims(ir::Builder& b, const Value& reduced, const Shape& in_shape, cons
   return b.reshape(reduced, s);
 }
 
+Value indicesInRange(ir::Builder& b, const Value& idx, int64_t size, bool allow_negative) {
+  Value i = b.convert(idx, DType::I64);
+  Value lo = b.constantInt(allow_negative ? -size : 0, DType::I64, i.shape());
+  Value hi = b.constantInt(size, DType::I64, i.shape());
+  Value ok = b.binary("and", b.compare(i, lo, ir::Cmp::GE), b.compare(i, hi, ir::Cmp::LT));
+  std::vector<int64_t> all;
+  for (int d = 0; d < ok.rank(); ++d) all.push_back(d);
+  return reduceMin(b, ok, all);
+}
+
 Value add(ir::Builder& b, const Value& x, const Value& y) {
   if (x.dtype() == DType::Bool) return b.binary("or", x, y);
   return b.binary("add", x, y);

@@ -45,6 +45,10 @@ Value full(ir::Builder& b, double v, const Value& like);
 // Matrix product with PyTorch's matmul broadcasting (1-d, 2-d, batched).
 Value matmul(ir::Builder& b, const Value& x, const Value& y);
 
+// True (a bool scalar) when every index is in [0, size), or in [-size, size)
+// with `allow_negative` (advanced indexing).
+Value indicesInRange(ir::Builder& b, const Value& idx, int64_t size, bool allow_negative);
+
 // The float type math on `t` computes in (integers and bool become float32).
 inline DType floatOf(DType t) { return ir::isFloat(t) ? t : DType::F32; }
 // Low-precision floats compute in float32 internally, like PyTorch's CPU.

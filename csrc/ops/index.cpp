@@ -80,6 +80,7 @@ Combine addFn() {
 Registrar reg_gather("gather", [](Ctx& c) {
   Value x = c.tensor(0), idx = c.tensor(2);
   int64_t dim = wrapDim(c.i64(1), x.rank());
+  c.requireInRange(indicesInRange(c.b, idx, x.rank() ? x.shape()[dim] : 1, false));
   return std::vector<Value>{gatherAlong(c.b, x, dim, idx)};
 });
 
@@ -89,6 +90,7 @@ Registrar reg_scatter("scatter", [](Ctx& c) {
   int64_t dim = wrapDim(c.i64(1), x.rank());
   Value src = c.b.convert(c.tensor(3), x.dtype());
   if (src.rank() == 0) src = c.b.broadcastTo(src, idx.shape());
+  c.requireInRange(indicesInRange(c.b, idx, x.rank() ? x.shape()[dim] : 1, false));
   Combine f = replaceFn();
   if (c.kind(4) == Arg::Kind::String) {
     std::string r = c.str(4);
@@ -101,6 +103,7 @@ Registrar reg_scatter("scatter", [](Ctx& c) {
 Registrar reg_scatter_add("scatter_add", [](Ctx& c) {
   Value x = c.tensor(0), idx = c.tensor(2);
   int64_t dim = wrapDim(c.i64(1), x.rank());
+  c.requireInRange(indicesInRange(c.b, idx, x.rank() ? x.shape()[dim] : 1, false));
   return std::vector<Value>{scatterAlong(c.b, x, dim, idx, c.b.convert(c.tensor(3), x.dtype()), addFn())};
 });
 Registrar reg_scatter_reduce("scatter_reduce", [](Ctx& c) {
@@ -109,6 +112,7 @@ Registrar reg_scatter_reduce("scatter_reduce", [](Ctx& c) {
   Value src = c.b.convert(c.tensor(3), x.dtype());
   std::string r = c.str(4);
   bool include_self = c.flagOr(5, true);
+  c.requireInRange(indicesInRange(c.b, idx, x.rank() ? x.shape()[dim] : 1, false));
   ir::Builder& b = c.b;
   Combine f;
   double init = 0;
@@ -161,6 +165,7 @@ Value indexSelect(ir::Builder& b, const Value& x, int64_t dim, const Value& inde
 Registrar reg_index_select("index_select", [](Ctx& c) {
   Value x = c.tensor(0);
   int64_t dim = x.rank() == 0 ? 0 : wrapDim(c.i64(1), x.rank());
+  c.requireInRange(indicesInRange(c.b, c.tensor(2), x.rank() ? x.shape()[dim] : 1, false));
   return std::vector<Value>{indexSelect(c.b, x, dim, c.tensor(2))};
 });
 
@@ -189,6 +194,7 @@ Registrar reg_index_add("index_add", [](Ctx& c) {
   Value x = c.tensor(0);
   if (x.rank() == 0) throw ir::Unsupported("index_add on a 0-d tensor");
   int64_t dim = wrapDim(c.i64(1), x.rank());
+  c.requireInRange(indicesInRange(c.b, c.tensor(2), x.shape()[dim], false));
   Value src = c.b.convert(c.tensor(3), x.dtype());
   if (c.has(4)) src = mul(c.b, src, c.b.broadcastTo(c.scalar(4, x.dtype()), src.shape()));
   return std::vector<Value>{indexScatter(c.b, x, dim, c.tensor(2), src, addFn())};
@@ -197,12 +203,14 @@ Registrar reg_index_copy("index_copy", [](Ctx& c) {
   Value x = c.tensor(0);
   if (x.rank() == 0) throw ir::Unsupported("index_copy on a 0-d tensor");
   int64_t dim = wrapDim(c.i64(1), x.rank());
+  c.requireInRange(indicesInRange(c.b, c.tensor(2), x.shape()[dim], false));
   return std::vector<Value>{indexScatter(c.b, x, dim, c.tensor(2), c.b.convert(c.tensor(3), x.dtype()), replaceFn())};
 });
 Registrar reg_index_fill("index_fill", [](Ctx& c) {
   Value x = c.tensor(0);
   if (x.rank() == 0) throw ir::Unsupported("index_fill on a 0-d tensor");
   int64_t dim = wrapDim(c.i64(1), x.rank());
+  c.requireInRange(indicesInRange(c.b, c.tensor(2), x.shape()[dim], false));
   Value index = c.tensor(2);
   Shape s = x.shape();
   s[dim] = index.type.numel();
@@ -221,7 +229,8 @@ struct AdvIndex {
   int64_t first = 0;
 };
 
-AdvIndex advancedIndex(ir::Builder& b, const Value& x, const std::vector<Value>& indices) {
+AdvIndex advancedIndex(Ctx& c, const Value& x, const std::vector<Value>& indices) {
+  ir::Builder& b = c.b;
   AdvIndex a;
   std::vector<Value> idx;
   for (size_t i = 0; i < indices.size(); ++i) {
@@ -237,6 +246,7 @@ AdvIndex advancedIndex(ir::Builder& b, const Value& x, const std::vector<Value>&
   s.push_back(1);
   std::vector<Value> parts;
   for (size_t j = 0; j < idx.size(); ++j) {
+    c.requireInRange(indicesInRange(b, idx[j], x.shape()[a.indexed[j]], true));
     Value w = wrapIndex(b, b.broadcastTo(idx[j], a.batch), x.shape()[a.indexed[j]]);
     parts.push_back(b.reshape(w, s));
   }
@@ -250,7 +260,7 @@ AdvIndex advancedIndex(ir::Builder& b, const Value& x, const std::vector<Value>&
 
 Registrar reg_index("index", [](Ctx& c) {
   Value x = c.tensor(0);
-  AdvIndex a = advancedIndex(c.b, x, c.tensors(1));
+  AdvIndex a = advancedIndex(c, x, c.tensors(1));
   int64_t nb = static_cast<int64_t>(a.batch.size());
   ir::Builder::GatherDims dn;
   Shape sizes = x.shape();
@@ -281,7 +291,7 @@ Registrar reg_unsafe_index("_unsafe_index", [](Ctx& c) { return findLowering("in
 // index_put(self, indices, values, accumulate) / _index_put_impl_(..., unsafe)
 std::vector<Value> indexPut(Ctx& c) {
   Value x = c.tensor(0);
-  AdvIndex a = advancedIndex(c.b, x, c.tensors(1));
+  AdvIndex a = advancedIndex(c, x, c.tensors(1));
   bool accumulate = c.flagOr(3, false);
   int64_t nb = static_cast<int64_t>(a.batch.size());
   ir::Builder::ScatterDims dn;
@@ -327,6 +337,7 @@ Registrar reg_index_put_impl("_index_put_impl", indexPut);
 Registrar reg_embedding_dense_backward("embedding_dense_backward", [](Ctx& c) {
   Value g = c.tensor(0), idx = c.tensor(1);
   int64_t n = c.i64(2), pad = c.i64(3);
+  c.requireInRange(indicesInRange(c.b, idx, n, false));
   if (c.flagOr(4, false)) throw ir::Unsupported("embedding backward with scale_grad_by_freq");
   ir::Builder& b = c.b;
   int64_t m = idx.type.numel();
@@ -351,6 +362,7 @@ Registrar reg_embedding_dense_backward("embedding_dense_backward", [](Ctx& c) {
 
 Registrar reg_take("take", [](Ctx& c) {
   Value x = c.tensor(0), idx = c.tensor(1);
+  c.requireInRange(indicesInRange(c.b, idx, x.type.numel(), true));
   Value flat = c.b.reshape(x, {x.type.numel()});
   Value g = gatherAlong(c.b, flat, 0, c.b.reshape(idx, {idx.type.numel()}));
   return std::vector<Value>{c.b.reshape(g, idx.shape())};

@@ -105,6 +105,11 @@ class Ctx {
   void mutate(size_t arg, Value v, int elem = -1) { mutations_.push_back({arg, elem, v}); }
   const std::vector<Mutation>& mutations() const { return mutations_; }
 
+  // Index checks: `ok` (a bool scalar) must hold, else the op raises
+  // IndexError at the next host read (at once in debug mode).
+  void requireInRange(Value ok) { bounds_ok_ = bounds_ok_.valid() ? b.binary("and", bounds_ok_, ok) : ok; }
+  const Value& boundsOk() const { return bounds_ok_; }
+
   void setDynamicLength(Value len) { dynamic_len_ = len; }
   const Value& dynamicLength() const { return dynamic_len_; }
 
@@ -114,6 +119,7 @@ class Ctx {
   std::vector<Type> expected_;
   std::vector<Mutation> mutations_;
   Value dynamic_len_;
+  Value bounds_ok_;
   int rng_states_ = 0;
 };
 

@@ -392,19 +392,10 @@ std::vector<Value> convolutionBackward(Ctx& c, size_t mask_idx, size_t first) {
       int64_t full = (g.shape()[2 + i] - 1) * stride[i] - 2 * padding[i] + dilation[i] * (k - 1) + 1;
       out_pad[i] = x.shape()[2 + i] - full;
     }
-    // The transposed conv expects the [Cin, Cout/g, k] layout; w is [Cout, Cin/g, k].
-    Shape s = w.shape();
-    int64_t cout = s[0], cing = s[1];
-    Shape g5{groups, cout / groups, cing};
-    for (int i = 0; i < nsp; ++i) g5.push_back(s[2 + i]);
-    Value wt = b.reshape(ww, g5);
-    std::vector<int64_t> perm{0, 2, 1};
-    for (int i = 0; i < nsp; ++i) perm.push_back(3 + i);
-    wt = b.transpose(wt, perm);  // [g, Cin/g, Cout/g, k]
-    Shape ws{groups * cing, cout / groups};
-    for (int i = 0; i < nsp; ++i) ws.push_back(s[2 + i]);
-    wt = b.reshape(wt, ws);      // [Cin, Cout/g, k]
-    Value gi = convForward(b, gg, wt, stride, padding, dilation, true, out_pad, groups, acc);
+    // conv_transpose(grad, w) is the adjoint of conv(x, w): a transposed
+    // convolution takes its weight as [in = Cout, out/g = Cin/g, k], which is
+    // the forward weight's own layout.
+    Value gi = convForward(b, gg, ww, stride, padding, dilation, true, out_pad, groups, acc);
     res[0] = b.convert(gi, x.dtype());
   }
   if (mask.size() > 1 && mask[1]) {
@@ -707,6 +698,7 @@ Registrar reg_nll_loss_forward("nll_loss_forward", [](Ctx& c) {
   int64_t n = xx.shape()[0], ncls = xx.shape()[1];
   Value valid = b.compare(tt, b.constantInt(ignore, DType::I64, {n}), ir::Cmp::NE);
   Value safe = b.select(valid, tt, b.constantInt(0, DType::I64, {n}));
+  c.requireInRange(indicesInRange(b, safe, ncls, false));
   Value onehot = b.compare(b.iota({DType::I64, {n, ncls}}, 1), b.broadcastInDim(safe, {n, ncls}, {0}), ir::Cmp::EQ);
   Value picked = reduceSum(b, b.select(onehot, xx, b.constant(0.0, acc, {n, ncls})), {1});
   Value wt = b.convert(valid, acc);

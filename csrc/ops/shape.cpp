@@ -96,7 +96,7 @@ Registrar reg_arange("arange", [](Ctx& c) {
   Value i = b.iota({comp, out.shape}, 0);
   Value v = add(b, b.broadcastTo(start, out.shape), mul(b, i, b.broadcastTo(step, out.shape)));
   return std::vector<Value>{b.convert(v, out.dtype)};
-});
+}, {0, 1, 2});  // the values decide the length: part of the program
 
 // linspace.out(start, end, steps, *, out)
 Registrar reg_linspace("linspace", [](Ctx& c) {

@@ -1,5 +1,7 @@
 #include "runtime/runtime.h"
 
+#include "runtime/views.h"
+
 #include <unistd.h>
 
 #include <cstdlib>
@@ -199,6 +201,7 @@ BufferPtr Runtime::upload(const void* data, ir::DType t, const std::vector<int64
 }
 
 void Runtime::download(const pjrt::Buffer& b, void* dst, size_t bytes) {
+  checkPendingIndices();
   metrics().d2h_transfers++;
   metrics().d2h_bytes += bytes;
   b.toHost(dst, bytes);

@@ -249,7 +249,46 @@ void awaitAll(const PendingSet& s) {
     if (auto b = w.lock()) b->awaitReady();
 }
 
+namespace {
+struct IndexChecks {
+  std::mutex mu;
+  std::vector<std::pair<BufferPtr, std::string>> pending;
+};
+IndexChecks& indexChecks() {
+  static IndexChecks c;
+  return c;
+}
+}  // namespace
+
+void checkIndicesLater(const BufferPtr& ok, const std::string& op, int device) {
+  {
+    auto& c = indexChecks();
+    std::lock_guard<std::mutex> g(c.mu);
+    c.pending.emplace_back(ok, op);
+  }
+  if (g_blocking) checkPendingIndices();
+}
+
+void checkPendingIndices() {
+  std::vector<std::pair<BufferPtr, std::string>> todo;
+  {
+    auto& c = indexChecks();
+    std::lock_guard<std::mutex> g(c.mu);
+    if (c.pending.empty()) return;
+    todo.swap(c.pending);
+  }
+  for (const auto& [buf, op] : todo) {
+    uint8_t ok = 1;
+    buf->toHost(&ok, 1);
+    if (!ok)
+      throw std::out_of_range("index out of range in " + op +
+                              ": an index is outside the size of the dimension it indexes (the check ran at this "
+                              "host read; set TPU_LAUNCH_BLOCKING=1 to raise at the op itself)");
+  }
+}
+
 void synchronize(int device) {
+  checkPendingIndices();
   PendingSet s;
   {
     auto& p = pending();

@@ -41,6 +41,12 @@ BufferPtr readView(DeviceArray& a, const ViewGeometry& g);
 // Writes a flat buffer of numel() elements into the view.
 void writeView(DeviceArray& a, const ViewGeometry& g, const BufferPtr& value);
 
+// Index checks: `ok` is a bool scalar computed by an indexing program. It is
+// read at the next host read or synchronize (at once in blocking mode); if
+// false, that read throws std::out_of_range naming `op`.
+void checkIndicesLater(const BufferPtr& ok, const std::string& op, int device);
+void checkPendingIndices();
+
 // A cached 0-d buffer holding `v` (scalars passed to programs).
 BufferPtr scalarBuffer(ir::DType t, double v, int device);
 BufferPtr scalarBufferInt(ir::DType t, int64_t v, int device);

@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# One-time (and idempotent) set-up on a fresh machine: system packages,
+# a virtual environment with torch 2.13.0 and the PJRT CPU plugin, and the
+# C++ extension built with CMake + Ninja and installed (editable) as torch_tpu.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$(pwd)
+VENV=${TORCH_TPU_VENV:-$ROOT/.venv}
+
+# GoogleTest for the C++ units, ccache for fast rebuilds (both optional).
+if ! [ -f /usr/lib/x86_64-linux-gnu/libgtest.a ] && ! [ -f /usr/lib/aarch64-linux-gnu/libgtest.a ] || ! command -v ccache >/dev/null; then
+  if command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
+    (DEBIAN_FRONTEND=noninteractive apt-get install -y -q libgtest-dev ccache >/dev/null 2>&1 ||
+     (apt-get update -q >/dev/null 2>&1 && DEBIAN_FRONTEND=noninteractive apt-get install -y -q libgtest-dev ccache >/dev/null 2>&1)) ||
+      echo "setup: could not install libgtest-dev/ccache; C++ unit tests will be skipped"
+  fi
+fi
+
+if [ ! -x "$VENV/bin/python" ]; then
+  python3 -m venv "$VENV"
+fi
+PY="$VENV/bin/python"
+if ! "$PY" -c "import torch, xla_plugins.xla_cpu_pjrt, pytest, ninja, cmake, setuptools" 2>/dev/null; then
+  "$PY" -m pip install -q --upgrade pip >/dev/null 2>&1 || true
+  "$PY" -m pip install -q "torch==2.13.0" numpy pytest ninja "cmake>=3.24" "setuptools>=64" wheel "xla-cpu-pjrt==0.0.1"
+fi
+export PATH="$VENV/bin:$PATH"
+
+# Configure once, then build incrementally.
+if [ ! -f build/build.ninja ]; then
+  cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DPython3_EXECUTABLE="$PY" >/dev/null
+fi
+cmake --build build
+# Editable install: the package (and its torch.backends autoload entry point)
+# points at this checkout.
+if ! "$PY" -m pip show -q torch_tpu >/dev/null 2>&1; then
+  "$PY" -m pip install -q --no-build-isolation --no-deps -e . >/dev/null
+fi
+echo "setup: done ($("$PY" -c 'import torch; print("torch", torch.__version__)'))"

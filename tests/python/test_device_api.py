@@ -1,0 +1,323 @@
+"""The tpu device's PyTorch-facing API: device objects, torch.tpu.*, torch.accelerator,
+random-number state, memory statistics, streams/events, serialization, printing."""
+
+from __future__ import annotations
+
+import torch
+
+import torch_tpu
+
+
+def _sync():
+    torch.tpu.synchronize()
+
+
+# ------------------------------------------------------------ device objects
+
+
+def test_device_objects(tpu):
+    assert tpu.type == "tpu"
+    d0 = torch.device("tpu:0")
+    assert d0.type == "tpu" and d0.index == 0
+    assert torch.device("tpu", 0) == d0
+    x = torch.ones(3, device="tpu")
+    assert x.device == d0
+    assert x.device.type == "tpu"
+    y = torch.ones(3, device=d0)
+    assert y.device == d0
+
+
+def test_to_and_back(tpu):
+    c = torch.arange(6, dtype=torch.float32).reshape(2, 3)
+    t = c.to("tpu")
+    assert t.device.type == "tpu"
+    assert t.shape == c.shape and t.dtype == c.dtype
+    torch.testing.assert_close(t.cpu(), c)
+    torch.testing.assert_close(c.to(tpu).to("cpu"), c)
+
+
+def test_tensor_tpu_method_and_is_tpu():
+    c = torch.randn(4)
+    t = c.tpu()
+    assert t.is_tpu
+    assert not c.is_tpu
+    assert t.device == torch.device("tpu:0")
+    torch.testing.assert_close(t.cpu(), c)
+
+
+def test_module_tpu_method():
+    m = torch.nn.Linear(3, 2).tpu()
+    assert all(p.device.type == "tpu" for p in m.parameters())
+
+
+def test_module_to_keeps_tied_weights():
+    """nn.Module.to() must keep parameters shared between modules shared (GPT-2 style
+    tied embeddings). Module._apply keeps Parameter identity only when
+    torch._has_compatible_shallow_copy_type(cpu_param, tpu_param) is True."""
+    emb = torch.nn.Embedding(5, 4)
+    head = torch.nn.Linear(4, 5, bias=False)
+    head.weight = emb.weight
+    m = torch.nn.ModuleList([emb, head]).to("tpu")
+    assert m[0].weight.device.type == "tpu"
+    assert id(m[0].weight) == id(m[1].weight), "tied weights were untied by .to('tpu')"
+
+
+def test_torch_accelerator():
+    assert torch.accelerator.is_available()
+    assert torch.accelerator.device_count() >= 1
+    acc = torch.accelerator.current_accelerator()
+    assert acc is not None and acc.type == "tpu"
+    torch.accelerator.synchronize()
+
+
+# ------------------------------------------------------------ torch.tpu module
+
+
+def test_torch_tpu_module_basics():
+    assert torch.tpu.is_available()
+    n = torch.tpu.device_count()
+    assert n >= 1
+    assert 0 <= torch.tpu.current_device() < n
+    torch.tpu.set_device(0)
+    assert torch.tpu.current_device() == 0
+    torch.tpu.set_device("tpu:0")
+    assert torch.tpu.current_device() == 0
+    with torch.tpu.device(0):
+        assert torch.tpu.current_device() == 0
+        x = torch.ones(2, device="tpu")
+        assert x.device.index == 0
+    with torch.tpu.device(torch.device("tpu:0")):
+        assert torch.tpu.current_device() == 0
+    torch.tpu.synchronize()
+    torch.tpu.synchronize(0)
+
+
+def test_device_context_switches_when_several_devices():
+    n = torch.tpu.device_count()
+    if n < 2:
+        import pytest
+
+        pytest.skip("needs two tpu devices")
+    with torch.tpu.device(1):
+        assert torch.tpu.current_device() == 1
+        assert torch.ones(1, device="tpu").device.index == 1
+    assert torch.tpu.current_device() == 0
+
+
+def test_device_name_and_properties():
+    name = torch.tpu.get_device_name()
+    assert isinstance(name, str) and name
+    assert torch.tpu.get_device_name(0) == name
+    props = torch.tpu.get_device_properties(0)
+    assert props.name == name
+    assert props.total_memory > 0
+    assert "total_memory" in repr(props)
+
+
+# ------------------------------------------------------------ random numbers
+
+
+def test_manual_seed_and_initial_seed():
+    torch.tpu.manual_seed(123)
+    assert torch.tpu.initial_seed() == 123
+    a = torch.rand(8, device="tpu").cpu()
+    torch.tpu.manual_seed(123)
+    b = torch.rand(8, device="tpu").cpu()
+    torch.testing.assert_close(a, b, rtol=0, atol=0)
+    torch.tpu.manual_seed(124)
+    c = torch.rand(8, device="tpu").cpu()
+    assert not torch.equal(a, c)
+    torch.tpu.manual_seed_all(7)
+    assert torch.tpu.initial_seed() == 7
+
+
+def test_torch_manual_seed_seeds_tpu():
+    torch.manual_seed(5)
+    a = torch.randn(8, device="tpu").cpu()
+    torch.manual_seed(5)
+    b = torch.randn(8, device="tpu").cpu()
+    torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+def test_rng_state_round_trip():
+    torch.tpu.manual_seed(0)
+    torch.rand(3, device="tpu")  # advance the generator
+    state = torch.tpu.get_rng_state()
+    assert isinstance(state, torch.Tensor) and state.device.type == "cpu" and state.dtype == torch.uint8
+    a = torch.rand(16, device="tpu").cpu()
+    b = torch.randn(16, device="tpu").cpu()
+    torch.tpu.set_rng_state(state)
+    a2 = torch.rand(16, device="tpu").cpu()
+    b2 = torch.randn(16, device="tpu").cpu()
+    torch.testing.assert_close(a, a2, rtol=0, atol=0)
+    torch.testing.assert_close(b, b2, rtol=0, atol=0)
+    assert len(torch.tpu.get_rng_state_all()) == torch.tpu.device_count()
+
+
+def test_rng_state_round_trip_dropout():
+    x = torch.ones(64, 64, device="tpu")
+    state = torch.tpu.get_rng_state()
+    a = torch.nn.functional.dropout(x, 0.5, training=True).cpu()
+    torch.tpu.set_rng_state(state)
+    b = torch.nn.functional.dropout(x, 0.5, training=True).cpu()
+    torch.testing.assert_close(a, b, rtol=0, atol=0)
+    frac = (a == 0).float().mean().item()
+    assert 0.4 < frac < 0.6
+
+
+# ------------------------------------------------------------ memory
+
+
+def test_memory_allocated_grows_and_drops():
+    _sync()
+    before = torch.tpu.memory_allocated()
+    nbytes = 4 << 20
+    x = torch.ones(nbytes // 4, device="tpu")
+    _sync()
+    during = torch.tpu.memory_allocated()
+    assert during >= before + nbytes
+    assert torch.tpu.memory_allocated(0) == during
+    assert torch.tpu.memory_allocated("tpu:0") == during
+    del x
+    _sync()
+    after = torch.tpu.memory_allocated()
+    assert after <= during - nbytes
+
+
+def test_peak_memory_stats():
+    _sync()
+    torch.tpu.reset_peak_memory_stats()
+    base = torch.tpu.memory_allocated()
+    assert torch.tpu.max_memory_allocated() == base
+    nbytes = 8 << 20
+    x = torch.zeros(nbytes // 4, device="tpu")
+    _sync()
+    del x
+    _sync()
+    assert torch.tpu.max_memory_allocated() >= base + nbytes
+    assert torch.tpu.memory_allocated() < base + nbytes
+    torch.tpu.reset_peak_memory_stats()
+    assert torch.tpu.max_memory_allocated() == torch.tpu.memory_allocated()
+
+
+def test_memory_stats_keys():
+    x = torch.ones(1000, device="tpu")
+    _sync()
+    stats = torch.tpu.memory_stats()
+    for key in ("allocated_bytes.all.current", "allocated_bytes.all.peak",
+                "reserved_bytes.all.current", "reserved_bytes.all.peak"):
+        assert key in stats, key
+        assert isinstance(stats[key], int)
+    assert stats["allocated_bytes.all.current"] >= x.numel() * 4
+    assert stats["allocated_bytes.all.peak"] >= stats["allocated_bytes.all.current"]
+    free, total = torch.tpu.mem_get_info()
+    assert 0 <= free <= total
+    torch.tpu.empty_cache()
+
+
+# ------------------------------------------------------------ streams and events
+
+
+def test_stream_and_event():
+    s = torch.tpu.Stream()
+    assert s.device.type == "tpu"
+    cur = torch.tpu.current_stream()
+    assert cur.device.type == "tpu"
+    x = torch.ones(256, 256, device="tpu")
+    y = x * 2 + 1
+    e = torch.tpu.Event()
+    e.record()
+    e.synchronize()
+    assert e.query()
+    s.synchronize()
+    assert s.query()
+    e2 = torch.Event(device="tpu")
+    e2.record(cur)
+    e2.wait(s)
+    e2.synchronize()
+    assert e2.query()
+    assert y[0, 0].item() == 3.0
+
+
+def test_accelerator_stream_api():
+    s = torch.accelerator.current_stream()
+    assert s.device.type == "tpu"
+    s.synchronize()
+
+
+# ------------------------------------------------------------ serialization
+
+
+def test_save_load_round_trip(tmp_path):
+    t = torch.arange(12, dtype=torch.float32).reshape(3, 4).to("tpu")
+    path = tmp_path / "t.pt"
+    torch.save({"t": t, "v": t[1]}, path)
+
+    on_cpu = torch.load(path, map_location="cpu")
+    assert on_cpu["t"].device.type == "cpu"
+    torch.testing.assert_close(on_cpu["t"], t.cpu())
+    torch.testing.assert_close(on_cpu["v"], t.cpu()[1])
+
+    on_tpu = torch.load(path, map_location="tpu")
+    assert on_tpu["t"].device.type == "tpu"
+    torch.testing.assert_close(on_tpu["t"].cpu(), t.cpu())
+    torch.testing.assert_close(on_tpu["v"].cpu(), t.cpu()[1])
+
+    default = torch.load(path)  # saved on tpu -> restored on tpu
+    assert default["t"].device.type == "tpu"
+    torch.testing.assert_close(default["t"].cpu(), t.cpu())
+
+
+def test_save_load_state_dict(tmp_path):
+    m = torch.nn.Linear(4, 3).to("tpu")
+    path = tmp_path / "m.pt"
+    torch.save(m.state_dict(), path)
+    sd = torch.load(path, map_location="cpu")
+    m2 = torch.nn.Linear(4, 3)
+    m2.load_state_dict(sd)
+    torch.testing.assert_close(m2.weight, m.weight.cpu())
+
+
+# ------------------------------------------------------------ printing and host reads
+
+
+def test_print_tensor(capsys):
+    t = torch.tensor([1.0, 2.5, -3.0], device="tpu")
+    r = repr(t)
+    assert "device='tpu:0'" in r
+    assert "2.5" in r
+    print(t)
+    assert "device='tpu:0'" in capsys.readouterr().out
+    assert "device='tpu:0'" in repr(torch.tensor([1, 2], device="tpu"))
+
+
+def test_item_tolist_numpy():
+    t = torch.tensor([[1.0, 2.0], [3.0, 4.0]], device="tpu")
+    assert t[1, 0].item() == 3.0
+    assert torch.tensor(7, device="tpu").item() == 7
+    assert t.tolist() == [[1.0, 2.0], [3.0, 4.0]]
+    n = t.cpu().numpy()
+    assert n.shape == (2, 2) and n[1, 1] == 4.0
+    assert float(t.sum()) == 10.0
+    assert bool(torch.tensor(True, device="tpu"))
+
+
+def test_metrics_api():
+    torch_tpu.reset_metrics()
+    x = torch.ones(3, device="tpu") + 1
+    x.cpu()
+    m = torch_tpu.metrics()
+    for key in ("compiles", "cache_hits", "cache_misses", "executions", "fallbacks"):
+        assert key in m, key
+    assert m["executions"] >= 1
+    assert isinstance(torch_tpu.metrics_report(), str)
+
+
+def test_factory_functions_respect_arguments():
+    # Programs are cached by fingerprint: calls that differ only in scalar
+    # arguments (and so in output size) must not reuse each other's results.
+    for args in [(32,), (4,), (6,), (2, 5), (0, 1, 0.25)]:
+        torch.testing.assert_close(torch.arange(*args, device="tpu").cpu(), torch.arange(*args))
+    for n, v in [(3, 2.0), (5, 7.0)]:
+        torch.testing.assert_close(torch.full((n,), v, device="tpu").cpu(), torch.full((n,), v))
+    torch.testing.assert_close(torch.linspace(0, 1, 5, device="tpu").cpu(), torch.linspace(0, 1, 5))
