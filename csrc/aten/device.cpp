@@ -199,8 +199,10 @@ at::Tensor emptyTpu(at::IntArrayRef sizes, at::ScalarType dtype, c10::DeviceInde
   return t;
 }
 
-at::Tensor wrapBuffer(runtime::BufferPtr b, at::IntArrayRef sizes, at::ScalarType dtype, c10::DeviceIndex device) {
+at::Tensor wrapBuffer(runtime::BufferPtr b, at::IntArrayRef sizes, at::ScalarType dtype, c10::DeviceIndex device,
+                      at::OptionalIntArrayRef strides) {
   at::Tensor t = emptyTpu(sizes, dtype, device);
+  if (strides) t.unsafeGetTensorImpl()->set_sizes_and_strides(sizes, *strides);
   int64_t n = t.numel();
   if (n > 0) arrayOf(t).set(std::move(b), toIr(dtype), n);
   return t;

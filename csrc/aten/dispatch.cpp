@@ -31,6 +31,10 @@ struct OutputBinding {
   int elem = -1;   // list element for WriteArg on a list
   at::ScalarType dtype = at::kFloat;
   std::vector<int64_t> sizes;
+  // Memory order of a new result when PyTorch's kernel would not make it
+  // contiguous (elementwise ops keep a permuted input's layout): the dims
+  // outermost first. Empty: contiguous.
+  std::vector<int64_t> perm;
 };
 
 struct Entry {
@@ -158,9 +162,27 @@ IValue metaOf(const IValue& v) {
   return v;
 }
 
+// The dims of a dense, non-overlapping, permuted layout, outermost first;
+// empty when contiguous or not such a layout.
+std::vector<int64_t> densePermutation(const at::Tensor& t) {
+  if (t.is_contiguous() || !t.is_non_overlapping_and_dense() || t.dim() < 2) return {};
+  std::vector<int64_t> perm(t.dim());
+  for (int64_t i = 0; i < t.dim(); ++i) perm[i] = i;
+  auto st = t.strides();
+  auto sz = t.sizes();
+  std::stable_sort(perm.begin(), perm.end(), [&](int64_t a, int64_t b) {
+    if (st[a] != st[b]) return st[a] > st[b];
+    return sz[a] > sz[b];
+  });
+  return perm;
+}
+
+thread_local std::vector<std::vector<int64_t>>* t_perms = nullptr;
+
 void collectTypes(const IValue& v, std::vector<ir::Type>& out) {
   if (v.isTensor()) {
     const auto& t = v.toTensor();
+    if (t_perms) t_perms->push_back(t.defined() ? densePermutation(t) : std::vector<int64_t>{});
     // An undefined result (a masked-out gradient) keeps its slot.
     out.push_back(t.defined() ? ir::Type{toIr(t.scalar_type()), t.sizes().vec()} : ir::Type{ir::DType::F32, {-1}});
   } else if (v.isTensorList()) {
@@ -204,7 +226,8 @@ void raiseAsCpu(const c10::OperatorHandle& op, const std::vector<IValue>& args) 
 // Runs the op on meta tensors: PyTorch's own shape/dtype checks raise the
 // same errors as on the CPU, and the results give the expected types.
 // Returns false when the op has no meta kernel.
-bool metaRun(const c10::OperatorHandle& op, const std::vector<IValue>& args, std::vector<ir::Type>& expected) {
+bool metaRun(const c10::OperatorHandle& op, const std::vector<IValue>& args, std::vector<ir::Type>& expected,
+             std::vector<std::vector<int64_t>>* perms) {
   const auto& schema = op.schema();
   torch::jit::Stack ms;
   ms.reserve(args.size());
@@ -224,9 +247,19 @@ bool metaRun(const c10::OperatorHandle& op, const std::vector<IValue>& args, std
       return false;
     raiseAsCpu(op, args);
     throw;
+  } catch (const std::exception& e) {
+    // A Python meta kernel's NotImplementedError arrives as a Python error.
+    std::string m = e.what();
+    if (m.find("NotImplemented") != std::string::npos || m.find("not implemented") != std::string::npos ||
+        m.find("unimplemented") != std::string::npos)
+      return false;
+    raiseAsCpu(op, args);
+    throw;
   }
   if (!schema.returns().empty()) {
+    t_perms = perms;
     for (const auto& r : ms) collectTypes(r, expected);
+    t_perms = nullptr;
   } else {
     for (size_t i = 0; i < schema.arguments().size(); ++i) {
       const auto& a = schema.arguments()[i];
@@ -248,6 +281,19 @@ void keyTensor(std::string& k, const at::Tensor& t) {
   for (auto s : t.sizes()) {
     k += ',';
     k += std::to_string(s);
+  }
+  if (!t.is_contiguous()) {
+    // The layout decides the strides of elementwise results: key the order
+    // of the strides (and broadcast dims), not their values.
+    auto st = t.strides();
+    std::vector<int64_t> order(t.dim());
+    for (int64_t i = 0; i < t.dim(); ++i) order[i] = i;
+    std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return st[a] > st[b]; });
+    k += 'p';
+    for (auto o : order) {
+      k += std::to_string(o);
+      if (st[o] == 0) k += 'z';
+    }
   }
   k += ';';
 }
@@ -323,7 +369,8 @@ std::shared_ptr<Entry> build(const c10::OperatorHandle& op, const std::vector<IV
   auto entry = std::make_shared<Entry>();
 
   std::vector<ir::Type> expected;
-  bool have_expected = !low->data_dependent && metaRun(op, args, expected);
+  std::vector<std::vector<int64_t>> perms;
+  bool have_expected = !low->data_dependent && metaRun(op, args, expected, &perms);
   entry->data_dependent = low->data_dependent;
 
   ir::Builder b;
@@ -558,8 +605,12 @@ std::shared_ptr<Entry> build(const c10::OperatorHandle& op, const std::vector<IV
 
   // Expected types of the bound results (undefined results removed).
   std::vector<ir::Type> ex_bound;
+  std::vector<std::vector<int64_t>> perm_bound;
   for (size_t i = 0; i < expected.size(); ++i)
-    if (std::find(expected_skip.begin(), expected_skip.end(), i) == expected_skip.end()) ex_bound.push_back(expected[i]);
+    if (std::find(expected_skip.begin(), expected_skip.end(), i) == expected_skip.end()) {
+      ex_bound.push_back(expected[i]);
+      perm_bound.push_back(i < perms.size() ? perms[i] : std::vector<int64_t>{});
+    }
   // Check against the meta results, convert dtypes, flatten.
   for (size_t i = 0; i < bound.size(); ++i) {
     auto& [ob, val] = bound[i];
@@ -571,10 +622,12 @@ std::shared_ptr<Entry> build(const c10::OperatorHandle& op, const std::vector<IV
                                ir::shapeStr(val.shape()) + ", PyTorch expects " + ir::shapeStr(ex.shape));
       if (ob.kind != OutputBinding::Kind::WriteArg) ob.dtype = toAten(ex.dtype);
       ob.sizes = ex.shape;
+      if (ob.kind == OutputBinding::Kind::Return && i < perm_bound.size()) ob.perm = perm_bound[i];
     } else if (ob.kind == OutputBinding::Kind::WriteArg) {
       ob.sizes = val.shape();
     }
     ir::Value out = b.convert(val, toIr(ob.dtype));
+    if (!ob.perm.empty()) out = b.transpose(out, ob.perm);  // into memory order
     b.output(b.reshape(out, {out.type.numel()}));
     entry->outputs.push_back(ob);
   }
@@ -646,6 +699,17 @@ runtime::BufferPtr cpuScalarBuffer(const at::Tensor& t, ir::DType dt, int device
   return runtime::scalarBufferInt(dt, t.item<int64_t>(), device);
 }
 
+// Strides of a result laid out in memory order `perm` (outermost first).
+std::vector<int64_t> permutedStrides(const OutputBinding& ob) {
+  std::vector<int64_t> strides(ob.sizes.size());
+  int64_t s = 1;
+  for (auto it = ob.perm.rbegin(); it != ob.perm.rend(); ++it) {
+    strides[*it] = s;
+    s *= ob.sizes[*it];
+  }
+  return strides;
+}
+
 void runEntry(const Entry& e, const c10::OperatorHandle& op, torch::jit::Stack* stack, std::vector<IValue>& args,
               c10::DeviceIndex dev) {
   std::vector<runtime::BufferPtr> inputs;
@@ -709,7 +773,8 @@ void runEntry(const Entry& e, const c10::OperatorHandle& op, torch::jit::Stack* 
     } else if (ob.kind == OutputBinding::Kind::ReturnNone) {
       returns[ob.index] = IValue(at::Tensor());
     } else if (ob.kind == OutputBinding::Kind::Return) {
-      at::Tensor t = wrapBuffer(outs[i], ob.sizes, ob.dtype, dev);
+      at::Tensor t = ob.perm.empty() ? wrapBuffer(outs[i], ob.sizes, ob.dtype, dev)
+                                     : wrapBuffer(outs[i], ob.sizes, ob.dtype, dev, permutedStrides(ob));
       if (e.data_dependent && i == 0) t = t.narrow(0, 0, dynamic_len);
       returns[ob.index] = IValue(t);
     } else {
@@ -732,7 +797,10 @@ void runEntry(const Entry& e, const c10::OperatorHandle& op, torch::jit::Stack* 
   for (auto& r : returns) stack->push_back(std::move(r));
 }
 
-// Advanced indexing accepts index tensors on the CPU (as on CUDA): move them.
+// Advanced indexing accepts index tensors on the CPU (as on CUDA): move
+// them. A boolean mask becomes the integer indices of its true elements (its
+// nonzero columns), as in PyTorch: the size is computed on the device and
+// read back.
 void moveIndicesToDevice(torch::jit::Stack* stack, size_t n) {
   IValue& self = (*stack)[stack->size() - n];
   IValue& idx = (*stack)[stack->size() - n + 1];
@@ -742,11 +810,21 @@ void moveIndicesToDevice(torch::jit::Stack* stack, size_t n) {
   bool changed = false;
   c10::List<std::optional<at::Tensor>> out;
   for (const IValue& e : lst) {
-    if (e.isTensor() && e.toTensor().defined() && e.toTensor().device().is_cpu()) {
-      out.push_back(e.toTensor().to(dev));
+    if (!e.isTensor() || !e.toTensor().defined()) {
+      out.push_back(std::nullopt);
+      continue;
+    }
+    at::Tensor t = e.toTensor();
+    if (t.device().is_cpu()) {
+      t = t.to(dev);
+      changed = true;
+    }
+    if (t.scalar_type() == at::kBool || t.scalar_type() == at::kByte) {
+      at::Tensor nz = at::nonzero(t);
+      for (int64_t j = 0; j < t.dim(); ++j) out.push_back(nz.select(1, j));
       changed = true;
     } else {
-      out.push_back(e.isNone() ? std::nullopt : std::optional<at::Tensor>(e.toTensor()));
+      out.push_back(t);
     }
   }
   if (changed) idx = IValue(out);

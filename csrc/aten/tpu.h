@@ -28,8 +28,10 @@ runtime::ViewGeometry geometryOf(const at::Tensor& t);
 runtime::BufferPtr readTensor(const at::Tensor& t);
 // Writes a flat dense buffer into the tensor (through any view).
 void writeTensor(const at::Tensor& t, const runtime::BufferPtr& b);
-// A new contiguous tpu tensor holding `b`.
-at::Tensor wrapBuffer(runtime::BufferPtr b, at::IntArrayRef sizes, at::ScalarType dtype, c10::DeviceIndex device);
+// A new tpu tensor holding `b` (elements in memory order), contiguous or
+// with the given dense strides.
+at::Tensor wrapBuffer(runtime::BufferPtr b, at::IntArrayRef sizes, at::ScalarType dtype, c10::DeviceIndex device,
+                      at::OptionalIntArrayRef strides = std::nullopt);
 at::Tensor emptyTpu(at::IntArrayRef sizes, at::ScalarType dtype, c10::DeviceIndex device);
 
 // Copies between cpu and tpu or tpu and tpu; dst and src may be views,

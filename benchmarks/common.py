@@ -1,0 +1,66 @@
+"""Helpers shared by the benchmarks: timing with warm-up, and the run's
+provenance (date, machine, commit) for docs/benchmarks.md."""
+
+from __future__ import annotations
+
+import datetime
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import torch  # noqa: E402
+
+import torch_tpu  # noqa: E402,F401
+
+
+def sync(device: str) -> None:
+    if device.startswith("tpu"):
+        torch.tpu.synchronize()
+
+
+def time_per_call(fn, device: str, warmup: int = 5, iters: int = 50, repeats: int = 5) -> float:
+    """Median over `repeats` of the mean seconds per call of `fn` (device
+    work included: the timer stops after a synchronize)."""
+    for _ in range(warmup):
+        fn()
+    sync(device)
+    samples = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        for _ in range(iters):
+            fn()
+        sync(device)
+        samples.append((time.perf_counter() - t0) / iters)
+    return statistics.median(samples)
+
+
+def provenance() -> dict:
+    try:
+        commit = subprocess.check_output(["git", "rev-parse", "--short", "HEAD"], text=True,
+                                         cwd=os.path.dirname(os.path.abspath(__file__))).strip()
+        dirty = subprocess.call(["git", "diff", "--quiet", "HEAD"], cwd=os.path.dirname(os.path.abspath(__file__)))
+        if dirty:
+            commit += "+dirty"
+    except Exception:
+        commit = "unknown"
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    return {
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "machine": f"{cpu}, {os.cpu_count()} cores",
+        "commit": commit,
+        "torch": torch.__version__,
+        "plugin": f"{torch_tpu._C._platform()} ({os.path.basename(torch_tpu._C._plugin_path())})",
+    }

@@ -1,0 +1,186 @@
+"""Views share storage: a write through any view is seen by its base and every
+other alias, exactly as on the CPU. Each case runs the same program on cpu
+and tpu and compares every tensor involved."""
+
+import pytest
+import torch
+
+import torch_tpu
+
+
+@pytest.fixture(autouse=True)
+def _no_fallback():
+    torch_tpu.set_fallback("error")
+    yield
+    torch_tpu.set_fallback("warn")
+
+
+def both(program):
+    """Runs program(device) -> list of tensors on cpu and tpu; compares."""
+    ref = program("cpu")
+    out = program("tpu")
+    assert len(ref) == len(out)
+    for r, o in zip(ref, out):
+        assert o.device.type == "tpu"
+        assert o.shape == r.shape and o.stride() == r.stride() and o.storage_offset() == r.storage_offset()
+        torch.testing.assert_close(o.cpu(), r)
+
+
+def base(dev, shape=(4, 6), dtype=torch.float32):
+    return torch.arange(int(torch.tensor(shape).prod()), dtype=dtype, device=dev).reshape(shape)
+
+
+VIEWS = {
+    "view": lambda t: t.view(6, 4),
+    "reshape": lambda t: t.reshape(2, 12),
+    "permute": lambda t: t.permute(1, 0),
+    "transpose": lambda t: t.transpose(0, 1),
+    "t": lambda t: t.t(),
+    "narrow": lambda t: t.narrow(1, 2, 3),
+    "slice_step": lambda t: t[::2, 1::2],
+    "select": lambda t: t[2],
+    "select_col": lambda t: t[:, 3],
+    "expand": lambda t: t[:1].expand(3, 6),
+    "unsqueeze": lambda t: t.unsqueeze(1),
+    "squeeze": lambda t: t[:1].squeeze(0),
+    "diagonal": lambda t: t.diagonal(),
+    "diagonal_offset": lambda t: t.diagonal(1),
+    "as_strided": lambda t: t.as_strided((3, 3), (5, 1), 2),
+    "unfold": lambda t: t.unfold(1, 3, 2),
+    "split": lambda t: t.split(2, dim=1)[1],
+    "chunk": lambda t: t.chunk(2)[1],
+    "unbind": lambda t: t.unbind(1)[4],
+    "flatten": lambda t: t.flatten(),
+    "view_as_transpose_of_slice": lambda t: t[1:, 2:].t(),
+}
+
+
+@pytest.mark.parametrize("name", sorted(VIEWS))
+def test_view_read(name):
+    both(lambda dev: [VIEWS[name](base(dev)) * 1.0, VIEWS[name](base(dev)).contiguous()])
+
+
+# expand and unfold alias elements with themselves: writes through them are
+# undefined (PyTorch refuses most of them).
+@pytest.mark.parametrize("name", sorted(v for v in VIEWS if v not in ("expand", "unfold")))
+def test_write_through_view_is_seen_by_base(name):
+    def program(dev):
+        b = base(dev)
+        v = VIEWS[name](b)
+        v.mul_(-1)
+        v.add_(0.5)
+        return [b, v]
+
+    both(program)
+
+
+def test_write_through_one_view_seen_by_another():
+    def program(dev):
+        b = base(dev)
+        rows = b[1:3]
+        cols = b[:, 2]
+        rows.fill_(7)
+        cols.copy_(torch.arange(4.0, device=dev))
+        return [b, rows, cols]
+
+    both(program)
+
+
+def test_inplace_on_base_seen_by_views():
+    def program(dev):
+        b = base(dev)
+        v = b.t()[1:4]
+        b.zero_()
+        b[0, 0] = 3
+        return [b, v]
+
+    both(program)
+
+
+def test_setitem_variants():
+    def program(dev):
+        b = base(dev)
+        b[1] = 5
+        b[:, 1] = torch.tensor([1.0, 2.0, 3.0, 4.0], device=dev)
+        b[2:, ::2] += 100
+        b[b > 110] = 0
+        b[torch.tensor([0, 3], device=dev)] *= 2
+        return [b]
+
+    both(program)
+
+
+def test_copy_between_views_and_dtypes():
+    def program(dev):
+        a = base(dev)
+        c = torch.zeros(6, 4, dtype=torch.float64, device=dev)
+        c.t().copy_(a)              # into a transposed view, with dtype conversion
+        d = torch.zeros(3, 6, dtype=torch.int32, device=dev)
+        d.copy_(a[0])                # broadcast source
+        return [c, d]
+
+    both(program)
+
+
+def test_cpu_tpu_copies_with_noncontiguous_sources_and_targets():
+    a = torch.arange(24.0).reshape(4, 6)
+    t = a.t().to("tpu")                     # non-contiguous source from cpu; strides preserved
+    assert t.stride() == a.t().stride() and torch.equal(t.cpu(), a.t())
+    dst = torch.zeros(6, 4, device="tpu")
+    dst[:, 1::2] = a.t()[:, 1::2]           # cpu -> tpu into a strided view
+    ref = torch.zeros(6, 4)
+    ref[:, 1::2] = a.t()[:, 1::2]
+    assert torch.equal(dst.cpu(), ref)
+    out = torch.empty(4, 6).t()             # tpu -> strided cpu target
+    out.copy_(t)
+    assert torch.equal(out, a.t())
+
+
+def test_storage_sharing_and_data_ptr():
+    b = torch.zeros(4, 6, device="tpu")
+    v = b[1:]
+    assert v.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
+    assert v._base is b
+
+
+def test_view_dtype_reinterprets_bytes():
+    def program(dev):
+        a = torch.tensor([1.0, -2.0, 0.5], device=dev)
+        i = a.view(torch.int32)
+        i.add_(1)
+        return [a, i, a.view(torch.uint8)]
+
+    both(program)
+
+
+def test_resize_and_set():
+    t = torch.arange(6.0, device="tpu")
+    t.resize_(2, 3)
+    assert t.shape == (2, 3) and torch.equal(t.cpu(), torch.arange(6.0).reshape(2, 3))
+    t.resize_(4, 3)
+    assert t.shape == (4, 3) and torch.equal(t.cpu()[:2], torch.arange(6.0).reshape(2, 3))
+    u = torch.empty(0, device="tpu")
+    u.set_(t)
+    assert u.shape == t.shape and u.untyped_storage().data_ptr() == t.untyped_storage().data_ptr()
+    s = torch.empty(0, device="tpu")
+    s.set_(t.untyped_storage(), 3, (3,), (1,))
+    assert torch.equal(s.cpu(), torch.tensor([3.0, 4.0, 5.0]))
+
+
+def test_storage_resize_bytes_frees_and_regrows():
+    # FSDP2 frees parameters this way.
+    p = torch.randn(16, device="tpu")
+    before = torch.tpu.memory_allocated()
+    p.untyped_storage().resize_(0)
+    assert torch.tpu.memory_allocated() == before - 64
+    p.untyped_storage().resize_(64)
+    p.copy_(torch.ones(16))
+    assert torch.equal(p.cpu(), torch.ones(16))
+
+
+def test_empty_is_lazy_and_cheap():
+    before = torch.tpu.memory_allocated()
+    big = torch.empty(1 << 28, dtype=torch.float16, device="tpu")  # 512 MiB, not touched
+    assert torch.tpu.memory_allocated() - before == (1 << 29)
+    del big
+    assert torch.tpu.memory_allocated() == before
