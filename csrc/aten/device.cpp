@@ -19,38 +19,65 @@ namespace tpu::aten {
 
 ir::DType toIr(at::ScalarType t) {
   switch (t) {
-    case at::kBool: return ir::DType::Bool;
-    case at::kByte: return ir::DType::U8;
-    case at::kChar: return ir::DType::I8;
-    case at::kShort: return ir::DType::I16;
-    case at::kInt: return ir::DType::I32;
-    case at::kLong: return ir::DType::I64;
-    case at::kHalf: return ir::DType::F16;
-    case at::kBFloat16: return ir::DType::BF16;
-    case at::kFloat: return ir::DType::F32;
-    case at::kDouble: return ir::DType::F64;
-    case at::kComplexFloat: return ir::DType::C64;
-    case at::kUInt32: return ir::DType::U32;
-    case at::kUInt64: return ir::DType::U64;
-    default: throw ir::Unsupported(std::string("dtype ") + c10::toString(t) + " is not supported on tpu");
+    case at::kBool:
+      return ir::DType::Bool;
+    case at::kByte:
+      return ir::DType::U8;
+    case at::kChar:
+      return ir::DType::I8;
+    case at::kShort:
+      return ir::DType::I16;
+    case at::kInt:
+      return ir::DType::I32;
+    case at::kLong:
+      return ir::DType::I64;
+    case at::kHalf:
+      return ir::DType::F16;
+    case at::kBFloat16:
+      return ir::DType::BF16;
+    case at::kFloat:
+      return ir::DType::F32;
+    case at::kDouble:
+      return ir::DType::F64;
+    case at::kComplexFloat:
+      return ir::DType::C64;
+    case at::kUInt32:
+      return ir::DType::U32;
+    case at::kUInt64:
+      return ir::DType::U64;
+    default:
+      throw ir::Unsupported(std::string("dtype ") + c10::toString(t) + " is not supported on tpu");
   }
 }
 
 at::ScalarType toAten(ir::DType t) {
   switch (t) {
-    case ir::DType::Bool: return at::kBool;
-    case ir::DType::U8: return at::kByte;
-    case ir::DType::I8: return at::kChar;
-    case ir::DType::I16: return at::kShort;
-    case ir::DType::I32: return at::kInt;
-    case ir::DType::I64: return at::kLong;
-    case ir::DType::F16: return at::kHalf;
-    case ir::DType::BF16: return at::kBFloat16;
-    case ir::DType::F32: return at::kFloat;
-    case ir::DType::F64: return at::kDouble;
-    case ir::DType::C64: return at::kComplexFloat;
-    case ir::DType::U32: return at::kUInt32;
-    case ir::DType::U64: return at::kUInt64;
+    case ir::DType::Bool:
+      return at::kBool;
+    case ir::DType::U8:
+      return at::kByte;
+    case ir::DType::I8:
+      return at::kChar;
+    case ir::DType::I16:
+      return at::kShort;
+    case ir::DType::I32:
+      return at::kInt;
+    case ir::DType::I64:
+      return at::kLong;
+    case ir::DType::F16:
+      return at::kHalf;
+    case ir::DType::BF16:
+      return at::kBFloat16;
+    case ir::DType::F32:
+      return at::kFloat;
+    case ir::DType::F64:
+      return at::kDouble;
+    case ir::DType::C64:
+      return at::kComplexFloat;
+    case ir::DType::U32:
+      return at::kUInt32;
+    case ir::DType::U64:
+      return at::kUInt64;
   }
   return at::kFloat;
 }
@@ -110,9 +137,11 @@ c10::DeviceIndex currentDevice() { return t_current; }
 
 void checkDeviceIndex(c10::DeviceIndex d) {
   int n = rt().deviceCount();
-  TORCH_CHECK(d >= 0 && d < n, "Invalid device tpu:", static_cast<int>(d), ": torch_tpu has ", n,
-              " device(s) (tpu:0", n > 1 ? " to tpu:" + std::to_string(n - 1) : std::string(),
-              "). TORCH_TPU_CPU_DEVICES sets how many the CPU plugin exposes.");
+  TORCH_CHECK(
+      d >= 0 && d<n, "Invalid device tpu:", static_cast<int>(d), ": torch_tpu has ", n, " device(s) (tpu:0", n> 1
+          ? " to tpu:" + std::to_string(n - 1)
+          : std::string(),
+      "). TORCH_TPU_CPU_DEVICES sets how many the CPU plugin exposes.");
 }
 
 // ---------------------------------------------------------------- allocator
@@ -300,8 +329,8 @@ void resizeStorageBytes(c10::StorageImpl* storage, size_t nbytes) {
     if (n_new * isz == nbytes) {
       ir::Builder b;
       ir::Value x = b.param({t, {n_old}});
-      ir::Value y = n_new >= n_old ? b.pad(x, b.constant(0.0, t), {0}, {n_new - n_old}, {0})
-                                   : b.slice(x, {0}, {n_new}, {1});
+      ir::Value y =
+          n_new >= n_old ? b.pad(x, b.constant(0.0, t), {0}, {n_new - n_old}, {0}) : b.slice(x, {0}, {n_new}, {1});
       b.output(y);
       auto p = rt().compile(b, "resize_");
       arr->set(runtime::execute(*p, {old_arr->buffer()}, dev)[0], t, n_new);

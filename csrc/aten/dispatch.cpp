@@ -89,7 +89,8 @@ std::mutex g_warn_mu;
 std::set<std::string> g_warned;
 
 void cpuFallback(const c10::OperatorHandle& op, torch::jit::Stack* stack, const std::string& why) {
-  std::string name = op.schema().name() + (op.schema().overload_name().empty() ? "" : "." + op.schema().overload_name());
+  std::string name =
+      op.schema().name() + (op.schema().overload_name().empty() ? "" : "." + op.schema().overload_name());
   if (fallbackIsError()) {
     TORCH_CHECK(false, "torch_tpu: ", name, " has no tpu lowering", why.empty() ? "" : " (" + why + ")",
                 ", and TORCH_TPU_FALLBACK=error forbids running it on the CPU. Unset TORCH_TPU_FALLBACK to allow "
@@ -153,7 +154,8 @@ IValue metaOf(const IValue& v) {
     auto lst = v.toList();
     if (lst.elementType()->kind() == c10::TypeKind::OptionalType) {
       c10::List<std::optional<at::Tensor>> l;
-      for (const IValue& e : lst) l.push_back(e.isNone() ? std::nullopt : std::optional<at::Tensor>(toMeta(e.toTensor())));
+      for (const IValue& e : lst)
+        l.push_back(e.isNone() ? std::nullopt : std::optional<at::Tensor>(toMeta(e.toTensor())));
       return IValue(l);
     }
     return v;
@@ -220,7 +222,7 @@ void raiseAsCpu(const c10::OperatorHandle& op, const std::vector<IValue>& args) 
     }
   }
   if (total > (int64_t(1) << 24)) return;  // too large to mirror: keep the meta error
-  op.callBoxed(&cs);  // throws the CPU's own error
+  op.callBoxed(&cs);                       // throws the CPU's own error
 }
 
 // Runs the op on meta tensors: PyTorch's own shape/dtype checks raise the
@@ -240,10 +242,9 @@ bool metaRun(const c10::OperatorHandle& op, const std::vector<IValue>& args, std
   } catch (const c10::Error& e) {
     std::string m = e.what();
     // No meta kernel (or a data-dependent one): not the user's error.
-    if (m.find("meta") != std::string::npos && (m.find("not implemented") != std::string::npos ||
-                                                 m.find("NotImplemented") != std::string::npos ||
-                                                 m.find("could not run") != std::string::npos ||
-                                                 m.find("Could not run") != std::string::npos))
+    if (m.find("meta") != std::string::npos &&
+        (m.find("not implemented") != std::string::npos || m.find("NotImplemented") != std::string::npos ||
+         m.find("could not run") != std::string::npos || m.find("Could not run") != std::string::npos))
       return false;
     raiseAsCpu(op, args);
     throw;
@@ -362,8 +363,8 @@ ir::DType scalarIrType(const IValue& v) {
   return ir::DType::I64;
 }
 
-std::shared_ptr<Entry> build(const c10::OperatorHandle& op, const std::vector<IValue>& args,
-                             const ops::Lowering* low, bool foreach_expand, const std::string& base) {
+std::shared_ptr<Entry> build(const c10::OperatorHandle& op, const std::vector<IValue>& args, const ops::Lowering* low,
+                             bool foreach_expand, const std::string& base) {
   const auto& schema = op.schema();
   const auto& sargs = schema.arguments();
   auto entry = std::make_shared<Entry>();
@@ -411,8 +412,7 @@ std::shared_ptr<Entry> build(const c10::OperatorHandle& op, const std::vector<IV
         a.kind = ops::Arg::Kind::Tensor;
         a.value = tensorParam(t, {InputSource::Kind::Tensor, static_cast<int>(i)});
       }
-    } else if (v.isTensorList() ||
-               (v.isList() && v.toList().elementType()->kind() == c10::TypeKind::OptionalType)) {
+    } else if (v.isTensorList() || (v.isList() && v.toList().elementType()->kind() == c10::TypeKind::OptionalType)) {
       a.kind = ops::Arg::Kind::TensorList;
       auto lst = v.toList();
       for (size_t j = 0; j < lst.size(); ++j) {
@@ -459,8 +459,8 @@ std::shared_ptr<Entry> build(const c10::OperatorHandle& op, const std::vector<IV
     } else if (v.isBool()) {
       a.kind = ops::Arg::Kind::Bool;
       a.b = v.toBool();
-    } else if (v.isIntList() || (v.isList() && (baseType(sa.type())->str() == "SymInt[]" ||
-                                                baseType(sa.type())->str() == "int[]"))) {
+    } else if (v.isIntList() ||
+               (v.isList() && (baseType(sa.type())->str() == "SymInt[]" || baseType(sa.type())->str() == "int[]"))) {
       a.kind = ops::Arg::Kind::IntList;
       if (v.isIntList()) {
         a.ints = v.toIntVector();
@@ -497,8 +497,8 @@ std::shared_ptr<Entry> build(const c10::OperatorHandle& op, const std::vector<IV
     mutations = ctx.mutations();
     dynamic_len = ctx.dynamicLength();
     bounds_ok = ctx.boundsOk();
-    if (low->data_dependent && (!dynamic_len.valid() || schema.returns().size() != 1 ||
-                                (schema.returns()[0].alias_info() != nullptr)))
+    if (low->data_dependent &&
+        (!dynamic_len.valid() || schema.returns().size() != 1 || (schema.returns()[0].alias_info() != nullptr)))
       throw ir::Unsupported("data-dependent result here");
   } else {
     // _foreach_X(list, list|scalar|scalars, ...) = X on each element.
@@ -656,9 +656,13 @@ c10::DeviceIndex findDevice(const c10::OperatorHandle& op, const std::vector<IVa
     }
   };
   for (const auto& v : args) {
-    if (v.isTensor()) see(v.toTensor());
-    else if (v.isTensorList()) for (const at::Tensor& t : v.toTensorList()) see(t);
-    else if (v.isList()) for (const IValue& e : v.toList()) if (e.isTensor()) see(e.toTensor());
+    if (v.isTensor())
+      see(v.toTensor());
+    else if (v.isTensorList())
+      for (const at::Tensor& t : v.toTensorList()) see(t);
+    else if (v.isList())
+      for (const IValue& e : v.toList())
+        if (e.isTensor()) see(e.toTensor());
   }
   // CPU tensors may only join as 0-d scalars.
   auto check_cpu = [&](const at::Tensor& t) {
@@ -670,9 +674,13 @@ c10::DeviceIndex findDevice(const c10::OperatorHandle& op, const std::vector<IVa
                   dev ? *dev : c10::Device(kTpu, 0), " and ", t.device(), "!");
   };
   for (const auto& v : args) {
-    if (v.isTensor()) check_cpu(v.toTensor());
-    else if (v.isTensorList()) for (const at::Tensor& t : v.toTensorList()) check_cpu(t);
-    else if (v.isList()) for (const IValue& e : v.toList()) if (e.isTensor()) check_cpu(e.toTensor());
+    if (v.isTensor())
+      check_cpu(v.toTensor());
+    else if (v.isTensorList())
+      for (const at::Tensor& t : v.toTensorList()) check_cpu(t);
+    else if (v.isList())
+      for (const IValue& e : v.toList())
+        if (e.isTensor()) check_cpu(e.toTensor());
   }
   if (!dev)
     for (const auto& v : args)
@@ -717,7 +725,9 @@ void runEntry(const Entry& e, const c10::OperatorHandle& op, torch::jit::Stack* 
   std::optional<at::Generator> gen;
   for (const auto& src : e.inputs) {
     switch (src.kind) {
-      case InputSource::Kind::Tensor: inputs.push_back(readTensor(args[src.arg].toTensor())); break;
+      case InputSource::Kind::Tensor:
+        inputs.push_back(readTensor(args[src.arg].toTensor()));
+        break;
       case InputSource::Kind::ListElem: {
         at::Tensor t = args[src.arg].toList().get(src.elem).toTensor();
         inputs.push_back(readTensor(t));
@@ -916,8 +926,7 @@ int registerLoweredKernels() {
       continue;
     const auto& schema = op->schema();
     bool has_device = false;
-    for (const auto& a : schema.arguments())
-      has_device |= baseType(a.type())->kind() == c10::TypeKind::DeviceObjType;
+    for (const auto& a : schema.arguments()) has_device |= baseType(a.type())->kind() == c10::TypeKind::DeviceObjType;
     if (has_device) continue;
     std::string base = name.name.substr(6);
     if (base.size() > 1 && base.back() == '_' && base.rfind("__", 0) != 0) base.pop_back();

@@ -57,10 +57,9 @@ const at::Tensor& resize_(const at::Tensor& self, c10::SymIntArrayRef size,
   auto* impl = self.unsafeGetTensorImpl();
   // Contiguous strides for the new shape (the memory format's, if given).
   impl->set_sizes_contiguous(sizes);
-  if (memory_format && *memory_format != at::MemoryFormat::Preserve)
-    impl->empty_tensor_restride(*memory_format);
-  int64_t needed = at::detail::computeStorageNbytes(self.sizes(), self.strides(), self.dtype().itemsize(),
-                                                    self.storage_offset());
+  if (memory_format && *memory_format != at::MemoryFormat::Preserve) impl->empty_tensor_restride(*memory_format);
+  int64_t needed =
+      at::detail::computeStorageNbytes(self.sizes(), self.strides(), self.dtype().itemsize(), self.storage_offset());
   if (needed > static_cast<int64_t>(self.storage().nbytes()))
     resizeStorageBytes(self.storage().unsafeGetStorageImpl(), needed);
   return self;
@@ -78,8 +77,7 @@ at::Tensor& set_storage(at::Tensor& self, at::Storage source, c10::SymInt storag
     self.unsafeGetTensorImpl()->set_sizes_contiguous(sizes);
   else
     self.unsafeGetTensorImpl()->set_sizes_and_strides(sizes, strides);
-  int64_t needed =
-      at::detail::computeStorageNbytes(self.sizes(), self.strides(), self.dtype().itemsize(), off);
+  int64_t needed = at::detail::computeStorageNbytes(self.sizes(), self.strides(), self.dtype().itemsize(), off);
   if (needed > static_cast<int64_t>(self.storage().nbytes()))
     resizeStorageBytes(self.storage().unsafeGetStorageImpl(), needed);
   return self;

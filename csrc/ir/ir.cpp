@@ -8,38 +8,64 @@ namespace tpu::ir {
 
 const char* mlirName(DType t) {
   switch (t) {
-    case DType::Bool: return "i1";
-    case DType::U8: return "ui8";
-    case DType::I8: return "i8";
-    case DType::I16: return "i16";
-    case DType::I32: return "i32";
-    case DType::I64: return "i64";
-    case DType::U32: return "ui32";
-    case DType::U64: return "ui64";
-    case DType::F16: return "f16";
-    case DType::BF16: return "bf16";
-    case DType::F32: return "f32";
-    case DType::F64: return "f64";
-    case DType::C64: return "complex<f32>";
+    case DType::Bool:
+      return "i1";
+    case DType::U8:
+      return "ui8";
+    case DType::I8:
+      return "i8";
+    case DType::I16:
+      return "i16";
+    case DType::I32:
+      return "i32";
+    case DType::I64:
+      return "i64";
+    case DType::U32:
+      return "ui32";
+    case DType::U64:
+      return "ui64";
+    case DType::F16:
+      return "f16";
+    case DType::BF16:
+      return "bf16";
+    case DType::F32:
+      return "f32";
+    case DType::F64:
+      return "f64";
+    case DType::C64:
+      return "complex<f32>";
   }
   return "?";
 }
 
 const char* dtypeName(DType t) {
   switch (t) {
-    case DType::Bool: return "bool";
-    case DType::U8: return "uint8";
-    case DType::I8: return "int8";
-    case DType::I16: return "int16";
-    case DType::I32: return "int32";
-    case DType::I64: return "int64";
-    case DType::U32: return "uint32";
-    case DType::U64: return "uint64";
-    case DType::F16: return "float16";
-    case DType::BF16: return "bfloat16";
-    case DType::F32: return "float32";
-    case DType::F64: return "float64";
-    case DType::C64: return "complex64";
+    case DType::Bool:
+      return "bool";
+    case DType::U8:
+      return "uint8";
+    case DType::I8:
+      return "int8";
+    case DType::I16:
+      return "int16";
+    case DType::I32:
+      return "int32";
+    case DType::I64:
+      return "int64";
+    case DType::U32:
+      return "uint32";
+    case DType::U64:
+      return "uint64";
+    case DType::F16:
+      return "float16";
+    case DType::BF16:
+      return "bfloat16";
+    case DType::F32:
+      return "float32";
+    case DType::F64:
+      return "float64";
+    case DType::C64:
+      return "complex64";
   }
   return "?";
 }
@@ -48,17 +74,21 @@ size_t itemSize(DType t) {
   switch (t) {
     case DType::Bool:
     case DType::U8:
-    case DType::I8: return 1;
+    case DType::I8:
+      return 1;
     case DType::I16:
     case DType::F16:
-    case DType::BF16: return 2;
+    case DType::BF16:
+      return 2;
     case DType::I32:
     case DType::U32:
-    case DType::F32: return 4;
+    case DType::F32:
+      return 4;
     case DType::I64:
     case DType::U64:
     case DType::F64:
-    case DType::C64: return 8;
+    case DType::C64:
+      return 8;
   }
   return 0;
 }
@@ -87,14 +117,22 @@ DType promote(DType a, DType b) {
   // Integers: uint8 with a signed type promotes to the next signed width.
   auto rank = [](DType t) {
     switch (t) {
-      case DType::I8: return 1;
-      case DType::U8: return 2;
-      case DType::I16: return 3;
-      case DType::I32: return 4;
-      case DType::U32: return 4;
-      case DType::I64: return 5;
-      case DType::U64: return 5;
-      default: return 0;
+      case DType::I8:
+        return 1;
+      case DType::U8:
+        return 2;
+      case DType::I16:
+        return 3;
+      case DType::I32:
+        return 4;
+      case DType::U32:
+        return 4;
+      case DType::I64:
+        return 5;
+      case DType::U64:
+        return 5;
+      default:
+        return 0;
     }
   };
   if ((a == DType::U8 && b == DType::I8) || (a == DType::I8 && b == DType::U8)) return DType::I16;
@@ -152,12 +190,18 @@ std::string padAttr(const std::vector<std::pair<int64_t, int64_t>>& p) {
 }
 const char* cmpName(Cmp c) {
   switch (c) {
-    case Cmp::EQ: return "EQ";
-    case Cmp::NE: return "NE";
-    case Cmp::LT: return "LT";
-    case Cmp::LE: return "LE";
-    case Cmp::GT: return "GT";
-    case Cmp::GE: return "GE";
+    case Cmp::EQ:
+      return "EQ";
+    case Cmp::NE:
+      return "NE";
+    case Cmp::LT:
+      return "LT";
+    case Cmp::LE:
+      return "LE";
+    case Cmp::GT:
+      return "GT";
+    case Cmp::GE:
+      return "GE";
   }
   return "EQ";
 }
@@ -263,8 +307,7 @@ Value Builder::bitcast(const Value& v, const Type& t) {
 
 Value Builder::iota(const Type& t, int dim) {
   Value r = fresh(t);
-  emitLine(ref(r) + " = \"stablehlo.iota\"() {iota_dimension = " + std::to_string(dim) + " : i64} : () -> " +
-           t.str());
+  emitLine(ref(r) + " = \"stablehlo.iota\"() {iota_dimension = " + std::to_string(dim) + " : i64} : () -> " + t.str());
   return r;
 }
 
@@ -431,8 +474,8 @@ Value Builder::compare(const Value& a, const Value& b, Cmp dir) {
 Value Builder::select(const Value& pred, const Value& a, const Value& b) {
   if (a.type != b.type) fail("select on " + a.type.str() + " and " + b.type.str());
   Value r = fresh(a.type);
-  emitLine(ref(r) + " = \"stablehlo.select\"(" + ref(pred) + ", " + ref(a) + ", " + ref(b) + ") : (" +
-           pred.type.str() + ", " + a.type.str() + ", " + b.type.str() + ") -> " + r.type.str());
+  emitLine(ref(r) + " = \"stablehlo.select\"(" + ref(pred) + ", " + ref(a) + ", " + ref(b) + ") : (" + pred.type.str() +
+           ", " + a.type.str() + ", " + b.type.str() + ") -> " + r.type.str());
   return r;
 }
 
@@ -525,10 +568,10 @@ std::vector<Value> Builder::reduceWindow(const std::vector<Value>& inputs, const
     results.push_back(fresh(Type{inits[i].dtype(), out}));
     outtys += (i ? ", " : "") + results.back().type.str();
   }
-  emitMulti(results, "\"stablehlo.reduce_window\"(" + args + ") " + reg + " {window_dimensions = " +
-                         i64Array(window) + ", window_strides = " + i64Array(strides) +
-                         ", base_dilations = " + i64Array(base_dil) + ", window_dilations = " + i64Array(win_dil) +
-                         ", padding = " + padAttr(padding) + "} : (" + types(all) + ") -> (" + outtys + ")");
+  emitMulti(results, "\"stablehlo.reduce_window\"(" + args + ") " + reg + " {window_dimensions = " + i64Array(window) +
+                         ", window_strides = " + i64Array(strides) + ", base_dilations = " + i64Array(base_dil) +
+                         ", window_dilations = " + i64Array(win_dil) + ", padding = " + padAttr(padding) + "} : (" +
+                         types(all) + ") -> (" + outtys + ")");
   return results;
 }
 
@@ -564,8 +607,7 @@ Value Builder::convolution(const Value& lhs, const Value& rhs, const ConvDims& d
                            const std::vector<std::pair<int64_t, int64_t>>& padding, const Shape& lhs_dil,
                            const Shape& rhs_dil, int64_t fgc, int64_t bgc, DType out) {
   size_t ns = dn.in_spatial.size();
-  auto layout = [&](size_t rank, int64_t a, const char* an, int64_t b, const char* bn,
-                    const std::vector<int64_t>& sp) {
+  auto layout = [&](size_t rank, int64_t a, const char* an, int64_t b, const char* bn, const std::vector<int64_t>& sp) {
     std::vector<std::string> lab(rank);
     lab[a] = an;
     lab[b] = bn;
@@ -610,8 +652,7 @@ Value Builder::gather(const Value& operand, const Value& indices, const GatherDi
     if (i != dn.index_vector_dim) batch.push_back(indices.shape()[i]);
   Shape offs;
   for (size_t i = 0; i < slice_sizes.size(); ++i)
-    if (!contains(dn.collapsed_slice_dims, i) && !contains(dn.operand_batching_dims, i))
-      offs.push_back(slice_sizes[i]);
+    if (!contains(dn.collapsed_slice_dims, i) && !contains(dn.operand_batching_dims, i)) offs.push_back(slice_sizes[i]);
   size_t rank = batch.size() + offs.size();
   Shape s;
   size_t bi = 0, oi = 0;

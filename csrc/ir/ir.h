@@ -15,20 +15,16 @@ namespace tpu::ir {
 
 enum class DType : uint8_t { Bool, U8, I8, I16, I32, I64, F16, BF16, F32, F64, C64, U32, U64 };
 
-const char* mlirName(DType t);  // i1, ui8, i8, ..., f32, complex<f32>
+const char* mlirName(DType t);   // i1, ui8, i8, ..., f32, complex<f32>
 const char* dtypeName(DType t);  // bool, uint8, ..., float32
 size_t itemSize(DType t);
-inline bool isFloat(DType t) {
-  return t == DType::F16 || t == DType::BF16 || t == DType::F32 || t == DType::F64;
-}
+inline bool isFloat(DType t) { return t == DType::F16 || t == DType::BF16 || t == DType::F32 || t == DType::F64; }
 inline bool isComplex(DType t) { return t == DType::C64; }
 inline bool isInt(DType t) {
-  return t == DType::U8 || t == DType::I8 || t == DType::I16 || t == DType::I32 || t == DType::I64 ||
-         t == DType::U32 || t == DType::U64;
+  return t == DType::U8 || t == DType::I8 || t == DType::I16 || t == DType::I32 || t == DType::I64 || t == DType::U32 ||
+         t == DType::U64;
 }
-inline bool isUnsigned(DType t) {
-  return t == DType::U8 || t == DType::U32 || t == DType::U64 || t == DType::Bool;
-}
+inline bool isUnsigned(DType t) { return t == DType::U8 || t == DType::U32 || t == DType::U64 || t == DType::Bool; }
 // PyTorch's promotion of two dtypes (torch.promote_types).
 DType promote(DType a, DType b);
 
@@ -97,7 +93,7 @@ class Builder {
   Value reverse(const Value& v, const std::vector<int64_t>& dims);
 
   // --- elementwise
-  Value unary(const char* op, const Value& v);                  // "exponential", "log", ...
+  Value unary(const char* op, const Value& v);                   // "exponential", "log", ...
   Value binary(const char* op, const Value& a, const Value& b);  // same types required
   Value compare(const Value& a, const Value& b, Cmp dir);
   Value select(const Value& pred, const Value& a, const Value& b);
@@ -111,8 +107,8 @@ class Builder {
                             const std::vector<int64_t>& dims, const BodyFn& body);
   std::vector<Value> reduceWindow(const std::vector<Value>& inputs, const std::vector<Value>& inits,
                                   const Shape& window, const Shape& strides, const Shape& base_dilations,
-                                  const Shape& window_dilations, const std::vector<std::pair<int64_t, int64_t>>& padding,
-                                  const BodyFn& body);
+                                  const Shape& window_dilations,
+                                  const std::vector<std::pair<int64_t, int64_t>>& padding, const BodyFn& body);
   Value dotGeneral(const Value& lhs, const Value& rhs, const std::vector<int64_t>& lhs_batch,
                    const std::vector<int64_t>& rhs_batch, const std::vector<int64_t>& lhs_contract,
                    const std::vector<int64_t>& rhs_contract, DType out);
@@ -135,8 +131,8 @@ class Builder {
   };
   Value gather(const Value& operand, const Value& indices, const GatherDims& dn, const Shape& slice_sizes);
   struct ScatterDims {
-    std::vector<int64_t> update_window_dims, inserted_window_dims, scatter_dims_to_operand_dims,
-        input_batching_dims, scatter_indices_batching_dims;
+    std::vector<int64_t> update_window_dims, inserted_window_dims, scatter_dims_to_operand_dims, input_batching_dims,
+        scatter_indices_batching_dims;
     int64_t index_vector_dim = 0;
   };
   // body(args = {old, update}) -> {new}

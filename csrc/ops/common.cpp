@@ -121,9 +121,7 @@ Value Ctx::scalar(size_t i, DType t) const {
   throw ir::Unsupported(op_ + ": argument " + std::to_string(i) + " is not a scalar");
 }
 
-Value Ctx::scalarOr(size_t i, DType t, double dflt) const {
-  return has(i) ? scalar(i, t) : b.constant(dflt, t);
-}
+Value Ctx::scalarOr(size_t i, DType t, double dflt) const { return has(i) ? scalar(i, t) : b.constant(dflt, t); }
 
 double Ctx::constScalar(size_t i) const {
   const Arg& a = arg(i);
@@ -151,8 +149,9 @@ Shape broadcastShapes(const Shape& a, const Shape& b) {
     int64_t da = i < n - a.size() ? 1 : a[i - (n - a.size())];
     int64_t db = i < n - b.size() ? 1 : b[i - (n - b.size())];
     if (da != db && da != 1 && db != 1)
-      throw std::invalid_argument("The size of tensor a (" + std::to_string(da) + ") must match the size of tensor b (" +
-                                  std::to_string(db) + ") at non-singleton dimension " + std::to_string(i));
+      throw std::invalid_argument("The size of tensor a (" + std::to_string(da) +
+                                  ") must match the size of tensor b (" + std::to_string(db) +
+                                  ") at non-singleton dimension " + std::to_string(i));
     out[i] = da == 1 ? db : da;
   }
   return out;
@@ -240,25 +239,39 @@ std::vector<int64_t> reductionDims(const std::optional<std::vector<int64_t>>& di
 
 double lowestValue(DType t) {
   switch (t) {
-    case DType::Bool: return 0;
-    case DType::U8: return 0;
-    case DType::I8: return -128;
-    case DType::I16: return -32768;
-    case DType::I32: return -2147483648.0;
-    case DType::I64: return -9223372036854775808.0;
-    default: return -std::numeric_limits<double>::infinity();
+    case DType::Bool:
+      return 0;
+    case DType::U8:
+      return 0;
+    case DType::I8:
+      return -128;
+    case DType::I16:
+      return -32768;
+    case DType::I32:
+      return -2147483648.0;
+    case DType::I64:
+      return -9223372036854775808.0;
+    default:
+      return -std::numeric_limits<double>::infinity();
   }
 }
 
 double highestValue(DType t) {
   switch (t) {
-    case DType::Bool: return 1;
-    case DType::U8: return 255;
-    case DType::I8: return 127;
-    case DType::I16: return 32767;
-    case DType::I32: return 2147483647.0;
-    case DType::I64: return 9223372036854775807.0;
-    default: return std::numeric_limits<double>::infinity();
+    case DType::Bool:
+      return 1;
+    case DType::U8:
+      return 255;
+    case DType::I8:
+      return 127;
+    case DType::I16:
+      return 32767;
+    case DType::I32:
+      return 2147483647.0;
+    case DType::I64:
+      return 9223372036854775807.0;
+    default:
+      return std::numeric_limits<double>::infinity();
   }
 }
 

@@ -55,11 +55,10 @@ Value erfApprox(ir::Builder& b, const Value& x) {
   // so use the float32 rational approximation XLA itself uses for erf.
   Value xc = b.clamp(k(b, -4.0, x), x, k(b, 4.0, x));
   Value x2 = mul(b, xc, xc);
-  const double alpha[] = {-2.72614225801306e-10, 2.77068142495902e-08, -2.10102402082508e-06,
-                          -5.69250639462346e-05, -7.34990630326855e-04, -2.95459980854025e-03,
-                          -1.60960333262415e-02};
-  const double beta[] = {-1.45660718464996e-05, -2.13374055278905e-04, -1.68282697438203e-03,
-                         -7.37332916720468e-03, -1.42647390514189e-02};
+  const double alpha[] = {-2.72614225801306e-10, 2.77068142495902e-08,  -2.10102402082508e-06, -5.69250639462346e-05,
+                          -7.34990630326855e-04, -2.95459980854025e-03, -1.60960333262415e-02};
+  const double beta[] = {-1.45660718464996e-05, -2.13374055278905e-04, -1.68282697438203e-03, -7.37332916720468e-03,
+                         -1.42647390514189e-02};
   Value p = k(b, alpha[0], x);
   for (int i = 1; i < 7; ++i) p = add(b, mul(b, p, x2), k(b, alpha[i], x));
   p = mul(b, p, xc);
@@ -191,8 +190,7 @@ UNARY_FLOAT(hardswish, mul(b, x, b.clamp(k(b, 0, x), div(b, add(b, x, k(b, 3, x)
 UNARY_FLOAT(relu6, b.clamp(k(b, 0, x), x, k(b, 6, x)));
 UNARY_FLOAT(selu, mul(b, k(b, 1.0507009873554804934193349852946, x),
                       b.select(b.compare(x, k(b, 0, x), ir::Cmp::GT), x,
-                               mul(b, k(b, 1.6732632423543772848170429916717, x),
-                                   un(b, "exponential_minus_one", x)))));
+                               mul(b, k(b, 1.6732632423543772848170429916717, x), un(b, "exponential_minus_one", x)))));
 
 UNARY_SAME(neg, un(b, "negate", x));
 UNARY_SAME(negative, un(b, "negate", x));
@@ -263,8 +261,9 @@ Registrar reg_nan_to_num("nan_to_num", [](Ctx& c) {
   Value x = c.tensor(0);
   if (!ir::isFloat(x.dtype())) return std::vector<Value>{x};
   DType t = x.dtype();
-  double big = t == DType::F64 ? 1.7976931348623157e308
-                               : (t == DType::F16 ? 65504.0 : (t == DType::BF16 ? 3.3895313892515355e38 : 3.4028234663852886e38));
+  double big = t == DType::F64
+                   ? 1.7976931348623157e308
+                   : (t == DType::F16 ? 65504.0 : (t == DType::BF16 ? 3.3895313892515355e38 : 3.4028234663852886e38));
   Value nan = c.has(1) ? c.b.broadcastTo(c.b.constant(c.f64(1), t), x.shape()) : k(c.b, 0, x);
   Value pinf = c.has(2) ? c.b.broadcastTo(c.b.constant(c.f64(2), t), x.shape()) : k(c.b, big, x);
   Value ninf = c.has(3) ? c.b.broadcastTo(c.b.constant(c.f64(3), t), x.shape()) : k(c.b, -big, x);
@@ -300,8 +299,12 @@ Registrar reg_rsub("rsub", [](Ctx& c) {
     return sub(b, y, xx);
   });
 });
-Registrar reg_mul("mul", [](Ctx& c) { return arith(c, [](ir::Builder& b, const Value& x, const Value& y) { return mul(b, x, y); }); });
-Registrar reg_multiply("multiply", [](Ctx& c) { return arith(c, [](ir::Builder& b, const Value& x, const Value& y) { return mul(b, x, y); }); });
+Registrar reg_mul("mul", [](Ctx& c) {
+  return arith(c, [](ir::Builder& b, const Value& x, const Value& y) { return mul(b, x, y); });
+});
+Registrar reg_multiply("multiply", [](Ctx& c) {
+  return arith(c, [](ir::Builder& b, const Value& x, const Value& y) { return mul(b, x, y); });
+});
 
 std::vector<Value> divide(Ctx& c) {
   std::string mode = c.kind(2) == Arg::Kind::String ? c.str(2) : "";
@@ -368,7 +371,9 @@ Registrar reg_fmax("fmax", [](Ctx& c) { return maxmin(c, true, true); });
 Registrar reg_fmin("fmin", [](Ctx& c) { return maxmin(c, false, true); });
 
 Registrar reg_hypot("hypot", [](Ctx& c) {
-  return arith(c, [](ir::Builder& b, const Value& x, const Value& y) { return b.unary("sqrt", add(b, mul(b, x, x), mul(b, y, y))); });
+  return arith(c, [](ir::Builder& b, const Value& x, const Value& y) {
+    return b.unary("sqrt", add(b, mul(b, x, x), mul(b, y, y)));
+  });
 });
 Registrar reg_logaddexp("logaddexp", [](Ctx& c) {
   return arith(c, [](ir::Builder& b, const Value& x, const Value& y) {
@@ -440,8 +445,8 @@ Registrar reg_less_equal("less_equal", [](Ctx& c) { return comparison(c, ir::Cmp
 Registrar reg_where("where", [](Ctx& c) {
   DType t = resultType(c, {1, 2});
   DType out = outType(c, t);
-  auto vs = broadcastAll(c.b, {c.b.convert(c.tensor(0), DType::Bool), c.b.convert(c.tensor(1), out),
-                               c.b.convert(c.tensor(2), out)});
+  auto vs = broadcastAll(
+      c.b, {c.b.convert(c.tensor(0), DType::Bool), c.b.convert(c.tensor(1), out), c.b.convert(c.tensor(2), out)});
   return std::vector<Value>{c.b.select(vs[0], vs[1], vs[2])};
 });
 
@@ -499,8 +504,8 @@ std::vector<Value> addcop(Ctx& c, bool is_div) {
   DType t = resultType(c, {0, 1, 2});
   DType out = outType(c, t);
   DType comp = accOf(out);
-  auto vs = broadcastAll(c.b, {c.b.convert(c.tensor(0), comp), c.b.convert(c.tensor(1), comp),
-                               c.b.convert(c.tensor(2), comp)});
+  auto vs = broadcastAll(
+      c.b, {c.b.convert(c.tensor(0), comp), c.b.convert(c.tensor(1), comp), c.b.convert(c.tensor(2), comp)});
   Value v = c.b.broadcastTo(c.scalarOr(3, comp, 1.0), vs[0].shape());
   Value p = is_div ? div(c.b, vs[1], vs[2]) : mul(c.b, vs[1], vs[2]);
   return {c.b.convert(add(c.b, vs[0], mul(c.b, v, p)), out)};
@@ -525,10 +530,12 @@ Registrar reg_silu_backward("silu_backward", [](Ctx& c) {
   });
 });
 Registrar reg_sigmoid_backward("sigmoid_backward", [](Ctx& c) {
-  return arith(c, [](ir::Builder& b, const Value& g, const Value& y) { return mul(b, g, mul(b, y, sub(b, k(b, 1, y), y))); });
+  return arith(
+      c, [](ir::Builder& b, const Value& g, const Value& y) { return mul(b, g, mul(b, y, sub(b, k(b, 1, y), y))); });
 });
 Registrar reg_tanh_backward("tanh_backward", [](Ctx& c) {
-  return arith(c, [](ir::Builder& b, const Value& g, const Value& y) { return mul(b, g, sub(b, k(b, 1, y), mul(b, y, y))); });
+  return arith(
+      c, [](ir::Builder& b, const Value& g, const Value& y) { return mul(b, g, sub(b, k(b, 1, y), mul(b, y, y))); });
 });
 Registrar reg_threshold("threshold", [](Ctx& c) {
   Value x = c.tensor(0);
@@ -640,9 +647,8 @@ Registrar reg_log_sigmoid_forward("log_sigmoid_forward", [](Ctx& c) {
   return std::vector<Value>{b.convert(y, x.dtype()), b.zeros(x.type)};
 });
 Registrar reg_log_sigmoid_backward("log_sigmoid_backward", [](Ctx& c) {
-  return arith(c, [](ir::Builder& b, const Value& g, const Value& x) {
-    return mul(b, g, sigmoid(b, b.unary("negate", x)));
-  });
+  return arith(
+      c, [](ir::Builder& b, const Value& g, const Value& x) { return mul(b, g, sigmoid(b, b.unary("negate", x))); });
 });
 Registrar reg_logit("logit", [](Ctx& c) {
   return floatUnary(c, [&c](ir::Builder& b, const Value& x0) {

@@ -94,9 +94,12 @@ Registrar reg_scatter("scatter", [](Ctx& c) {
   Combine f = replaceFn();
   if (c.kind(4) == Arg::Kind::String) {
     std::string r = c.str(4);
-    if (r == "add") f = addFn();
-    else if (r == "multiply") f = [](ir::Builder& b, const Value& o, const Value& n) { return mul(b, o, n); };
-    else throw ir::Unsupported("scatter reduce " + r);
+    if (r == "add")
+      f = addFn();
+    else if (r == "multiply")
+      f = [](ir::Builder& b, const Value& o, const Value& n) { return mul(b, o, n); };
+    else
+      throw ir::Unsupported("scatter reduce " + r);
   }
   return std::vector<Value>{scatterAlong(c.b, x, dim, idx, src, f)};
 });
@@ -185,9 +188,8 @@ Value indexScatter(ir::Builder& b, const Value& x, int64_t dim, const Value& ind
   dn.inserted_window_dims = {dim};
   dn.scatter_dims_to_operand_dims = {dim};
   dn.index_vector_dim = 1;
-  return b.scatter(x, idx, upd, dn, [f](ir::Builder& bb, const std::vector<Value>& a) {
-    return std::vector<Value>{f(bb, a[0], a[1])};
-  });
+  return b.scatter(x, idx, upd, dn,
+                   [f](ir::Builder& bb, const std::vector<Value>& a) { return std::vector<Value>{f(bb, a[0], a[1])}; });
 }
 
 Registrar reg_index_add("index_add", [](Ctx& c) {
@@ -222,10 +224,10 @@ Registrar reg_index_fill("index_fill", [](Ctx& c) {
 // dims; the result has the broadcast index shape at the first indexed dim if
 // they are adjacent, else in front.
 struct AdvIndex {
-  Value coords;            // [B..., k] int64
+  Value coords;  // [B..., k] int64
   std::vector<int64_t> indexed;
-  Shape batch;             // broadcast index shape
-  bool front = true;       // batch dims in front of the result
+  Shape batch;        // broadcast index shape
+  bool front = true;  // batch dims in front of the result
   int64_t first = 0;
 };
 
@@ -354,9 +356,9 @@ Registrar reg_embedding_dense_backward("embedding_dense_backward", [](Ctx& c) {
   dn.inserted_window_dims = {0};
   dn.scatter_dims_to_operand_dims = {0};
   dn.index_vector_dim = 1;
-  Value r = b.scatter(b.constant(0.0, acc, {n, d}), flat_idx, upd, dn, [](ir::Builder& bb, const std::vector<Value>& a) {
-    return std::vector<Value>{add(bb, a[0], a[1])};
-  });
+  Value r =
+      b.scatter(b.constant(0.0, acc, {n, d}), flat_idx, upd, dn,
+                [](ir::Builder& bb, const std::vector<Value>& a) { return std::vector<Value>{add(bb, a[0], a[1])}; });
   return std::vector<Value>{b.convert(r, g.dtype())};
 });
 
@@ -378,51 +380,55 @@ Value selectedPositions(ir::Builder& b, const Value& flat_mask) {
   })[0];
 }
 
-Value countTrue(ir::Builder& b, const Value& flat_mask) {
-  return reduceSum(b, b.convert(flat_mask, DType::I64), {0});
-}
+Value countTrue(ir::Builder& b, const Value& flat_mask) { return reduceSum(b, b.convert(flat_mask, DType::I64), {0}); }
 
 // nonzero(self) -> [count, rank] int64 (data-dependent length)
-Registrar reg_nonzero("nonzero", [](Ctx& c) {
-  Value x = c.tensor(0);
-  ir::Builder& b = c.b;
-  int64_t n = x.type.numel();
-  Value flat = b.reshape(x, {n});
-  Value mask = b.compare(flat, b.constant(0.0, flat.dtype(), {n}), ir::Cmp::NE);
-  if (flat.dtype() == DType::Bool) mask = flat;
-  Value keys = selectedPositions(b, mask);
-  std::vector<Value> cols;
-  int64_t stride = 1;
-  std::vector<int64_t> strides(x.rank());
-  for (int d = x.rank() - 1; d >= 0; --d) {
-    strides[d] = stride;
-    stride *= x.shape()[d];
-  }
-  for (int d = 0; d < x.rank(); ++d) {
-    Value q = b.binary("divide", keys, b.constantInt(strides[d], DType::I64, {n}));
-    Value r = b.binary("remainder", q, b.constantInt(std::max<int64_t>(x.shape()[d], 1), DType::I64, {n}));
-    cols.push_back(b.reshape(r, {n, 1}));
-  }
-  Value out = cols.empty() ? b.constantInt(0, DType::I64, {n, 0}) : b.concatenate(cols, 1);
-  c.setDynamicLength(countTrue(b, mask));
-  return std::vector<Value>{out};
-}, {}, true);
+Registrar reg_nonzero(
+    "nonzero",
+    [](Ctx& c) {
+      Value x = c.tensor(0);
+      ir::Builder& b = c.b;
+      int64_t n = x.type.numel();
+      Value flat = b.reshape(x, {n});
+      Value mask = b.compare(flat, b.constant(0.0, flat.dtype(), {n}), ir::Cmp::NE);
+      if (flat.dtype() == DType::Bool) mask = flat;
+      Value keys = selectedPositions(b, mask);
+      std::vector<Value> cols;
+      int64_t stride = 1;
+      std::vector<int64_t> strides(x.rank());
+      for (int d = x.rank() - 1; d >= 0; --d) {
+        strides[d] = stride;
+        stride *= x.shape()[d];
+      }
+      for (int d = 0; d < x.rank(); ++d) {
+        Value q = b.binary("divide", keys, b.constantInt(strides[d], DType::I64, {n}));
+        Value r = b.binary("remainder", q, b.constantInt(std::max<int64_t>(x.shape()[d], 1), DType::I64, {n}));
+        cols.push_back(b.reshape(r, {n, 1}));
+      }
+      Value out = cols.empty() ? b.constantInt(0, DType::I64, {n, 0}) : b.concatenate(cols, 1);
+      c.setDynamicLength(countTrue(b, mask));
+      return std::vector<Value>{out};
+    },
+    {}, true);
 
 // masked_select(self, mask) -> 1-d (data-dependent length)
-Registrar reg_masked_select("masked_select", [](Ctx& c) {
-  ir::Builder& b = c.b;
-  auto vs = broadcastAll(b, {c.tensor(0), b.convert(c.tensor(1), DType::Bool)});
-  int64_t n = vs[0].type.numel();
-  Value flat = b.reshape(vs[0], {n}), mask = b.reshape(vs[1], {n});
-  if (n == 0) {
-    c.setDynamicLength(b.constantInt(0, DType::I64));
-    return std::vector<Value>{flat};
-  }
-  Value keys = selectedPositions(b, mask);
-  Value safe = b.binary("minimum", keys, b.constantInt(n - 1, DType::I64, {n}));
-  c.setDynamicLength(countTrue(b, mask));
-  return std::vector<Value>{gatherAlong(b, flat, 0, safe)};
-}, {}, true);
+Registrar reg_masked_select(
+    "masked_select",
+    [](Ctx& c) {
+      ir::Builder& b = c.b;
+      auto vs = broadcastAll(b, {c.tensor(0), b.convert(c.tensor(1), DType::Bool)});
+      int64_t n = vs[0].type.numel();
+      Value flat = b.reshape(vs[0], {n}), mask = b.reshape(vs[1], {n});
+      if (n == 0) {
+        c.setDynamicLength(b.constantInt(0, DType::I64));
+        return std::vector<Value>{flat};
+      }
+      Value keys = selectedPositions(b, mask);
+      Value safe = b.binary("minimum", keys, b.constantInt(n - 1, DType::I64, {n}));
+      c.setDynamicLength(countTrue(b, mask));
+      return std::vector<Value>{gatherAlong(b, flat, 0, safe)};
+    },
+    {}, true);
 
 }  // namespace
 }  // namespace tpu::ops

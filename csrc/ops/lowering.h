@@ -23,8 +23,22 @@ using ir::Value;
 // program inputs (Values); ints, bools, lists, dtypes and strings are
 // compile-time attributes.
 struct Arg {
-  enum class Kind { None, Tensor, TensorList, Int, Double, Bool, IntList, DoubleList, BoolList, Scalar, ScalarList,
-                    DType, String, Other };
+  enum class Kind {
+    None,
+    Tensor,
+    TensorList,
+    Int,
+    Double,
+    Bool,
+    IntList,
+    DoubleList,
+    BoolList,
+    Scalar,
+    ScalarList,
+    DType,
+    String,
+    Other
+  };
   Kind kind = Kind::None;
   Value value;                // Tensor, or Scalar (0-d f64 / i64 / i1 input)
   std::vector<Value> values;  // TensorList (invalid Value = None element), ScalarList
@@ -65,12 +79,12 @@ class Ctx {
   bool has(size_t i) const { return i < args_.size() && args_[i].kind != Arg::Kind::None; }
   Arg::Kind kind(size_t i) const { return i < args_.size() ? args_[i].kind : Arg::Kind::None; }
 
-  Value tensor(size_t i) const;               // a Tensor (or a Scalar as 0-d)
+  Value tensor(size_t i) const;  // a Tensor (or a Scalar as 0-d)
   std::optional<Value> optTensor(size_t i) const;
   std::vector<Value> tensors(size_t i) const;
   int64_t i64(size_t i) const;
   int64_t i64Or(size_t i, int64_t dflt) const { return has(i) ? i64(i) : dflt; }
-  double f64(size_t i) const;                 // Double (or Int) attribute
+  double f64(size_t i) const;  // Double (or Int) attribute
   double f64Or(size_t i, double dflt) const { return has(i) ? f64(i) : dflt; }
   bool flag(size_t i) const;
   bool flagOr(size_t i, bool dflt) const { return has(i) ? flag(i) : dflt; }

@@ -140,9 +140,7 @@ std::vector<int64_t> bnDims(const Value& x) {
   return dims;
 }
 
-Value perChannel(ir::Builder& b, const Value& v, const Value& x) {
-  return b.broadcastInDim(v, x.shape(), {1});
-}
+Value perChannel(ir::Builder& b, const Value& v, const Value& x) { return b.broadcastInDim(v, x.shape(), {1}); }
 
 // Returns (out, save_mean, save_invstd, new_running_mean?, new_running_var?)
 struct BnResult {
@@ -201,7 +199,8 @@ std::vector<Value> evalStats(Ctx& c, const BnResult& r, DType st) {
 Registrar reg_native_batch_norm("native_batch_norm", [](Ctx& c) {
   Value x = c.tensor(0);
   bool training = c.flag(5);
-  auto r = batchNorm(c, x, c.optTensor(1), c.optTensor(2), c.optTensor(3), c.optTensor(4), training, c.f64(6), c.f64(7));
+  auto r =
+      batchNorm(c, x, c.optTensor(1), c.optTensor(2), c.optTensor(3), c.optTensor(4), training, c.f64(6), c.f64(7));
   if (r.rm.valid()) c.mutate(3, r.rm);
   if (r.rv.valid()) c.mutate(4, r.rv);
   if (!training) return evalStats(c, r, accOf(x.dtype()));
@@ -360,8 +359,8 @@ std::vector<Value> convolution(Ctx& c) {
   DType out = outType(c, x.dtype());
   DType acc = accOf(out);
   ir::Builder& b = c.b;
-  Value y = convForward(b, b.convert(x, acc), b.convert(w, acc), stride, padding, dilation, transposed, out_pad,
-                        groups, acc);
+  Value y =
+      convForward(b, b.convert(x, acc), b.convert(w, acc), stride, padding, dilation, transposed, out_pad, groups, acc);
   if (auto bias = c.optTensor(2)) y = add(b, y, b.broadcastInDim(b.convert(*bias, acc), y.shape(), {1}));
   return {b.convert(y, out)};
 }
@@ -487,7 +486,8 @@ Registrar reg_max_pool2d_with_indices("max_pool2d_with_indices", [](Ctx& c) {
   ir::Builder& b = c.b;
   int64_t h = x.shape()[x.rank() - 2], w = x.shape()[x.rank() - 1];
   Type it{DType::I64, x.shape()};
-  Value flat = add(b, mul(b, b.iota(it, x.rank() - 2), b.constantInt(w, DType::I64, x.shape())), b.iota(it, x.rank() - 1));
+  Value flat =
+      add(b, mul(b, b.iota(it, x.rank() - 2), b.constantInt(w, DType::I64, x.shape())), b.iota(it, x.rank() - 1));
   (void)h;
   Shape win, str, dil;
   std::vector<std::pair<int64_t, int64_t>> pad;
@@ -532,9 +532,9 @@ Registrar reg_max_pool2d_backward("max_pool2d_with_indices_backward", [](Ctx& c)
   dn.inserted_window_dims = {0, 1};
   dn.scatter_dims_to_operand_dims = {0, 1};
   dn.index_vector_dim = 2;
-  Value r = b.scatter(b.constant(0.0, acc, {lead, hw}), coords, gg, dn, [](ir::Builder& bb, const std::vector<Value>& a) {
-    return std::vector<Value>{add(bb, a[0], a[1])};
-  });
+  Value r =
+      b.scatter(b.constant(0.0, acc, {lead, hw}), coords, gg, dn,
+                [](ir::Builder& bb, const std::vector<Value>& a) { return std::vector<Value>{add(bb, a[0], a[1])}; });
   return std::vector<Value>{b.convert(b.reshape(r, x.shape()), x.dtype())};
 });
 
@@ -553,10 +553,9 @@ Value avgDivisor(ir::Builder& b, const Value& x, const Pool& g, bool count_inclu
     ones = b.pad(ones, b.constant(1.0, acc), {g.p[0], g.p[1]}, {g.p[0], g.p[1]}, {0, 0});
     p2 = {{0, g.pad[0].second - g.p[0]}, {0, g.pad[1].second - g.p[1]}};
   }
-  Value cnt = b.reduceWindow({ones}, {b.constant(0.0, acc)}, w2, s2, d2, d2, p2,
-                             [](ir::Builder& bb, const std::vector<Value>& a) {
-                               return std::vector<Value>{add(bb, a[0], a[1])};
-                             })[0];
+  Value cnt = b.reduceWindow(
+      {ones}, {b.constant(0.0, acc)}, w2, s2, d2, d2, p2,
+      [](ir::Builder& bb, const std::vector<Value>& a) { return std::vector<Value>{add(bb, a[0], a[1])}; })[0];
   return cnt;
 }
 
@@ -570,10 +569,9 @@ Registrar reg_avg_pool2d("avg_pool2d", [](Ctx& c) {
   Shape win, str, dil;
   std::vector<std::pair<int64_t, int64_t>> pad;
   windowParams(x, g, win, str, dil, pad);
-  Value s = b.reduceWindow({b.convert(x, acc)}, {b.constant(0.0, acc)}, win, str, Shape(x.rank(), 1), dil, pad,
-                           [](ir::Builder& bb, const std::vector<Value>& a) {
-                             return std::vector<Value>{add(bb, a[0], a[1])};
-                           })[0];
+  Value s = b.reduceWindow(
+      {b.convert(x, acc)}, {b.constant(0.0, acc)}, win, str, Shape(x.rank(), 1), dil, pad,
+      [](ir::Builder& bb, const std::vector<Value>& a) { return std::vector<Value>{add(bb, a[0], a[1])}; })[0];
   Value divv;
   if (c.has(6)) {
     divv = b.constant(static_cast<double>(c.i64(6)), acc, s.shape());
@@ -614,10 +612,9 @@ Registrar reg_avg_pool2d_backward("avg_pool2d_backward", [](Ctx& c) {
   Shape win(x.rank(), 1), one(x.rank(), 1);
   std::vector<std::pair<int64_t, int64_t>> nopad(x.rank(), {0, 0});
   for (int i = 0; i < 2; ++i) win[lead + i] = geo.k[i];
-  Value summed = b.reduceWindow({up}, {b.constant(0.0, acc)}, win, one, one, one, nopad,
-                                [](ir::Builder& bb, const std::vector<Value>& a) {
-                                  return std::vector<Value>{add(bb, a[0], a[1])};
-                                })[0];
+  Value summed = b.reduceWindow(
+      {up}, {b.constant(0.0, acc)}, win, one, one, one, nopad,
+      [](ir::Builder& bb, const std::vector<Value>& a) { return std::vector<Value>{add(bb, a[0], a[1])}; })[0];
   // summed covers padded input positions [-p, ...): take [p, p + in).
   Shape st(x.rank(), 0), lim = summed.shape(), strd(x.rank(), 1);
   for (int i = 0; i < 2; ++i) {
@@ -659,8 +656,8 @@ Registrar reg_adaptive_avg_pool2d("_adaptive_avg_pool2d", [](Ctx& c) {
   Value aw = adaptiveMatrix(b, os[1], x.shape()[r - 1], acc);
   Value xx = b.convert(x, acc);
   // y[..., i, j] = sum_h sum_w ah[i, h] x[..., h, w] aw[j, w]
-  Value t = b.dotGeneral(xx, aw, {}, {}, {r - 1}, {1}, acc);          // [..., H, os1]
-  Value y = b.dotGeneral(t, ah, {}, {}, {r - 2}, {1}, acc);           // [..., os1, os0]
+  Value t = b.dotGeneral(xx, aw, {}, {}, {r - 1}, {1}, acc);  // [..., H, os1]
+  Value y = b.dotGeneral(t, ah, {}, {}, {r - 2}, {1}, acc);   // [..., os1, os0]
   std::vector<int64_t> perm;
   for (int i = 0; i < r - 2; ++i) perm.push_back(i);
   perm.push_back(r - 1);
@@ -709,9 +706,12 @@ Registrar reg_nll_loss_forward("nll_loss_forward", [](Ctx& c) {
   Value loss = b.unary("negate", mul(b, picked, wt));
   Value total = reduceSum(b, wt, {0});
   Value out;
-  if (reduction == 0) out = batched ? loss : b.reshape(loss, {});
-  else if (reduction == 2) out = reduceSum(b, loss, {0});
-  else out = div(b, reduceSum(b, loss, {0}), total);
+  if (reduction == 0)
+    out = batched ? loss : b.reshape(loss, {});
+  else if (reduction == 2)
+    out = reduceSum(b, loss, {0});
+  else
+    out = div(b, reduceSum(b, loss, {0}), total);
   return std::vector<Value>{b.convert(out, x.dtype()), b.convert(total, x.dtype())};
 });
 
@@ -734,9 +734,12 @@ Registrar reg_nll_loss_backward("nll_loss_backward", [](Ctx& c) {
   }
   Value gs;
   Value gg = b.convert(g, acc);
-  if (reduction == 0) gs = b.reshape(gg, {n});
-  else if (reduction == 2) gs = b.broadcastTo(b.reshape(gg, {}), {n});
-  else gs = b.broadcastTo(div(b, b.reshape(gg, {}), b.reshape(b.convert(c.tensor(6), acc), {})), {n});
+  if (reduction == 0)
+    gs = b.reshape(gg, {n});
+  else if (reduction == 2)
+    gs = b.broadcastTo(b.reshape(gg, {}), {n});
+  else
+    gs = b.broadcastTo(div(b, b.reshape(gg, {}), b.reshape(b.convert(c.tensor(6), acc), {})), {n});
   Value per = b.unary("negate", mul(b, gs, wt));
   Value r = b.select(onehot, b.broadcastInDim(per, {n, ncls}, {0}), b.constant(0.0, acc, {n, ncls}));
   return std::vector<Value>{b.convert(b.reshape(r, x.shape()), x.dtype())};

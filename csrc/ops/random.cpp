@@ -106,17 +106,19 @@ Registrar reg_random("random", [](Ctx& c) {
     hi = c.i64(1);
   } else {
     DType t = x.dtype();
-    hi = t == DType::F32 ? (1LL << 24) + 1
-                         : (t == DType::F64 ? (1LL << 53) + 1
-                                            : (t == DType::BF16 ? (1LL << 8) + 1
-                                                                : (t == DType::F16 ? (1LL << 11) + 1
-                                                                                   : static_cast<int64_t>(highestValue(t)) + 1)));
+    hi = t == DType::F32
+             ? (1LL << 24) + 1
+             : (t == DType::F64 ? (1LL << 53) + 1
+                                : (t == DType::BF16 ? (1LL << 8) + 1
+                                                    : (t == DType::F16 ? (1LL << 11) + 1
+                                                                       : static_cast<int64_t>(highestValue(t)) + 1)));
     if (t == DType::Bool) hi = 2;
   }
   uint64_t range = static_cast<uint64_t>(hi - lo);
   Value bits = b.rngBitGenerator(c.rngState(), {DType::U64, x.shape()})[1];
-  Value r = b.binary("remainder", bits, b.bitcast(b.constantInt(static_cast<int64_t>(range), DType::I64, x.shape()),
-                                                  {DType::U64, x.shape()}));
+  Value r =
+      b.binary("remainder", bits,
+               b.bitcast(b.constantInt(static_cast<int64_t>(range), DType::I64, x.shape()), {DType::U64, x.shape()}));
   Value v = add(b, b.bitcast(r, {DType::I64, x.shape()}), b.constantInt(lo, DType::I64, x.shape()));
   return std::vector<Value>{b.convert(v, x.dtype())};
 });

@@ -62,10 +62,11 @@ Registrar reg_prod("prod", [](Ctx& c) {
   DType out = outType(c, sumType(x.dtype(), has_dim ? c.optDType(3) : c.optDType(1)));
   DType acc = accOf(out);
   Value xx = c.b.convert(x, acc);
-  Value r = dims.empty() ? xx
-                         : c.b.reduce({xx}, {c.b.constant(1.0, acc)}, dims, [](ir::Builder& bb, const std::vector<Value>& a) {
-                             return std::vector<Value>{mul(bb, a[0], a[1])};
-                           })[0];
+  Value r = dims.empty()
+                ? xx
+                : c.b.reduce({xx}, {c.b.constant(1.0, acc)}, dims, [](ir::Builder& bb, const std::vector<Value>& a) {
+                    return std::vector<Value>{mul(bb, a[0], a[1])};
+                  })[0];
   return std::vector<Value>{c.b.convert(finish(c.b, r, x.shape(), dims, keep), out)};
 });
 
@@ -116,7 +117,10 @@ Value argExtreme(ir::Builder& b, const Value& x, int64_t dim, bool is_max) {
 std::vector<Value> maxminDim(Ctx& c, bool is_max) {
   Value x = c.tensor(0);
   if (c.kind(1) != Arg::Kind::Int) {  // max(self): full reduction
-    if (x.type.numel() == 0) throw std::invalid_argument("max(): Expected reduction dim to be specified for input.numel() == 0. Specify the reduction dim with the 'dim' argument.");
+    if (x.type.numel() == 0)
+      throw std::invalid_argument(
+          "max(): Expected reduction dim to be specified for input.numel() == 0. Specify the reduction dim with the "
+          "'dim' argument.");
     return {extreme(c.b, x, reductionDims({}, x.rank()), is_max)};
   }
   int64_t dim = wrapDim(c.i64(1), x.rank());
@@ -210,32 +214,36 @@ Value vectorNorm(ir::Builder& b, const Value& x, double ord, const std::vector<i
   Value s = reduceSum(b, p, dims);
   return b.binary("power", s, b.constant(1.0 / ord, s.dtype(), s.shape()));
 }
-Registrar reg_linalg_vector_norm("linalg_vector_norm", [](Ctx& c) {
-  Value x = c.tensor(0);
-  double ord = c.has(1) ? c.constScalar(1) : 2.0;
-  auto dims = reductionDims(c.optInts(2), x.rank());
-  bool keep = c.flagOr(3, false);
-  DType out = outType(c, c.optDType(4).value_or(floatOf(x.dtype())));
-  Value r = vectorNorm(c.b, c.b.convert(x, accOf(out)), ord, dims);
-  return std::vector<Value>{c.b.convert(finish(c.b, r, x.shape(), dims, keep), out)};
-}, {1});
+Registrar reg_linalg_vector_norm("linalg_vector_norm",
+                                 [](Ctx& c) {
+                                   Value x = c.tensor(0);
+                                   double ord = c.has(1) ? c.constScalar(1) : 2.0;
+                                   auto dims = reductionDims(c.optInts(2), x.rank());
+                                   bool keep = c.flagOr(3, false);
+                                   DType out = outType(c, c.optDType(4).value_or(floatOf(x.dtype())));
+                                   Value r = vectorNorm(c.b, c.b.convert(x, accOf(out)), ord, dims);
+                                   return std::vector<Value>{c.b.convert(finish(c.b, r, x.shape(), dims, keep), out)};
+                                 },
+                                 {1});
 // _foreach_norm(self list, ord, dtype) -> per-element linalg_vector_norm
-Registrar reg_norm_for_foreach("norm", [](Ctx& c) {
-  Value x = c.tensor(0);
-  double ord = c.has(1) ? c.constScalar(1) : 2.0;
-  DType out = outType(c, floatOf(x.dtype()));
-  if (c.kind(2) == Arg::Kind::DType) out = c.optDType(2).value_or(out);
-  std::vector<int64_t> dims;
-  bool keep = false;
-  if (c.kind(2) == Arg::Kind::IntList || c.kind(2) == Arg::Kind::Int) {
-    dims = reductionDims(c.optInts(2), x.rank());
-    keep = c.flagOr(3, false);
-  } else {
-    dims = reductionDims({}, x.rank());
-  }
-  Value r = vectorNorm(c.b, c.b.convert(x, accOf(out)), ord, dims);
-  return std::vector<Value>{c.b.convert(finish(c.b, r, x.shape(), dims, keep), out)};
-}, {1});
+Registrar reg_norm_for_foreach("norm",
+                               [](Ctx& c) {
+                                 Value x = c.tensor(0);
+                                 double ord = c.has(1) ? c.constScalar(1) : 2.0;
+                                 DType out = outType(c, floatOf(x.dtype()));
+                                 if (c.kind(2) == Arg::Kind::DType) out = c.optDType(2).value_or(out);
+                                 std::vector<int64_t> dims;
+                                 bool keep = false;
+                                 if (c.kind(2) == Arg::Kind::IntList || c.kind(2) == Arg::Kind::Int) {
+                                   dims = reductionDims(c.optInts(2), x.rank());
+                                   keep = c.flagOr(3, false);
+                                 } else {
+                                   dims = reductionDims({}, x.rank());
+                                 }
+                                 Value r = vectorNorm(c.b, c.b.convert(x, accOf(out)), ord, dims);
+                                 return std::vector<Value>{c.b.convert(finish(c.b, r, x.shape(), dims, keep), out)};
+                               },
+                               {1});
 
 Registrar reg_logsumexp("logsumexp", [](Ctx& c) {
   Value x = c.tensor(0);

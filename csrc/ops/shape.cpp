@@ -83,20 +83,22 @@ Registrar reg_tril("tril", [](Ctx& c) { return triangle(c, true); });
 Registrar reg_triu("triu", [](Ctx& c) { return triangle(c, false); });
 
 // arange(start, end, step, out): values start + i*step in the out dtype.
-Registrar reg_arange("arange", [](Ctx& c) {
-  if (!c.hasExpected()) throw ir::Unsupported("arange without a known size");
-  const Type& out = c.expectedAt(0);
-  ir::Builder& b = c.b;
-  size_t n = c.size();
-  // arange.start_out(start, end, step, *, out) or arange.out(end, *, out)
-  bool has_start = n >= 4 && c.isScalarArg(1);
-  DType comp = ir::isFloat(out.dtype) ? DType::F64 : DType::I64;
-  Value start = has_start ? c.scalar(0, comp) : b.constant(0.0, comp);
-  Value step = has_start && c.has(2) ? c.scalar(2, comp) : b.constant(1.0, comp);
-  Value i = b.iota({comp, out.shape}, 0);
-  Value v = add(b, b.broadcastTo(start, out.shape), mul(b, i, b.broadcastTo(step, out.shape)));
-  return std::vector<Value>{b.convert(v, out.dtype)};
-}, {0, 1, 2});  // the values decide the length: part of the program
+Registrar reg_arange("arange",
+                     [](Ctx& c) {
+                       if (!c.hasExpected()) throw ir::Unsupported("arange without a known size");
+                       const Type& out = c.expectedAt(0);
+                       ir::Builder& b = c.b;
+                       size_t n = c.size();
+                       // arange.start_out(start, end, step, *, out) or arange.out(end, *, out)
+                       bool has_start = n >= 4 && c.isScalarArg(1);
+                       DType comp = ir::isFloat(out.dtype) ? DType::F64 : DType::I64;
+                       Value start = has_start ? c.scalar(0, comp) : b.constant(0.0, comp);
+                       Value step = has_start && c.has(2) ? c.scalar(2, comp) : b.constant(1.0, comp);
+                       Value i = b.iota({comp, out.shape}, 0);
+                       Value v = add(b, b.broadcastTo(start, out.shape), mul(b, i, b.broadcastTo(step, out.shape)));
+                       return std::vector<Value>{b.convert(v, out.dtype)};
+                     },
+                     {0, 1, 2});  // the values decide the length: part of the program
 
 // linspace.out(start, end, steps, *, out)
 Registrar reg_linspace("linspace", [](Ctx& c) {

@@ -26,8 +26,7 @@ bool fileExists(const std::string& p) {
 std::vector<std::string> candidatesFor(const std::string& name) {
   if (name == "cpu") return {"xla_plugins/xla_cpu_pjrt/xla_cpu_pjrt.so"};
   if (name == "cuda")
-    return {"jax_plugins/xla_cuda13/xla_cuda_plugin.so",
-            "xla_plugins/xla_cuda13_pjrt/xla_gpu_pjrt.so",
+    return {"jax_plugins/xla_cuda13/xla_cuda_plugin.so", "xla_plugins/xla_cuda13_pjrt/xla_gpu_pjrt.so",
             "jax_plugins/xla_cuda12/xla_cuda_plugin.so"};
   if (name == "tpu") return {"libtpu/libtpu.so"};
   return {};
@@ -42,8 +41,7 @@ std::string installHint(const std::string& name) {
 
 }  // namespace
 
-std::string resolvePluginPath(const std::string& name,
-                              const std::vector<std::string>& search_dirs) {
+std::string resolvePluginPath(const std::string& name, const std::vector<std::string>& search_dirs) {
   if (name.find('/') != std::string::npos || (name.size() > 3 && name.substr(name.size() - 3) == ".so")) {
     if (!fileExists(name))
       throw PluginError("TORCH_TPU_PLUGIN points to '" + name +
@@ -221,8 +219,7 @@ PJRT_Device* Buffer::device() const {
   return args.device;
 }
 
-Executable::Executable(std::shared_ptr<const Api> api, PJRT_LoadedExecutable* exe)
-    : api_(std::move(api)), exe_(exe) {
+Executable::Executable(std::shared_ptr<const Api> api, PJRT_LoadedExecutable* exe) : api_(std::move(api)), exe_(exe) {
   auto gargs = makeArgs<PJRT_LoadedExecutable_GetExecutable_Args>();
   gargs.loaded_executable = exe_;
   api_->check(api_->raw()->PJRT_LoadedExecutable_GetExecutable(&gargs), "PJRT_LoadedExecutable_GetExecutable");

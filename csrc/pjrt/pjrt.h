@@ -15,8 +15,7 @@ namespace tpu::pjrt {
 // A PJRT call failed; carries the plugin's message and status code.
 class Error : public std::runtime_error {
  public:
-  Error(const std::string& what, PJRT_Error_Code code)
-      : std::runtime_error(what), code_(code) {}
+  Error(const std::string& what, PJRT_Error_Code code) : std::runtime_error(what), code_(code) {}
   PJRT_Error_Code code() const { return code_; }
 
  private:
@@ -36,8 +35,7 @@ class Event;
 // Resolves a plugin name (tpu | cuda | cpu | a path) to a shared-library path.
 // `search_dirs` are site-packages style folders to look in. Empty `name`
 // means the first available of tpu, cuda, cpu. Throws PluginError.
-std::string resolvePluginPath(const std::string& name,
-                              const std::vector<std::string>& search_dirs);
+std::string resolvePluginPath(const std::string& name, const std::vector<std::string>& search_dirs);
 
 // Owns the dlopen'ed plugin and its PJRT_Api table.
 class Api {
@@ -141,8 +139,7 @@ class Executable {
   size_t numOutputs() const { return num_outputs_; }
   // Runs asynchronously on `device`; output buffers are returned at once and
   // become ready when the computation finishes.
-  std::vector<std::unique_ptr<Buffer>> execute(const std::vector<PJRT_Buffer*>& args,
-                                               PJRT_Device* device) const;
+  std::vector<std::unique_ptr<Buffer>> execute(const std::vector<PJRT_Buffer*>& args, PJRT_Device* device) const;
   // Platform-specific bytes; valid only for the same plugin build.
   std::string serialize() const;
   PJRT_LoadedExecutable* raw() const { return exe_; }
@@ -185,8 +182,8 @@ class Client {
 
   // Copies a dense row-major host array to `device`. Waits until the host
   // memory may be reused, so `data` may be freed on return.
-  std::unique_ptr<Buffer> fromHost(const void* data, ElementType type,
-                                   const std::vector<int64_t>& dims, int device) const;
+  std::unique_ptr<Buffer> fromHost(const void* data, ElementType type, const std::vector<int64_t>& dims,
+                                   int device) const;
   MemoryStats memoryStats(int device) const;
 
  private:

@@ -8,7 +8,7 @@
 namespace tpu::aten {
 size_t kernelCacheSize();
 int registerLoweredKernels();
-}
+}  // namespace tpu::aten
 
 namespace {
 
@@ -84,11 +84,26 @@ PYBIND11_MODULE(_C, m) {
     py::gil_scoped_release nogil;
     c10::impl::getDeviceGuardImpl(aten::kTpu)->synchronizeDevice(d);
   });
-  m.def("_memory_allocated", [](int d) { aten::checkDeviceIndex(d); return rt().allocated(d); });
-  m.def("_max_memory_allocated", [](int d) { aten::checkDeviceIndex(d); return rt().peak(d); });
-  m.def("_reset_peak_memory_stats", [](int d) { aten::checkDeviceIndex(d); rt().resetPeak(d); });
-  m.def("_memory_limit", [](int d) { aten::checkDeviceIndex(d); return rt().memoryLimit(d); });
-  m.def("_allocation_count", [](int d) { aten::checkDeviceIndex(d); return rt().allocCount(d); });
+  m.def("_memory_allocated", [](int d) {
+    aten::checkDeviceIndex(d);
+    return rt().allocated(d);
+  });
+  m.def("_max_memory_allocated", [](int d) {
+    aten::checkDeviceIndex(d);
+    return rt().peak(d);
+  });
+  m.def("_reset_peak_memory_stats", [](int d) {
+    aten::checkDeviceIndex(d);
+    rt().resetPeak(d);
+  });
+  m.def("_memory_limit", [](int d) {
+    aten::checkDeviceIndex(d);
+    return rt().memoryLimit(d);
+  });
+  m.def("_allocation_count", [](int d) {
+    aten::checkDeviceIndex(d);
+    return rt().allocCount(d);
+  });
   m.def("_default_generator", [](int d) {
     aten::checkDeviceIndex(d);
     return py::reinterpret_steal<py::object>(THPGenerator_initDefaultGenerator(aten::defaultGenerator(d)));

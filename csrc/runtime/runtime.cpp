@@ -1,11 +1,11 @@
 #include "runtime/runtime.h"
 
-#include "runtime/views.h"
-
 #include <unistd.h>
 
 #include <cstdlib>
 #include <sstream>
+
+#include "runtime/views.h"
 
 namespace tpu::runtime {
 
@@ -39,39 +39,66 @@ std::string Metrics::report() {
 ir::DType elementDType(pjrt::ElementType t) {
   using E = pjrt::ElementType;
   switch (t) {
-    case E::PRED: return ir::DType::Bool;
-    case E::U8: return ir::DType::U8;
-    case E::S8: return ir::DType::I8;
-    case E::S16: return ir::DType::I16;
-    case E::S32: return ir::DType::I32;
-    case E::S64: return ir::DType::I64;
-    case E::U32: return ir::DType::U32;
-    case E::U64: return ir::DType::U64;
-    case E::F16: return ir::DType::F16;
-    case E::BF16: return ir::DType::BF16;
-    case E::F32: return ir::DType::F32;
-    case E::F64: return ir::DType::F64;
-    case E::C64: return ir::DType::C64;
-    default: throw std::runtime_error("torch_tpu: unsupported PJRT element type");
+    case E::PRED:
+      return ir::DType::Bool;
+    case E::U8:
+      return ir::DType::U8;
+    case E::S8:
+      return ir::DType::I8;
+    case E::S16:
+      return ir::DType::I16;
+    case E::S32:
+      return ir::DType::I32;
+    case E::S64:
+      return ir::DType::I64;
+    case E::U32:
+      return ir::DType::U32;
+    case E::U64:
+      return ir::DType::U64;
+    case E::F16:
+      return ir::DType::F16;
+    case E::BF16:
+      return ir::DType::BF16;
+    case E::F32:
+      return ir::DType::F32;
+    case E::F64:
+      return ir::DType::F64;
+    case E::C64:
+      return ir::DType::C64;
+    default:
+      throw std::runtime_error("torch_tpu: unsupported PJRT element type");
   }
 }
 
 pjrt::ElementType elementType(ir::DType t) {
   using E = pjrt::ElementType;
   switch (t) {
-    case ir::DType::Bool: return E::PRED;
-    case ir::DType::U8: return E::U8;
-    case ir::DType::I8: return E::S8;
-    case ir::DType::I16: return E::S16;
-    case ir::DType::I32: return E::S32;
-    case ir::DType::I64: return E::S64;
-    case ir::DType::U32: return E::U32;
-    case ir::DType::U64: return E::U64;
-    case ir::DType::F16: return E::F16;
-    case ir::DType::BF16: return E::BF16;
-    case ir::DType::F32: return E::F32;
-    case ir::DType::F64: return E::F64;
-    case ir::DType::C64: return E::C64;
+    case ir::DType::Bool:
+      return E::PRED;
+    case ir::DType::U8:
+      return E::U8;
+    case ir::DType::I8:
+      return E::S8;
+    case ir::DType::I16:
+      return E::S16;
+    case ir::DType::I32:
+      return E::S32;
+    case ir::DType::I64:
+      return E::S64;
+    case ir::DType::U32:
+      return E::U32;
+    case ir::DType::U64:
+      return E::U64;
+    case ir::DType::F16:
+      return E::F16;
+    case ir::DType::BF16:
+      return E::BF16;
+    case ir::DType::F32:
+      return E::F32;
+    case ir::DType::F64:
+      return E::F64;
+    case ir::DType::C64:
+      return E::C64;
   }
   return E::F32;
 }

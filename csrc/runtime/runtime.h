@@ -25,7 +25,7 @@ class OutOfMemory : public std::runtime_error {
 
 struct Metrics {
   std::atomic<int64_t> compiles{0};
-  std::atomic<int64_t> cache_hits{0};     // program found in memory
+  std::atomic<int64_t> cache_hits{0};  // program found in memory
   std::atomic<int64_t> cache_misses{0};
   std::atomic<int64_t> executions{0};
   std::atomic<int64_t> h2d_bytes{0};

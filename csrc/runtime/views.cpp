@@ -64,9 +64,9 @@ ir::Value reinterpret(ir::Builder& b, const ir::Value& v, ir::DType to) {
 // block exactly (transposes, permutes, contiguous slices).
 struct Layout {
   bool dense = false;
-  std::vector<int64_t> order;      // non-broadcast dims, outermost first
-  std::vector<int64_t> bcast;      // dims with stride 0 (size > 1)
-  int64_t span = 0;                // elements covered in memory
+  std::vector<int64_t> order;  // non-broadcast dims, outermost first
+  std::vector<int64_t> bcast;  // dims with stride 0 (size > 1)
+  int64_t span = 0;            // elements covered in memory
 };
 
 Layout analyze(const ViewGeometry& g) {
@@ -163,9 +163,8 @@ ir::Value buildWrite(ir::Builder& b, const ir::Value& flat, const ir::Value& val
   dn.inserted_window_dims = {0};
   dn.scatter_dims_to_operand_dims = {0};
   dn.index_vector_dim = 1;
-  return b.scatter(flat, idx, value, dn, [](ir::Builder&, const std::vector<ir::Value>& a) {
-    return std::vector<ir::Value>{a[1]};
-  });
+  return b.scatter(flat, idx, value, dn,
+                   [](ir::Builder&, const std::vector<ir::Value>& a) { return std::vector<ir::Value>{a[1]}; });
 }
 
 }  // namespace
@@ -303,7 +302,8 @@ void ensureTyped(DeviceArray& a, ir::DType t) {
   if (!a.materialized()) {
     static ProgramCache zeros;
     std::string key = std::to_string(static_cast<int>(t)) + ":" + std::to_string(n);
-    auto p = cached(zeros, key, [&](ir::Builder& b) { b.output(b.constant(0.0, t, {n})); }, "zeros");
+    auto p = cached(
+        zeros, key, [&](ir::Builder& b) { b.output(b.constant(0.0, t, {n})); }, "zeros");
     a.set(execute(*p, {}, a.device())[0], t, n);
     return;
   }
@@ -311,11 +311,14 @@ void ensureTyped(DeviceArray& a, ir::DType t) {
   static ProgramCache casts;
   int64_t from_n = a.numel();
   ir::DType from = a.dtype();
-  std::string key = std::to_string(static_cast<int>(from)) + ">" + std::to_string(static_cast<int>(t)) + ":" +
-                    std::to_string(from_n);
-  auto p = cached(casts, key, [&](ir::Builder& b) {
-    b.output(reinterpret(b, b.param({from, {from_n}}), t));
-  }, "reinterpret");
+  std::string key =
+      std::to_string(static_cast<int>(from)) + ">" + std::to_string(static_cast<int>(t)) + ":" + std::to_string(from_n);
+  auto p = cached(
+      casts, key,
+      [&](ir::Builder& b) {
+        b.output(reinterpret(b, b.param({from, {from_n}}), t));
+      },
+      "reinterpret");
   auto out = execute(*p, {a.buffer()}, a.device())[0];
   a.set(out, t, p->out_types[0].shape[0]);
 }
@@ -326,11 +329,14 @@ BufferPtr readView(DeviceArray& a, const ViewGeometry& g) {
   if (numel == a.numel() && g.offset == 0 && g.contiguous()) return a.buffer();
   static ProgramCache reads;
   int64_t n = a.numel();
-  auto p = cached(reads, geomKey(g, n), [&](ir::Builder& b) {
-    ir::Value flat = b.param({g.dtype, {n}});
-    ir::Value off = b.param({ir::DType::I64, {}});
-    b.output(numel == 0 ? b.constant(0.0, g.dtype, {0}) : buildRead(b, flat, off, g));
-  }, "view_read");
+  auto p = cached(
+      reads, geomKey(g, n),
+      [&](ir::Builder& b) {
+        ir::Value flat = b.param({g.dtype, {n}});
+        ir::Value off = b.param({ir::DType::I64, {}});
+        b.output(numel == 0 ? b.constant(0.0, g.dtype, {0}) : buildRead(b, flat, off, g));
+      },
+      "view_read");
   return execute(*p, {a.buffer(), scalarBufferInt(ir::DType::I64, g.offset, a.device())}, a.device())[0];
 }
 
@@ -345,12 +351,15 @@ void writeView(DeviceArray& a, const ViewGeometry& g, const BufferPtr& value) {
   ensureTyped(a, g.dtype);
   static ProgramCache writes;
   int64_t n = a.numel();
-  auto p = cached(writes, geomKey(g, n), [&](ir::Builder& b) {
-    ir::Value flat = b.param({g.dtype, {n}});
-    ir::Value val = b.param({g.dtype, {numel}});
-    ir::Value off = b.param({ir::DType::I64, {}});
-    b.output(buildWrite(b, flat, val, off, g));
-  }, "view_write");
+  auto p = cached(
+      writes, geomKey(g, n),
+      [&](ir::Builder& b) {
+        ir::Value flat = b.param({g.dtype, {n}});
+        ir::Value val = b.param({g.dtype, {numel}});
+        ir::Value off = b.param({ir::DType::I64, {}});
+        b.output(buildWrite(b, flat, val, off, g));
+      },
+      "view_write");
   auto out = execute(*p, {a.buffer(), value, scalarBufferInt(ir::DType::I64, g.offset, a.device())}, a.device())[0];
   a.set(out, g.dtype, n);
 }
@@ -394,17 +403,23 @@ BufferPtr scalarBuffer(ir::DType t, double v, int device) {
   if (!ir::isFloat(t)) return scalarBufferInt(t, static_cast<int64_t>(v), device);
   uint64_t bits;
   std::memcpy(&bits, &v, 8);
-  std::string key = "f" + std::to_string(static_cast<int>(t)) + ":" + std::to_string(bits) + "@" + std::to_string(device);
+  std::string key =
+      "f" + std::to_string(static_cast<int>(t)) + ":" + std::to_string(bits) + "@" + std::to_string(device);
   return scalarCache().get(key, [&]() -> BufferPtr {
     switch (t) {
-      case ir::DType::F64: return uploadScalar<double>(t, v, device);
-      case ir::DType::F32: return uploadScalar<float>(t, static_cast<float>(v), device);
+      case ir::DType::F64:
+        return uploadScalar<double>(t, v, device);
+      case ir::DType::F32:
+        return uploadScalar<float>(t, static_cast<float>(v), device);
       default: {
         // f16/bf16: upload as f64 and convert on the device.
         static ProgramCache conv;
-        auto p = cached(conv, std::to_string(static_cast<int>(t)), [&](ir::Builder& b) {
-          b.output(b.convert(b.param({ir::DType::F64, {}}), t));
-        }, "scalar_convert");
+        auto p = cached(
+            conv, std::to_string(static_cast<int>(t)),
+            [&](ir::Builder& b) {
+              b.output(b.convert(b.param({ir::DType::F64, {}}), t));
+            },
+            "scalar_convert");
         return execute(*p, {uploadScalar<double>(ir::DType::F64, v, device)}, device)[0];
       }
     }
@@ -416,14 +431,22 @@ BufferPtr scalarBufferInt(ir::DType t, int64_t v, int device) {
   std::string key = "i" + std::to_string(static_cast<int>(t)) + ":" + std::to_string(v) + "@" + std::to_string(device);
   return scalarCache().get(key, [&]() -> BufferPtr {
     switch (t) {
-      case ir::DType::Bool: return uploadScalar<uint8_t>(t, v != 0, device);
-      case ir::DType::U8: return uploadScalar<uint8_t>(t, static_cast<uint8_t>(v), device);
-      case ir::DType::I8: return uploadScalar<int8_t>(t, static_cast<int8_t>(v), device);
-      case ir::DType::I16: return uploadScalar<int16_t>(t, static_cast<int16_t>(v), device);
-      case ir::DType::I32: return uploadScalar<int32_t>(t, static_cast<int32_t>(v), device);
-      case ir::DType::U32: return uploadScalar<uint32_t>(t, static_cast<uint32_t>(v), device);
-      case ir::DType::U64: return uploadScalar<uint64_t>(t, static_cast<uint64_t>(v), device);
-      default: return uploadScalar<int64_t>(t, v, device);
+      case ir::DType::Bool:
+        return uploadScalar<uint8_t>(t, v != 0, device);
+      case ir::DType::U8:
+        return uploadScalar<uint8_t>(t, static_cast<uint8_t>(v), device);
+      case ir::DType::I8:
+        return uploadScalar<int8_t>(t, static_cast<int8_t>(v), device);
+      case ir::DType::I16:
+        return uploadScalar<int16_t>(t, static_cast<int16_t>(v), device);
+      case ir::DType::I32:
+        return uploadScalar<int32_t>(t, static_cast<int32_t>(v), device);
+      case ir::DType::U32:
+        return uploadScalar<uint32_t>(t, static_cast<uint32_t>(v), device);
+      case ir::DType::U64:
+        return uploadScalar<uint64_t>(t, static_cast<uint64_t>(v), device);
+      default:
+        return uploadScalar<int64_t>(t, v, device);
     }
   });
 }

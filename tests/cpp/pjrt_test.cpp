@@ -1,11 +1,12 @@
 // Units for the PJRT layer and the IR emitter against the CPU plugin.
+#include "pjrt/pjrt.h"
+
 #include <gtest/gtest.h>
 
 #include <cstdlib>
 #include <cstring>
 
 #include "ir/ir.h"
-#include "pjrt/pjrt.h"
 
 using namespace tpu;
 
@@ -58,9 +59,7 @@ TEST(Plugin, MissingPluginSaysWhatToInstall) {
   EXPECT_THROW(pjrt::resolvePluginPath("gpu9", {}), pjrt::PluginError);
 }
 
-TEST(Plugin, NonPluginLibraryIsRejected) {
-  EXPECT_THROW(pjrt::Api::load("libm.so.6"), pjrt::PluginError);
-}
+TEST(Plugin, NonPluginLibraryIsRejected) { EXPECT_THROW(pjrt::Api::load("libm.so.6"), pjrt::PluginError); }
 
 TEST(Client, ListsRequestedCpuDevices) {
   EXPECT_EQ(client().devices().size(), 2u);

@@ -1,0 +1,131 @@
+"""Strict and debug eager, index checks, multiple devices, metrics."""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+import torch_tpu
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def run_py(code, **env):
+    e = dict(os.environ)
+    e.update(env)
+    e["PYTHONPATH"] = ROOT + os.pathsep + e.get("PYTHONPATH", "")
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, env=e,
+                          timeout=300)
+
+
+def test_mode_api():
+    assert torch_tpu.get_mode() == "strict"
+    with torch_tpu.mode("debug"):
+        assert torch_tpu.get_mode() == "debug"
+        assert (torch.ones(3, device="tpu") * 2).sum().item() == 6
+    assert torch_tpu.get_mode() == "strict"
+    with pytest.raises(ValueError):
+        torch_tpu.set_mode("turbo")
+
+
+def test_out_of_range_index_raises_at_next_host_read_in_strict_mode():
+    x = torch.arange(5.0, device="tpu")
+    y = x[torch.tensor([1, 7], device="tpu")]  # launches; nothing read yet
+    with pytest.raises(IndexError, match="index out of range in aten::index"):
+        y.cpu()
+    # The device keeps working afterwards.
+    assert x.sum().item() == 10
+
+
+@pytest.mark.parametrize("fn", [
+    lambda x, i: x.index_select(0, i),
+    lambda x, i: x.gather(0, i),
+    lambda x, i: x.clone().scatter_(0, i, x[:2]),
+    lambda x, i: torch.nn.functional.embedding(i, x.view(5, 1)),
+    lambda x, i: x.clone().index_put_((i,), torch.zeros(2, device=x.device)),
+])
+def test_every_indexing_op_checks_bounds(fn):
+    x = torch.arange(5.0, device="tpu")
+    with pytest.raises(IndexError):
+        fn(x, torch.tensor([0, 5], device="tpu")).cpu()
+    # in range: fine, no sync needed
+    fn(x, torch.tensor([0, 4], device="tpu")).cpu()
+
+
+def test_debug_mode_raises_at_the_op():
+    with torch_tpu.mode("debug"):
+        x = torch.arange(5.0, device="tpu")
+        with pytest.raises(IndexError, match="aten::index_select"):
+            x.index_select(0, torch.tensor([9], device="tpu"))
+
+
+def test_launch_blocking_env_var():
+    r = run_py("""
+        import torch, torch_tpu
+        assert torch_tpu.get_mode() == "debug"
+        print("ok")
+    """, TPU_LAUNCH_BLOCKING="1")
+    assert r.returncode == 0 and "ok" in r.stdout, r.stderr
+
+
+def test_two_cpu_devices():
+    r = run_py("""
+        import torch, torch_tpu
+        torch_tpu.set_fallback("error")
+        assert torch.tpu.device_count() == 2
+        a = torch.arange(6.0).reshape(2, 3)
+        x0 = a.to("tpu:0")
+        x1 = a.to("tpu:1")
+        assert x1.device == torch.device("tpu:1")
+        y1 = (x1 @ x1.t()).relu()
+        assert y1.device == torch.device("tpu:1")
+        assert torch.equal(y1.cpu(), (a @ a.t()).relu())
+        z = x0.to("tpu:1") + x1          # copy between devices
+        assert z.device.index == 1 and torch.equal(z.cpu(), 2 * a)
+        with torch.tpu.device(1):
+            w = torch.ones(2, device="tpu")
+            assert w.device.index == 1
+            torch.manual_seed(0)
+        try:
+            x0 + x1
+        except RuntimeError as e:
+            assert "tpu:0" in str(e) and "tpu:1" in str(e)
+        else:
+            raise AssertionError("mixing devices must raise")
+        print("ok")
+    """, TORCH_TPU_CPU_DEVICES="2")
+    assert r.returncode == 0 and "ok" in r.stdout, r.stderr[-2000:]
+
+
+def test_metrics_count_compiles_hits_and_transfers():
+    torch_tpu.reset_metrics()
+    x = torch.randn(7, 3).to("tpu")
+    for _ in range(3):
+        y = x * 3.25 + 1
+    y.cpu()
+    m = torch_tpu.metrics()
+    assert m["executions"] >= 6
+    assert m["cache_hits"] >= 4
+    assert m["h2d_transfers"] >= 1 and m["d2h_transfers"] >= 1
+    assert m["d2h_bytes"] >= 7 * 3 * 4
+    assert "compiles" in m.report() and "CPU fallbacks" in m.report()
+
+
+def test_fallback_is_counted_warned_once_and_can_be_forbidden():
+    torch_tpu.reset_metrics()
+    x = torch.randn(4, 3, device="tpu")
+    y = torch.randn(4, 3, device="tpu")
+    with pytest.warns(UserWarning, match="linalg_cross"):
+        r = torch.linalg.cross(x, y)
+    torch.testing.assert_close(r.cpu(), torch.linalg.cross(x.cpu(), y.cpu()))
+    assert r.device.type == "tpu"
+    assert any("linalg_cross" in k for k in torch_tpu.metrics()["fallbacks"])
+    torch_tpu.set_fallback("error")
+    try:
+        with pytest.raises(RuntimeError, match="TORCH_TPU_FALLBACK=error"):
+            torch.linalg.cross(x, y)
+    finally:
+        torch_tpu.set_fallback("warn")

@@ -1,0 +1,952 @@
+#!/usr/bin/env python
+"""OpInfo sweep: tpu op coverage against the CPU over PyTorch's own OpInfo database.
+
+For every OpInfo variant (``op.name`` + ``op.variant_test_name``) and each of float32,
+bfloat16, int64 and bool that the OpInfo supports on the CPU, the op runs on its sample
+inputs (at most ``--max-samples`` of them) on the CPU and on tpu, and the results are
+compared with ``torch.testing.assert_close`` at PyTorch's default tolerances for the dtype.
+Each (variant, dtype) unit ends in one status:
+
+    native_pass    every sample matches and no op fell back to the CPU
+    fallback_pass  every sample matches, but torch_tpu.metrics()["fallbacks"] grew
+    mismatch       a result differs (or tpu returned a value where the CPU raised)
+    error          tpu raised a Python exception where the CPU succeeded
+    crash          the worker process died or hung (per-sample timeout)
+    skip           the CPU itself fails on every sample (``tpu_raised`` tells whether tpu
+                   raised as well, as PyTorch's semantics require)
+
+Float32 variants that support autograd also get a grad unit (gradients of the sum of all
+float outputs w.r.t. every input that requires grad): grad_native_pass,
+grad_fallback_pass, grad_mismatch, grad_error, grad_crash, grad_skip (the CPU backward
+fails on every sample).
+
+Units run in worker subprocesses (``--workers``, default 1), one unit at a time, so that a
+segfault or a hang loses that unit only; the worker is then restarted. The worker imports a
+snapshot of the torch_tpu package (copied when the sweep starts), so that a rebuild of the
+extension during a long sweep does not mix two builds. The tpu side runs with
+``torch_tpu.set_fallback("warn")``; units that pass only through the CPU fallback are run
+once more with ``set_fallback("error")`` and the first exception is recorded (``strict``).
+
+    python tools/opinfo_sweep.py --shard 0/2 --out /tmp/sweep0.json
+    python tools/opinfo_sweep.py --ops add,nn.functional.gelu --dtypes float32 --out r.json
+    python tools/opinfo_sweep.py --ops-file tools/opinfo_sample.txt \\
+        --write-baseline tests/python/opinfo_baseline.json
+    python tools/op_coverage_report.py /tmp/sweep0.json /tmp/sweep1.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import selectors
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+DTYPE_NAMES = ("float32", "bfloat16", "int64", "bool")
+FWD_STATUSES = ("native_pass", "fallback_pass", "mismatch", "error", "crash", "skip")
+GRAD_STATUSES = ("grad_native_pass", "grad_fallback_pass", "grad_mismatch", "grad_error",
+                 "grad_crash", "grad_skip")
+
+# Variants whose values are random or uninitialised: only shapes and dtypes are compared.
+NONDETERMINISTIC = {
+    "bernoulli", "cauchy", "exponential", "geometric", "log_normal", "multinomial", "normal",
+    "normal.in_place", "normal.number_mean", "uniform", "rand_like", "randint", "randint_like",
+    "randn", "randn_like", "empty", "empty_like", "empty_permuted", "empty_strided",
+    "new_empty", "new_empty_strided", "nn.functional.dropout", "nn.functional.dropout2d",
+    "nn.functional.dropout3d", "nn.functional.alpha_dropout",
+    "nn.functional.feature_alpha_dropout.with_train", "nn.functional.rrelu",
+}
+
+MSG_LIMIT = 400
+
+
+def variant_name(op) -> str:
+    return op.name + ("." + op.variant_test_name if op.variant_test_name else "")
+
+
+def unit_key(variant: str, dtype: str, kind: str) -> str:
+    return f"{variant}|{'grad' if kind == 'grad' else dtype}"
+
+
+# --------------------------------------------------------------------------------------
+# Worker side: runs one unit in this process.
+# --------------------------------------------------------------------------------------
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    line = text.splitlines()[0].strip() if text else ""
+    return f"{type(exc).__name__}: {line}"[:MSG_LIMIT]
+
+
+def _short(text: str) -> str:
+    lines = [ln.strip() for ln in str(text).strip().splitlines() if ln.strip()]
+    return "; ".join(lines)[:MSG_LIMIT]
+
+
+class Mismatch(Exception):
+    pass
+
+
+def _map(obj, fn):
+    """Applies fn to every tensor in obj, recursively through lists, tuples and dicts."""
+    import torch
+
+    if isinstance(obj, torch.Tensor):
+        return fn(obj)
+    if isinstance(obj, tuple) and hasattr(obj, "_fields"):  # namedtuple (torch.return_types)
+        return type(obj)(*[_map(o, fn) for o in obj])
+    if isinstance(obj, tuple):
+        mapped = [_map(o, fn) for o in obj]
+        try:
+            return type(obj)(mapped)
+        except TypeError:
+            return tuple(mapped)
+    if isinstance(obj, list):
+        return [_map(o, fn) for o in obj]
+    if isinstance(obj, dict):
+        return {k: _map(v, fn) for k, v in obj.items()}
+    return obj
+
+
+def _tensors(obj, acc=None):
+    import torch
+
+    acc = [] if acc is None else acc
+    if isinstance(obj, torch.Tensor):
+        acc.append(obj)
+    elif isinstance(obj, (list, tuple)):
+        for o in obj:
+            _tensors(o, acc)
+    elif isinstance(obj, dict):
+        for v in obj.values():
+            _tensors(v, acc)
+    return acc
+
+
+def _to_device(obj, memo, grad=False):
+    """Moves every tensor to tpu (tensors shared within a sample stay shared) and turns
+    device arguments that say "cpu" into "tpu"."""
+    import torch
+
+    if isinstance(obj, torch.Tensor):
+        key = id(obj)
+        if key not in memo:
+            if grad and obj.requires_grad:
+                memo[key] = obj.detach().to("tpu").requires_grad_(True)
+            else:
+                memo[key] = obj.detach().to("tpu")
+        return memo[key]
+    if isinstance(obj, torch.device) and obj.type == "cpu":
+        memo["device_arg"] = True
+        return torch.device("tpu")
+    if isinstance(obj, str) and obj == "cpu":
+        memo["device_arg"] = True
+        return "tpu"
+    if isinstance(obj, tuple) and hasattr(obj, "_fields"):
+        return type(obj)(*[_to_device(o, memo, grad) for o in obj])
+    if isinstance(obj, tuple):
+        return tuple(_to_device(o, memo, grad) for o in obj)
+    if isinstance(obj, list):
+        return [_to_device(o, memo, grad) for o in obj]
+    if isinstance(obj, dict):
+        return {k: _to_device(v, memo, grad) for k, v in obj.items()}
+    return obj
+
+
+def _fetch(obj, devices):
+    """Copies a tpu result to the CPU (this is where deferred device errors surface),
+    recording the device types of the result tensors."""
+    import torch
+
+    def one(t):
+        devices.add(t.device.type)
+        if t.layout != torch.strided:
+            return t.to("cpu")
+        return t.detach().cpu()
+
+    return _map(obj, one)
+
+
+def _compare(ref, out, meta_only, path="out"):
+    import math
+
+    import torch
+
+    if isinstance(ref, torch.Tensor):
+        if not isinstance(out, torch.Tensor):
+            raise Mismatch(f"{path}: expected a Tensor, got {type(out).__name__}")
+        if meta_only:
+            if out.shape != ref.shape or out.dtype != ref.dtype:
+                raise Mismatch(f"{path}: expected {tuple(ref.shape)} {ref.dtype}, "
+                               f"got {tuple(out.shape)} {out.dtype}")
+            return
+        try:
+            torch.testing.assert_close(out, ref, equal_nan=True)
+        except AssertionError as e:
+            raise Mismatch(f"{path}: {_short(e)}") from None
+        return
+    if isinstance(ref, (list, tuple)):
+        if not isinstance(out, (list, tuple)) or len(out) != len(ref):
+            raise Mismatch(f"{path}: expected {type(ref).__name__} of {len(ref)}, got "
+                           f"{type(out).__name__}"
+                           + (f" of {len(out)}" if isinstance(out, (list, tuple)) else ""))
+        for i, (r, o) in enumerate(zip(ref, out)):
+            _compare(r, o, meta_only, f"{path}[{i}]")
+        return
+    if isinstance(ref, dict):
+        if not isinstance(out, dict) or set(out) != set(ref):
+            raise Mismatch(f"{path}: dict keys differ")
+        for k in ref:
+            _compare(ref[k], out[k], meta_only, f"{path}[{k!r}]")
+        return
+    if isinstance(ref, float) and isinstance(out, float) and math.isnan(ref) and math.isnan(out):
+        return
+    if meta_only:
+        return
+    try:
+        same = bool(ref == out)
+    except Exception as e:  # noqa: BLE001
+        raise Mismatch(f"{path}: cannot compare {type(ref).__name__}: {_first_line(e)}") from None
+    if not same:
+        raise Mismatch(f"{path}: expected {ref!r:.80}, got {out!r:.80}")
+
+
+def _loose_close(ref, out, dtype_name):
+    """Whether a mismatching result is close at a loose tolerance (a precision issue
+    rather than a wrong result)."""
+    import torch
+
+    tol = {"float32": 1e-3, "bfloat16": 5e-2}.get(dtype_name)
+    if tol is None:
+        return False
+    try:
+        for r, o in zip(_tensors(ref), _tensors(out)):
+            if r.is_floating_point() and o.is_floating_point():
+                torch.testing.assert_close(o.to(r.dtype), r, rtol=tol, atol=tol, equal_nan=True)
+            else:
+                torch.testing.assert_close(o, r, equal_nan=True)
+        return True
+    except Exception:  # noqa: BLE001
+        return False
+
+
+def _fallbacks():
+    import torch_tpu
+
+    return {k: int(v) for k, v in torch_tpu.metrics().get("fallbacks", {}).items() if v}
+
+
+def _seed(seed=0):
+    import random
+
+    import torch
+
+    random.seed(seed)
+    torch.default_generator.manual_seed(seed)  # torch.manual_seed also formats a stack (slow)
+    try:
+        import numpy as np
+
+        np.random.seed(seed)
+    except ImportError:
+        pass
+
+
+def _samples(op, dtype, requires_grad, max_samples):
+    import itertools
+
+    _seed(0)
+    return list(itertools.islice(op.sample_inputs("cpu", dtype, requires_grad=requires_grad),
+                                 max_samples))
+
+
+def _aggregate(outcomes, status_prefix, fallbacks):
+    """outcomes: list of (kind, message); kind in pass, mismatch, error, cpu_fail_raised,
+    cpu_fail_returned (a mismatch), cpu_fail (grad: sample skipped)."""
+    counts = {}
+    for kind, _ in outcomes:
+        counts[kind] = counts.get(kind, 0) + 1
+    msg = ""
+
+    def first(*kinds):
+        for kind, m in outcomes:
+            if kind in kinds:
+                return m
+        return ""
+
+    if counts.get("error"):
+        status, msg = "error", first("error")
+    elif counts.get("mismatch") or counts.get("cpu_fail_returned"):
+        status, msg = "mismatch", first("mismatch", "cpu_fail_returned")
+    elif not counts.get("pass"):
+        status, msg = "skip", first("cpu_fail_raised", "cpu_fail_returned", "cpu_fail")
+    else:
+        status = "fallback_pass" if fallbacks else "native_pass"
+        if fallbacks:
+            msg = "fallback: " + ", ".join(sorted(fallbacks))
+    return status_prefix + status, msg, counts
+
+
+def run_forward(op, dtype_name, max_samples, meta_only, strict_check, send_progress):
+    import torch
+    import torch_tpu
+
+    dtype = getattr(torch, dtype_name)
+    samples = _samples(op, dtype, False, max_samples)
+    if not samples:
+        return {"status": "skip", "message": "no sample inputs", "samples": {}}
+    torch_tpu.set_fallback("warn")
+    torch_tpu.reset_metrics()
+    outcomes, loose = [], []
+    tpu_raised_all = True
+    for i, sample in enumerate(samples):
+        _seed(i)
+        memo = {}
+        try:
+            dev_sample = _to_device((sample.input, sample.args, sample.kwargs), memo)
+        except Exception as e:  # noqa: BLE001
+            outcomes.append(("error", f"moving inputs: {_first_line(e)}"))
+            continue
+        cpu_exc = None
+        try:
+            _seed(i)
+            ref = op(sample.input, *sample.args, **sample.kwargs)
+            ref = sample.output_process_fn_grad(ref)
+        except Exception as e:  # noqa: BLE001
+            cpu_exc = e
+        devices = set()
+        try:
+            _seed(i)
+            x, args, kwargs = dev_sample
+            out = op(x, *args, **kwargs)
+            out = sample.output_process_fn_grad(out)
+            out = _fetch(out, devices)
+            torch_tpu.sync()
+            tpu_exc = None
+        except Exception as e:  # noqa: BLE001
+            tpu_exc = e
+        if cpu_exc is not None:
+            if tpu_exc is None:
+                tpu_raised_all = False
+                outcomes.append(("cpu_fail_returned",
+                                 f"CPU raised {_first_line(cpu_exc)} but tpu returned a value"))
+            else:
+                outcomes.append(("cpu_fail_raised", f"CPU raised {_first_line(cpu_exc)}"))
+        elif tpu_exc is not None:
+            outcomes.append(("error", _first_line(tpu_exc)))
+        elif "cpu" in devices and (_tensors(dev_sample) or "device_arg" in memo):
+            outcomes.append(("mismatch", "result tensor is on the cpu, not on tpu"))
+        else:
+            try:
+                _compare(ref, out, meta_only)
+                outcomes.append(("pass", ""))
+            except Mismatch as e:
+                outcomes.append(("mismatch", str(e)))
+                loose.append(_loose_close(ref, out, dtype_name))
+        send_progress(i)
+    fallbacks = _fallbacks()
+    status, msg, counts = _aggregate(outcomes, "", fallbacks)
+    result = {"status": status, "message": msg, "samples": counts, "fallbacks": fallbacks}
+    if status == "skip":
+        result["tpu_raised"] = tpu_raised_all
+    if status == "mismatch" and loose:
+        result["loose_close"] = all(loose)
+    if status == "fallback_pass" and strict_check is not None:
+        strict_check(result)
+        result["strict"] = _strict(op, samples)
+    return result
+
+
+def _strict(op, samples):
+    """Reruns the samples with the fallback forbidden: the first exception (naming the op
+    without a lowering), or "no_raise"."""
+    import torch_tpu
+
+    torch_tpu.set_fallback("error")
+    try:
+        for i, sample in enumerate(samples):
+            _seed(i)
+            try:
+                x, args, kwargs = _to_device((sample.input, sample.args, sample.kwargs), {})
+                out = op(x, *args, **kwargs)
+                out = sample.output_process_fn_grad(out)
+                _fetch(out, set())
+                torch_tpu.sync()
+            except Exception as e:  # noqa: BLE001
+                return "raised " + _first_line(e)
+        return "no_raise"
+    finally:
+        torch_tpu.set_fallback("warn")
+
+
+def _grad_one(op, sample, on_tpu):
+    import torch
+
+    if on_tpu:
+        x, args, kwargs = _to_device((sample.input, sample.args, sample.kwargs), {}, grad=True)
+    else:
+        x, args, kwargs = sample.input, sample.args, sample.kwargs
+    inputs = [t for t in _tensors((x, args, kwargs)) if t.requires_grad]
+    out = op(x, *args, **kwargs)
+    out = sample.output_process_fn_grad(out)
+    outs = [t for t in _tensors(out) if t.is_floating_point() and t.requires_grad]
+    if not inputs or not outs:
+        return None, len(outs)
+    loss = sum(t.sum() for t in outs)
+    grads = torch.autograd.grad(loss, inputs, allow_unused=True)
+    return list(grads), len(outs)
+
+
+def run_grad(op, max_samples, meta_only, send_progress):
+    import torch
+    import torch_tpu
+
+    samples = _samples(op, torch.float32, True, max_samples)
+    if not samples:
+        return {"status": "grad_skip", "message": "no sample inputs", "samples": {}}
+    torch_tpu.set_fallback("warn")
+    torch_tpu.reset_metrics()
+    outcomes = []
+    for i, sample in enumerate(samples):
+        try:
+            _seed(i)
+            ref, n_ref = _grad_one(op, sample, on_tpu=False)
+        except Exception as e:  # noqa: BLE001
+            outcomes.append(("cpu_fail", f"CPU backward raised {_first_line(e)}"))
+            send_progress(i)
+            continue
+        if ref is None:
+            outcomes.append(("cpu_fail", "no differentiable output or input"))
+            send_progress(i)
+            continue
+        devices = set()
+        try:
+            _seed(i)
+            out, n_out = _grad_one(op, sample, on_tpu=True)
+            if n_out != n_ref or out is None:
+                raise RuntimeError(f"{n_out} differentiable outputs on tpu, {n_ref} on the CPU")
+            out = _fetch(out, devices)
+            torch_tpu.sync()
+        except Exception as e:  # noqa: BLE001
+            outcomes.append(("error", _first_line(e)))
+            send_progress(i)
+            continue
+        if "cpu" in devices:
+            outcomes.append(("mismatch", "gradient is on the cpu, not on tpu"))
+        else:
+            try:
+                _compare(ref, out, meta_only, "grad")
+                outcomes.append(("pass", ""))
+            except Mismatch as e:
+                outcomes.append(("mismatch", str(e)))
+        send_progress(i)
+    fallbacks = _fallbacks()
+    status, msg, counts = _aggregate(outcomes, "grad_", fallbacks)
+    return {"status": status, "message": msg, "samples": counts, "fallbacks": fallbacks}
+
+
+def _ensure_torch_tpu():
+    try:
+        import torch_tpu  # noqa: F401
+    except ImportError:
+        sys.path.insert(0, REPO_ROOT)
+        import torch_tpu  # noqa: F401
+
+
+def worker_main(fd_out: int) -> None:
+    """Reads units (JSON lines) on stdin, writes messages (JSON lines) to fd_out."""
+    import faulthandler
+    import warnings
+
+    faulthandler.enable(all_threads=True)
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
+    warnings.filterwarnings("ignore")
+    os.environ.setdefault("PYTORCH_TEST_WITH_SLOW", "0")
+    out = os.fdopen(fd_out, "w", buffering=1)
+
+    def send(msg):
+        out.write(json.dumps(msg) + "\n")
+        out.flush()
+
+    import torch
+
+    _ensure_torch_tpu()
+    import torch_tpu
+
+    torch.set_num_threads(1)
+    torch_tpu.set_fallback("warn")
+    from torch.testing._internal.common_methods_invocations import op_db
+
+    ops = {variant_name(op): op for op in op_db}
+    send({"type": "ready", "pid": os.getpid(), "torch_tpu": torch_tpu.__file__})
+    for line in sys.stdin:
+        if not line.strip():
+            continue
+        unit = json.loads(line)
+        print(f"=== unit {unit['variant']} {unit['dtype']} {unit['kind']}", file=sys.stderr,
+              flush=True)
+        op = ops[unit["variant"]]
+        meta_only = unit["variant"] in NONDETERMINISTIC
+        t0 = time.time()
+
+        def progress(i):
+            send({"type": "progress", "sample": i})
+
+        def partial(result):
+            send({"type": "partial", "result": dict(result, seconds=round(time.time() - t0, 3))})
+
+        try:
+            if unit["kind"] == "grad":
+                result = run_grad(op, unit["max_samples"], meta_only, progress)
+            else:
+                result = run_forward(op, unit["dtype"], unit["max_samples"], meta_only,
+                                     partial, progress)
+        except Exception as e:  # noqa: BLE001  (e.g. sample_inputs itself failed)
+            prefix = "grad_" if unit["kind"] == "grad" else ""
+            result = {"status": prefix + "skip", "message": "harness: " + _first_line(e),
+                      "samples": {}}
+        if meta_only:
+            result["meta_only"] = True
+        result["seconds"] = round(time.time() - t0, 3)
+        send({"type": "result", "result": result})
+
+
+# --------------------------------------------------------------------------------------
+# Parent side: enumerates units, drives workers, records results.
+# --------------------------------------------------------------------------------------
+
+
+def load_op_db():
+    import warnings
+
+    warnings.filterwarnings("ignore")
+    from torch.testing._internal.common_methods_invocations import op_db
+
+    return op_db
+
+
+def enumerate_units(op_db, ops=None, dtypes=DTYPE_NAMES, shard=(0, 1), grad=True,
+                    max_samples=8):
+    """Units in op_db order: dicts with variant, dtype, kind ("fwd" or "grad")."""
+    import torch
+
+    variants = []
+    for op in op_db:
+        v = variant_name(op)
+        if ops is not None and v not in ops and op.name not in ops:
+            continue
+        variants.append((v, op))
+    i, n = shard
+    units = []
+    for idx, (v, op) in enumerate(variants):
+        if idx % n != i:
+            continue
+        supported = op.supported_dtypes("cpu")
+        for d in dtypes:
+            if getattr(torch, d) in supported:
+                units.append({"variant": v, "dtype": d, "kind": "fwd", "max_samples": max_samples})
+        if (grad and "float32" in dtypes and op.supports_autograd
+                and torch.float32 in op.supported_backward_dtypes("cpu")):
+            units.append({"variant": v, "dtype": "float32", "kind": "grad",
+                          "max_samples": max_samples})
+    return units
+
+
+def snapshot_package(dest_root: str) -> str:
+    """Copies the torch_tpu package (Python files and the built extension) to dest_root
+    and returns the directory to put first on the workers' sys.path."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("torch_tpu")
+    src = (os.path.dirname(spec.origin) if spec and spec.origin
+           else os.path.join(REPO_ROOT, "torch_tpu"))
+    dst = os.path.join(dest_root, "torch_tpu")
+    shutil.copytree(src, dst, ignore=shutil.ignore_patterns("__pycache__"))
+    return dest_root
+
+
+def _so_digest(pkg_root: str) -> str:
+    import glob
+    import hashlib
+
+    for path in glob.glob(os.path.join(pkg_root, "torch_tpu", "_C*.so")):
+        with open(path, "rb") as f:
+            return hashlib.sha256(f.read()).hexdigest()[:16]
+    return ""
+
+
+class Worker:
+    def __init__(self, index, log_dir, pythonpath, startup_timeout=180):
+        self.index = index
+        self.log_path = os.path.join(log_dir, f"worker{index}.log")
+        self.pythonpath = pythonpath
+        self.startup_timeout = startup_timeout
+        self.proc = None
+        self.units_done = 0
+
+    def start(self):
+        r, w = os.pipe()
+        env = dict(os.environ)
+        paths = [p for p in (self.pythonpath, env.get("PYTHONPATH")) if p]
+        env["PYTHONPATH"] = os.pathsep.join(paths)
+        env.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
+        self.log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(
+            [sys.executable, os.path.abspath(__file__), "--worker-fd", str(w)],
+            stdin=subprocess.PIPE, stdout=self.log, stderr=subprocess.STDOUT,
+            pass_fds=(w,), env=env, cwd=REPO_ROOT)
+        os.close(w)
+        self.rfd = r
+        self.buf = b""
+        self.units_done = 0
+        msg = self._next(self.startup_timeout)
+        if msg is None or msg.get("type") != "ready":
+            tail = self.log_tail(0)
+            self.kill()
+            raise RuntimeError(f"worker {self.index} did not start: {msg}; log: {tail}")
+
+    def _next(self, timeout):
+        """The next message, or None (the worker died), or {"type": "timeout"}."""
+        deadline = time.time() + timeout
+        while b"\n" not in self.buf:
+            left = deadline - time.time()
+            if left <= 0:
+                return {"type": "timeout"}
+            sel = selectors.DefaultSelector()
+            sel.register(self.rfd, selectors.EVENT_READ)
+            ready = sel.select(min(left, 5.0))
+            sel.close()
+            if ready:
+                chunk = os.read(self.rfd, 1 << 16)
+                if not chunk:
+                    return None
+                self.buf += chunk
+            elif self.proc.poll() is not None:
+                return None
+        line, self.buf = self.buf.split(b"\n", 1)
+        return json.loads(line)
+
+    def log_size(self):
+        try:
+            return os.path.getsize(self.log_path)
+        except OSError:
+            return 0
+
+    def log_tail(self, offset, limit=20000):
+        try:
+            with open(self.log_path, "rb") as f:
+                f.seek(max(offset, os.path.getsize(self.log_path) - limit))
+                return f.read().decode("utf-8", "replace")
+        except OSError:
+            return ""
+
+    def run(self, unit, timeout):
+        """Runs one unit; returns its result dict (a crash is a result too)."""
+        offset = self.log_size()
+        t0 = time.time()
+        self.proc.stdin.write((json.dumps(unit) + "\n").encode())
+        self.proc.stdin.flush()
+        partial = None
+        while True:
+            msg = self._next(timeout)
+            if msg is not None and msg["type"] == "progress":
+                continue
+            if msg is not None and msg["type"] == "partial":
+                partial = msg["result"]
+                continue
+            if msg is not None and msg["type"] == "result":
+                self.units_done += 1
+                return msg["result"]
+            # died or hung
+            hung = msg is not None and msg["type"] == "timeout"
+            if hung:
+                try:
+                    self.proc.send_signal(signal.SIGUSR1)  # faulthandler: Python stack to log
+                    time.sleep(1.0)
+                except OSError:
+                    pass
+            self.kill()
+            why = (f"timeout: no progress for {timeout:g} s" if hung
+                   else _exit_reason(self.proc.returncode))
+            detail = _crash_detail(self.log_tail(offset))
+            prefix = "grad_" if unit["kind"] == "grad" else ""
+            if partial is not None:  # the primary run finished; the strict rerun crashed
+                partial["strict"] = f"crash ({why})"
+                return partial
+            return {"status": prefix + "crash",
+                    "message": f"{why}" + (f"; {detail}" if detail else ""),
+                    "samples": {}, "seconds": round(time.time() - t0, 3)}
+
+    def stop(self):
+        if self.proc and self.proc.poll() is None:
+            try:
+                self.proc.stdin.close()
+                self.proc.wait(timeout=30)
+            except Exception:  # noqa: BLE001
+                self.kill()
+        self._close()
+
+    def kill(self):
+        if self.proc and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        self._close()
+
+    def _close(self):
+        try:
+            os.close(self.rfd)
+        except OSError:
+            pass
+        try:
+            self.log.close()
+        except Exception:  # noqa: BLE001
+            pass
+
+
+def _exit_reason(rc):
+    if rc is None:
+        return "worker died"
+    if rc < 0:
+        try:
+            return f"worker killed by {signal.Signals(-rc).name}"
+        except ValueError:
+            return f"worker killed by signal {-rc}"
+    return f"worker exited with status {rc}"
+
+
+def _crash_detail(log: str) -> str:
+    keys = ("Check failed", "terminate called", "what():", "Fatal Python error", "F0000",
+            "Aborted", "RuntimeError", "error:", "Error")
+    lines = [ln.strip() for ln in log.splitlines() if ln.strip()]
+    for key in keys:
+        for ln in lines:
+            if key in ln:
+                return ln[:MSG_LIMIT]
+    return ""
+
+
+def _load_partial(path):
+    done = {}
+    if os.path.exists(path):
+        with open(path) as f:
+            for line in f:
+                try:
+                    rec = json.loads(line)
+                except json.JSONDecodeError:
+                    continue
+                done[rec["key"]] = rec
+    return done
+
+
+def sweep(units, workers=1, timeout=60.0, recycle=150, log_dir=None, partial_path=None,
+          snapshot=True, progress=None):
+    """Runs units in worker subprocesses; returns {key: record}. record: variant, dtype,
+    kind, status, message, samples, fallbacks, seconds, ... ."""
+    import threading
+
+    own_tmp = tempfile.mkdtemp(prefix="opinfo_sweep_")
+    log_dir = log_dir or own_tmp
+    os.makedirs(log_dir, exist_ok=True)
+    pythonpath = snapshot_package(own_tmp) if snapshot else REPO_ROOT
+    results = _load_partial(partial_path) if partial_path else {}
+    todo = [u for u in units if unit_key(u["variant"], u["dtype"], u["kind"]) not in results]
+    lock = threading.Lock()
+    partial_file = open(partial_path, "a") if partial_path else None
+    errors = []
+
+    def loop(index):
+        w = Worker(index, log_dir, pythonpath)
+        try:
+            while True:
+                with lock:
+                    if not todo:
+                        break
+                    unit = todo.pop(0)
+                if w.proc is None or w.proc.poll() is not None or w.units_done >= recycle:
+                    if w.proc is not None:
+                        w.stop()
+                    w.start()
+                res = w.run(unit, timeout)
+                rec = dict(variant=unit["variant"], dtype=unit["dtype"], kind=unit["kind"],
+                           key=unit_key(unit["variant"], unit["dtype"], unit["kind"]), **res)
+                with lock:
+                    results[rec["key"]] = rec
+                    if partial_file:
+                        partial_file.write(json.dumps(rec) + "\n")
+                        partial_file.flush()
+                    if progress:
+                        progress(rec, len(results), len(results) + len(todo))
+        except Exception as e:  # noqa: BLE001
+            errors.append(e)
+        finally:
+            w.stop() if w.proc is not None else None
+
+    threads = [threading.Thread(target=loop, args=(i,)) for i in range(max(1, workers))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if partial_file:
+        partial_file.close()
+    digest = _so_digest(pythonpath)
+    if snapshot:
+        shutil.rmtree(os.path.join(own_tmp, "torch_tpu"), ignore_errors=True)
+    if errors:
+        raise errors[0]
+    return results, digest
+
+
+def _git(*args):
+    try:
+        return subprocess.check_output(["git", *args], cwd=REPO_ROOT, text=True,
+                                       stderr=subprocess.DEVNULL).strip()
+    except Exception:  # noqa: BLE001
+        return ""
+
+
+def machine_info():
+    import torch
+
+    cpu = ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    return {"host": platform.node(), "platform": platform.platform(), "cpu": cpu,
+            "cores": os.cpu_count(), "python": platform.python_version(),
+            "torch": torch.__version__, "plugin": os.environ.get("TORCH_TPU_PLUGIN", "default")}
+
+
+def baseline_from(results):
+    """The (variant, dtype) pairs that pass natively; grads as (variant, "grad")."""
+    keys = []
+    for rec in results.values():
+        if rec["status"] in ("native_pass", "grad_native_pass"):
+            keys.append(rec["key"])
+    return sorted(keys)
+
+
+def read_ops_file(path):
+    names = []
+    with open(path) as f:
+        for line in f:
+            line = line.split("#", 1)[0].strip()
+            if line:
+                names.append(line)
+    return names
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--shard", default="0/1", help="i/n: every n-th variant starting at i")
+    p.add_argument("--ops", default=None, help="comma-separated op names or variants")
+    p.add_argument("--ops-file", default=None, help="file with one op name or variant a line")
+    p.add_argument("--dtypes", default=",".join(DTYPE_NAMES))
+    p.add_argument("--no-grad", action="store_true", help="skip the gradient units")
+    p.add_argument("--max-samples", type=int, default=8)
+    p.add_argument("--out", default=None, help="results JSON (default: none)")
+    p.add_argument("--workers", type=int, default=1)
+    p.add_argument("--timeout", type=float, default=60.0,
+                   help="seconds without progress (per sample) before a unit counts as hung")
+    p.add_argument("--recycle", type=int, default=150, help="restart a worker after N units")
+    p.add_argument("--resume", action="store_true",
+                   help="keep the units already recorded in OUT.partial.jsonl")
+    p.add_argument("--no-snapshot", action="store_true",
+                   help="workers import torch_tpu from the checkout instead of a snapshot")
+    p.add_argument("--write-baseline", default=None,
+                   help="write the native_pass pairs of this run to this JSON file")
+    p.add_argument("--quiet", action="store_true")
+    p.add_argument("--worker-fd", type=int, default=None, help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+
+    if args.worker_fd is not None:
+        worker_main(args.worker_fd)
+        return 0
+
+    i, n = (int(x) for x in args.shard.split("/"))
+    ops = None
+    if args.ops:
+        ops = {s.strip() for s in args.ops.split(",") if s.strip()}
+    if args.ops_file:
+        ops = (ops or set()) | set(read_ops_file(args.ops_file))
+    dtypes = [d.strip() for d in args.dtypes.split(",") if d.strip()]
+    for d in dtypes:
+        if d not in DTYPE_NAMES:
+            p.error(f"unknown dtype {d}; choose from {DTYPE_NAMES}")
+
+    t0 = time.time()
+    op_db = load_op_db()
+    if ops is not None:
+        known = {variant_name(op) for op in op_db} | {op.name for op in op_db}
+        unknown = sorted(ops - known)
+        if unknown:
+            p.error(f"not in op_db: {', '.join(unknown)}")
+    units = enumerate_units(op_db, ops, dtypes, (i, n), not args.no_grad, args.max_samples)
+    partial_path = None
+    if args.out:
+        partial_path = args.out + ".partial.jsonl"
+        if not args.resume and os.path.exists(partial_path):
+            os.remove(partial_path)
+    log_dir = (args.out + ".logs") if args.out else None
+    print(f"opinfo_sweep: {len(units)} units (shard {i}/{n}), {args.workers} worker(s)",
+          flush=True)
+
+    def progress(rec, done, total):
+        if args.quiet:
+            return
+        msg = f" {rec['message'][:100]}" if rec["status"] not in ("native_pass", "grad_native_pass") else ""
+        print(f"[{done}/{total} {time.time() - t0:7.0f}s] {rec['variant']} "
+              f"{'grad' if rec['kind'] == 'grad' else rec['dtype']}: {rec['status']}{msg}",
+              flush=True)
+
+    results, digest = sweep(units, args.workers, args.timeout, args.recycle, log_dir,
+                              partial_path, not args.no_snapshot, progress)
+    elapsed = time.time() - t0
+    meta = {
+        "date": datetime.datetime.now().isoformat(timespec="seconds"),
+        "commit": _git("rev-parse", "HEAD"),
+        "dirty": bool(_git("status", "--porcelain", "--untracked-files=no")),
+        "extension_sha256": digest,
+        "machine": machine_info(),
+        "shard": f"{i}/{n}",
+        "dtypes": dtypes,
+        "max_samples": args.max_samples,
+        "timeout_s": args.timeout,
+        "elapsed_s": round(elapsed, 1),
+        "units": len(units),
+    }
+    order = {unit_key(u["variant"], u["dtype"], u["kind"]): k for k, u in enumerate(units)}
+    recs = sorted((r for r in results.values() if r["key"] in order), key=lambda r: order[r["key"]])
+    counts = {}
+    for r in recs:
+        counts[r["status"]] = counts.get(r["status"], 0) + 1
+    print(f"opinfo_sweep: {len(recs)} units in {elapsed:.0f} s: "
+          + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())), flush=True)
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump({"meta": meta, "results": recs}, f, indent=1)
+    if args.write_baseline:
+        with open(args.write_baseline, "w") as f:
+            json.dump({"meta": {k: meta[k] for k in ("date", "commit", "dtypes", "max_samples")},
+                       "ops": sorted(ops) if ops else None,
+                       "native_pass": baseline_from({r["key"]: r for r in recs})}, f, indent=1)
+            f.write("\n")
+        print(f"opinfo_sweep: baseline written to {args.write_baseline}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
