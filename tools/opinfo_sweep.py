@@ -16,7 +16,7 @@ Each (variant, dtype) unit ends in one status:
                    raised as well, as PyTorch's semantics require)
 
 Float32 variants that support autograd also get a grad unit (gradients of the sum of all
-float outputs w.r.t. every input that requires grad): grad_native_pass,
+float outputs, complex ones through view_as_real, w.r.t. every input that requires grad): grad_native_pass,
 grad_fallback_pass, grad_mismatch, grad_error, grad_crash, grad_skip (the CPU backward
 fails on every sample).
 
@@ -398,10 +398,11 @@ def _grad_one(op, sample, on_tpu):
     inputs = [t for t in _tensors((x, args, kwargs)) if t.requires_grad]
     out = op(x, *args, **kwargs)
     out = sample.output_process_fn_grad(out)
-    outs = [t for t in _tensors(out) if t.is_floating_point() and t.requires_grad]
+    outs = [t for t in _tensors(out)
+            if (t.is_floating_point() or t.is_complex()) and t.requires_grad]
     if not inputs or not outs:
         return None, len(outs)
-    loss = sum(t.sum() for t in outs)
+    loss = sum(torch.view_as_real(t).sum() if t.is_complex() else t.sum() for t in outs)
     grads = torch.autograd.grad(loss, inputs, allow_unused=True)
     return list(grads), len(outs)
 

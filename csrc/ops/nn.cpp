@@ -646,6 +646,19 @@ Value adaptiveMatrix(ir::Builder& b, int64_t out, int64_t in, DType t) {
   return div(b, b.convert(m, t), cnt);
 }
 
+// y[..., i, j] = sum_h sum_w L[i, h] v[..., h, w] R[j, w]; `contract` = 1
+// applies L and R (forward), 0 applies their transposes (backward).
+Value separable(ir::Builder& b, const Value& v, const Value& l, const Value& r, int64_t contract) {
+  int rank = v.rank();
+  Value t = b.dotGeneral(v, r, {}, {}, {rank - 1}, {contract}, v.dtype());  // [..., H, j]
+  Value y = b.dotGeneral(t, l, {}, {}, {rank - 2}, {contract}, v.dtype());  // [..., j, i]
+  std::vector<int64_t> perm;
+  for (int i = 0; i < rank - 2; ++i) perm.push_back(i);
+  perm.push_back(rank - 1);
+  perm.push_back(rank - 2);
+  return b.transpose(y, perm);
+}
+
 Registrar reg_adaptive_avg_pool2d("_adaptive_avg_pool2d", [](Ctx& c) {
   Value x = c.tensor(0);
   auto os = c.ints(1);
@@ -654,15 +667,7 @@ Registrar reg_adaptive_avg_pool2d("_adaptive_avg_pool2d", [](Ctx& c) {
   int r = x.rank();
   Value ah = adaptiveMatrix(b, os[0], x.shape()[r - 2], acc);
   Value aw = adaptiveMatrix(b, os[1], x.shape()[r - 1], acc);
-  Value xx = b.convert(x, acc);
-  // y[..., i, j] = sum_h sum_w ah[i, h] x[..., h, w] aw[j, w]
-  Value t = b.dotGeneral(xx, aw, {}, {}, {r - 1}, {1}, acc);  // [..., H, os1]
-  Value y = b.dotGeneral(t, ah, {}, {}, {r - 2}, {1}, acc);   // [..., os1, os0]
-  std::vector<int64_t> perm;
-  for (int i = 0; i < r - 2; ++i) perm.push_back(i);
-  perm.push_back(r - 1);
-  perm.push_back(r - 2);
-  return std::vector<Value>{b.convert(b.transpose(y, perm), x.dtype())};
+  return std::vector<Value>{b.convert(separable(b, b.convert(x, acc), ah, aw, 1), x.dtype())};
 });
 Registrar reg_adaptive_avg_pool2d_backward("_adaptive_avg_pool2d_backward", [](Ctx& c) {
   Value g = c.tensor(0), x = c.tensor(1);
@@ -671,43 +676,50 @@ Registrar reg_adaptive_avg_pool2d_backward("_adaptive_avg_pool2d_backward", [](C
   int r = x.rank();
   Value ah = adaptiveMatrix(b, g.shape()[r - 2], x.shape()[r - 2], acc);
   Value aw = adaptiveMatrix(b, g.shape()[r - 1], x.shape()[r - 1], acc);
-  Value gg = b.convert(g, acc);
-  Value t = b.dotGeneral(gg, aw, {}, {}, {r - 1}, {0}, acc);  // [..., os0, W]
-  Value y = b.dotGeneral(t, ah, {}, {}, {r - 2}, {0}, acc);   // [..., W, H]
-  std::vector<int64_t> perm;
-  for (int i = 0; i < r - 2; ++i) perm.push_back(i);
-  perm.push_back(r - 1);
-  perm.push_back(r - 2);
-  return std::vector<Value>{b.convert(b.transpose(y, perm), x.dtype())};
+  return std::vector<Value>{b.convert(separable(b, b.convert(g, acc), ah, aw, 0), x.dtype())};
 });
 
 // --------------------------------------------------------------- losses
 
+// Per-sample pieces of nll_loss: the one-hot of the (valid) targets and each
+// sample's weight (0 for ignore_index).
+struct NllTargets {
+  int64_t n, ncls;
+  Value onehot, weight;
+};
+NllTargets nllTargets(Ctx& c, const Value& x, const Value& t, std::optional<Value> w, int64_t ignore, DType acc) {
+  ir::Builder& b = c.b;
+  NllTargets r;
+  r.n = x.rank() == 2 ? x.shape()[0] : 1;
+  r.ncls = x.shape()[x.rank() - 1];
+  Value tt = b.reshape(b.convert(t, DType::I64), {r.n});
+  Value valid = b.compare(tt, b.constantInt(ignore, DType::I64, {r.n}), ir::Cmp::NE);
+  Value safe = b.select(valid, tt, b.constantInt(0, DType::I64, {r.n}));
+  c.requireInRange(indicesInRange(b, safe, r.ncls, false));
+  Shape nc{r.n, r.ncls};
+  r.onehot = b.compare(b.iota({DType::I64, nc}, 1), b.broadcastInDim(safe, nc, {0}), ir::Cmp::EQ);
+  r.weight = b.convert(valid, acc);
+  if (w) {
+    Value ww = b.broadcastInDim(b.convert(*w, acc), nc, {1});
+    r.weight = mul(b, r.weight, reduceSum(b, b.select(r.onehot, ww, b.constant(0.0, acc, nc)), {1}));
+  }
+  return r;
+}
+
 // nll_loss_forward(self, target, weight?, reduction, ignore_index) -> (output, total_weight)
 Registrar reg_nll_loss_forward("nll_loss_forward", [](Ctx& c) {
-  Value x = c.tensor(0), t = c.tensor(1);
-  int64_t reduction = c.i64(3), ignore = c.i64(4);
+  Value x = c.tensor(0);
+  int64_t reduction = c.i64(3);
   ir::Builder& b = c.b;
   DType acc = accOf(x.dtype());
-  bool batched = x.rank() == 2;
-  Value xx = batched ? b.convert(x, acc) : b.reshape(b.convert(x, acc), {1, x.shape()[0]});
-  Value tt = b.reshape(b.convert(t, DType::I64), {xx.shape()[0]});
-  int64_t n = xx.shape()[0], ncls = xx.shape()[1];
-  Value valid = b.compare(tt, b.constantInt(ignore, DType::I64, {n}), ir::Cmp::NE);
-  Value safe = b.select(valid, tt, b.constantInt(0, DType::I64, {n}));
-  c.requireInRange(indicesInRange(b, safe, ncls, false));
-  Value onehot = b.compare(b.iota({DType::I64, {n, ncls}}, 1), b.broadcastInDim(safe, {n, ncls}, {0}), ir::Cmp::EQ);
-  Value picked = reduceSum(b, b.select(onehot, xx, b.constant(0.0, acc, {n, ncls})), {1});
-  Value wt = b.convert(valid, acc);
-  if (auto w = c.optTensor(2)) {
-    Value ww = b.broadcastInDim(b.convert(*w, acc), {n, ncls}, {1});
-    wt = mul(b, wt, reduceSum(b, b.select(onehot, ww, b.constant(0.0, acc, {n, ncls})), {1}));
-  }
-  Value loss = b.unary("negate", mul(b, picked, wt));
-  Value total = reduceSum(b, wt, {0});
+  NllTargets nt = nllTargets(c, x, c.tensor(1), c.optTensor(2), c.i64(4), acc);
+  Value xx = b.reshape(b.convert(x, acc), {nt.n, nt.ncls});
+  Value picked = reduceSum(b, b.select(nt.onehot, xx, b.constant(0.0, acc, {nt.n, nt.ncls})), {1});
+  Value loss = b.unary("negate", mul(b, picked, nt.weight));
+  Value total = reduceSum(b, nt.weight, {0});
   Value out;
   if (reduction == 0)
-    out = batched ? loss : b.reshape(loss, {});
+    out = x.rank() == 2 ? loss : b.reshape(loss, {});
   else if (reduction == 2)
     out = reduceSum(b, loss, {0});
   else
@@ -717,31 +729,21 @@ Registrar reg_nll_loss_forward("nll_loss_forward", [](Ctx& c) {
 
 // nll_loss_backward(grad, self, target, weight?, reduction, ignore_index, total_weight)
 Registrar reg_nll_loss_backward("nll_loss_backward", [](Ctx& c) {
-  Value g = c.tensor(0), x = c.tensor(1), t = c.tensor(2);
-  int64_t reduction = c.i64(4), ignore = c.i64(5);
+  Value g = c.tensor(0), x = c.tensor(1);
+  int64_t reduction = c.i64(4);
   ir::Builder& b = c.b;
   DType acc = accOf(x.dtype());
-  bool batched = x.rank() == 2;
-  int64_t n = batched ? x.shape()[0] : 1, ncls = x.shape()[x.rank() - 1];
-  Value tt = b.reshape(b.convert(t, DType::I64), {n});
-  Value valid = b.compare(tt, b.constantInt(ignore, DType::I64, {n}), ir::Cmp::NE);
-  Value safe = b.select(valid, tt, b.constantInt(0, DType::I64, {n}));
-  Value onehot = b.compare(b.iota({DType::I64, {n, ncls}}, 1), b.broadcastInDim(safe, {n, ncls}, {0}), ir::Cmp::EQ);
-  Value wt = b.convert(valid, acc);
-  if (auto w = c.optTensor(3)) {
-    Value ww = b.broadcastInDim(b.convert(*w, acc), {n, ncls}, {1});
-    wt = mul(b, wt, reduceSum(b, b.select(onehot, ww, b.constant(0.0, acc, {n, ncls})), {1}));
-  }
-  Value gs;
+  NllTargets nt = nllTargets(c, x, c.tensor(2), c.optTensor(3), c.i64(5), acc);
   Value gg = b.convert(g, acc);
+  Value gs;
   if (reduction == 0)
-    gs = b.reshape(gg, {n});
+    gs = b.reshape(gg, {nt.n});
   else if (reduction == 2)
-    gs = b.broadcastTo(b.reshape(gg, {}), {n});
+    gs = b.broadcastTo(b.reshape(gg, {}), {nt.n});
   else
-    gs = b.broadcastTo(div(b, b.reshape(gg, {}), b.reshape(b.convert(c.tensor(6), acc), {})), {n});
-  Value per = b.unary("negate", mul(b, gs, wt));
-  Value r = b.select(onehot, b.broadcastInDim(per, {n, ncls}, {0}), b.constant(0.0, acc, {n, ncls}));
+    gs = b.broadcastTo(div(b, b.reshape(gg, {}), b.reshape(b.convert(c.tensor(6), acc), {})), {nt.n});
+  Value per = b.unary("negate", mul(b, gs, nt.weight));
+  Value r = b.select(nt.onehot, b.broadcastInDim(per, {nt.n, nt.ncls}, {0}), b.constant(0.0, acc, {nt.n, nt.ncls}));
   return std::vector<Value>{b.convert(b.reshape(r, x.shape()), x.dtype())};
 });
 
