@@ -64,6 +64,7 @@ NONDETERMINISTIC = {
     "new_empty", "new_empty_strided", "nn.functional.dropout", "nn.functional.dropout2d",
     "nn.functional.dropout3d", "nn.functional.alpha_dropout",
     "nn.functional.feature_alpha_dropout.with_train", "nn.functional.rrelu",
+    "nn.functional.fractional_max_pool2d", "nn.functional.fractional_max_pool3d",
 }
 
 MSG_LIMIT = 400

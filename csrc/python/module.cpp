@@ -43,6 +43,18 @@ py::dict metricsDict() {
   d["fallbacks"] = fb;
   d["compiles_by_op"] = cb;
   d["kernel_signatures"] = aten::kernelCacheSize();
+  d["disk_hits"] = m.disk_hits.load();
+  if (runtime::Runtime::initialized()) {
+    auto& dc = runtime::Runtime::get().diskCache();
+    py::dict disk;
+    disk["dir"] = dc.dir();
+    disk["hits"] = dc.stats().hits.load();
+    disk["misses"] = dc.stats().misses.load();
+    disk["writes"] = dc.stats().writes.load();
+    disk["corrupt"] = dc.stats().corrupt.load();
+    disk["evicted"] = dc.stats().evicted.load();
+    d["disk_cache"] = disk;
+  }
   return d;
 }
 

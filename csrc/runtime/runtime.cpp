@@ -1,5 +1,6 @@
 #include "runtime/runtime.h"
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -15,7 +16,7 @@ Metrics& metrics() {
 }
 
 void Metrics::reset() {
-  compiles = cache_hits = cache_misses = executions = 0;
+  compiles = cache_hits = cache_misses = disk_hits = executions = 0;
   h2d_bytes = d2h_bytes = h2d_transfers = d2h_transfers = compile_ns = 0;
   std::lock_guard<std::mutex> g(mu);
   fallbacks.clear();
@@ -26,7 +27,7 @@ std::string Metrics::report() {
   std::ostringstream os;
   os << "torch_tpu metrics\n"
      << "  compiles:          " << compiles << " (" << compile_ns / 1e9 << " s)\n"
-     << "  cache hits/misses: " << cache_hits << " / " << cache_misses << "\n"
+     << "  cache hits/misses: " << cache_hits << " / " << cache_misses << " (disk hits " << disk_hits << ")\n"
      << "  executions:        " << executions << "\n"
      << "  host->device:      " << h2d_transfers << " transfers, " << h2d_bytes << " bytes\n"
      << "  device->host:      " << d2h_transfers << " transfers, " << d2h_bytes << " bytes\n";
@@ -170,6 +171,12 @@ Runtime::Runtime() {
   client_ = pjrt::Client::create(api, envInt("TORCH_TPU_CPU_DEVICES", 1));
   if (client_->devices().empty()) throw pjrt::PluginError("The PJRT plugin '" + path + "' reports no devices.");
   options_ = pjrt::compileOptions(/*portable=*/true);
+  struct stat st {};
+  ::stat(path.c_str(), &st);
+  identity_ = path + "|" + std::to_string(st.st_size) + "|" + std::to_string(st.st_mtime) + "|" +
+              client_->platformName() + "|" + client_->platformVersion() + "|" +
+              std::to_string(api->majorVersion()) + "." + std::to_string(api->minorVersion());
+  disk_ = std::make_unique<DiskCache>(DiskCache::defaultDir(), DiskCache::defaultMaxBytes());
   int n = deviceCount();
   mem_.reset(new Mem[n]);
   int64_t env_limit = envBytes("TORCH_TPU_MEMORY_LIMIT");
@@ -196,23 +203,43 @@ std::shared_ptr<Program> Runtime::compile(const ir::Builder& b, const std::strin
     }
   }
   metrics().cache_misses++;
-  auto t0 = std::chrono::steady_clock::now();
   auto prog = std::make_shared<Program>();
-  try {
-    prog->exe = client_->compile(text, options_);
-  } catch (const pjrt::Error& e) {
-    throw std::runtime_error(std::string("torch_tpu: compiling the program for ") + what + " failed: " + e.what());
-  }
-  auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();
   prog->param_types = b.paramTypes();
   for (const auto& v : b.outputs()) prog->out_types.push_back(v.type);
   prog->op_count = b.opCount();
-  prog->compile_seconds = ns / 1e9;
-  metrics().compiles++;
-  metrics().compile_ns += ns;
-  {
-    std::lock_guard<std::mutex> g(metrics().mu);
-    metrics().compiles_by_op[what]++;
+  std::string key = disk_->enabled() ? DiskCache::key(text, identity_, options_) : "";
+  if (disk_->enabled()) {
+    if (auto payload = disk_->load(key)) {
+      try {
+        prog->exe = client_->deserialize(*payload);
+        metrics().disk_hits++;
+      } catch (const pjrt::Error&) {
+        disk_->discard(key);  // written by another plugin build: recompile
+      }
+    }
+  }
+  if (!prog->exe) {
+    auto t0 = std::chrono::steady_clock::now();
+    try {
+      prog->exe = client_->compile(text, options_);
+    } catch (const pjrt::Error& e) {
+      throw std::runtime_error(std::string("torch_tpu: compiling the program for ") + what + " failed: " + e.what());
+    }
+    auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();
+    prog->compile_seconds = ns / 1e9;
+    metrics().compiles++;
+    metrics().compile_ns += ns;
+    {
+      std::lock_guard<std::mutex> g(metrics().mu);
+      metrics().compiles_by_op[what]++;
+    }
+    if (disk_->enabled()) {
+      try {
+        disk_->store(key, prog->exe->serialize());
+      } catch (const pjrt::Error&) {
+        // The plugin cannot serialize: memory cache only.
+      }
+    }
   }
   std::lock_guard<std::mutex> g(mu_);
   programs_.emplace(std::move(text), prog);

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "ir/ir.h"
+#include "runtime/disk_cache.h"
 #include "pjrt/pjrt.h"
 
 namespace tpu::runtime {
@@ -26,7 +27,8 @@ class OutOfMemory : public std::runtime_error {
 struct Metrics {
   std::atomic<int64_t> compiles{0};
   std::atomic<int64_t> cache_hits{0};  // program found in memory
-  std::atomic<int64_t> cache_misses{0};
+  std::atomic<int64_t> cache_misses{0};  // not in memory (then: disk hit, or compile)
+  std::atomic<int64_t> disk_hits{0};
   std::atomic<int64_t> executions{0};
   std::atomic<int64_t> h2d_bytes{0};
   std::atomic<int64_t> d2h_bytes{0};
@@ -67,6 +69,10 @@ class Runtime {
   int deviceCount() const { return static_cast<int>(client_->devices().size()); }
   PJRT_Device* device(int i) const { return client_->devices().at(i).raw; }
   const std::string& pluginPath() const { return client_->api()->path(); }
+  DiskCache& diskCache() { return *disk_; }
+  // Plugin path, build (size, mtime), platform and API version: executables
+  // serialized by one plugin build are only loaded by the same build.
+  const std::string& pluginIdentity() const { return identity_; }
 
   // Compiles the builder's program, or returns the cached executable for the
   // same text. `what` names the program in metrics (an op name).
@@ -88,6 +94,8 @@ class Runtime {
   Runtime();
   std::unique_ptr<pjrt::Client> client_;
   std::string options_;
+  std::string identity_;
+  std::unique_ptr<DiskCache> disk_;
   std::mutex mu_;
   std::unordered_map<std::string, std::shared_ptr<Program>> programs_;
   struct Mem {

@@ -129,3 +129,13 @@ def test_fallback_is_counted_warned_once_and_can_be_forbidden():
             torch.linalg.cross(x, y)
     finally:
         torch_tpu.set_fallback("warn")
+
+
+def test_pytorch_backend_autoload_imports_torch_tpu():
+    r = run_py("""
+        import sys, torch
+        x = torch.ones(2, device="tpu") * 3
+        assert "torch_tpu" in sys.modules and x.cpu().tolist() == [3.0, 3.0]
+        print("ok")
+    """)
+    assert r.returncode == 0 and "ok" in r.stdout, r.stderr[-2000:]

@@ -1,0 +1,62 @@
+"""The persistent compilation cache: a second process loads every program
+from disk; corrupt, truncated and foreign entries are survived."""
+
+import glob
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+PROGRAM = """
+import json, torch, torch_tpu
+x = torch.randn(8, 16).to("tpu")
+w = torch.randn(16, 4).to("tpu")
+y = torch.softmax(x @ w, -1).sum(0) + torch.arange(4, device="tpu")
+y.cpu()
+m = torch_tpu.metrics()
+print(json.dumps({"compiles": m["compiles"], "disk_hits": m["disk_hits"], "disk": m["disk_cache"]}))
+"""
+
+
+def run(cache_dir):
+    env = dict(os.environ, TORCH_TPU_CACHE_DIR=str(cache_dir))
+    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
+    r = subprocess.run([sys.executable, "-c", textwrap.dedent(PROGRAM)], capture_output=True, text=True, env=env,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def test_second_process_compiles_nothing(tmp_path):
+    first = run(tmp_path)
+    assert first["compiles"] > 0 and first["disk"]["writes"] == first["compiles"]
+    second = run(tmp_path)
+    assert second["compiles"] == 0
+    assert second["disk_hits"] == first["compiles"]
+
+
+def test_corrupt_truncated_and_foreign_entries_are_recompiled(tmp_path):
+    first = run(tmp_path)
+    files = sorted(glob.glob(str(tmp_path / "*.xla")))
+    assert len(files) >= 3
+    with open(files[0], "r+b") as f:  # flip payload bytes
+        f.seek(60)
+        f.write(b"\xff\xff\xff\xff")
+    with open(files[1], "r+b") as f:  # truncate
+        f.truncate(30)
+    with open(files[2], "wb") as f:   # not ours at all
+        f.write(b"garbage" * 10)
+    second = run(tmp_path)
+    assert second["compiles"] == 3
+    assert second["disk"]["corrupt"] == 3
+    third = run(tmp_path)             # replaced by good entries
+    assert third["compiles"] == 0
+
+
+def test_cache_can_be_disabled(tmp_path):
+    env_dir = "off"
+    r = run(env_dir)
+    assert r["disk"]["dir"] == "" and r["disk_hits"] == 0
