@@ -240,8 +240,8 @@ Executable::~Executable() {
   api_->destroyError(api_->raw()->PJRT_LoadedExecutable_Destroy(&args));
 }
 
-std::vector<std::unique_ptr<Buffer>> Executable::execute(const std::vector<PJRT_Buffer*>& args,
-                                                         PJRT_Device* device) const {
+std::vector<std::unique_ptr<Buffer>> Executable::execute(const std::vector<PJRT_Buffer*>& args, PJRT_Device* device,
+                                                         std::shared_ptr<Event>* done) const {
   auto opts = makeArgs<PJRT_ExecuteOptions>();
   std::vector<PJRT_Buffer*> outs(num_outputs_, nullptr);
   PJRT_Buffer* const* arg_list = args.data();
@@ -253,9 +253,11 @@ std::vector<std::unique_ptr<Buffer>> Executable::execute(const std::vector<PJRT_
   eargs.num_devices = 1;
   eargs.num_args = args.size();
   eargs.output_lists = &out_list;
-  eargs.device_complete_events = nullptr;
+  PJRT_Event* complete = nullptr;
+  eargs.device_complete_events = done ? &complete : nullptr;
   eargs.execute_device = device;
   api_->check(api_->raw()->PJRT_LoadedExecutable_Execute(&eargs), "PJRT_LoadedExecutable_Execute");
+  if (done) *done = std::make_shared<Event>(api_, complete);
   std::vector<std::unique_ptr<Buffer>> result;
   result.reserve(outs.size());
   for (PJRT_Buffer* b : outs) result.push_back(std::make_unique<Buffer>(api_, b));

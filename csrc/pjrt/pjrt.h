@@ -139,7 +139,9 @@ class Executable {
   size_t numOutputs() const { return num_outputs_; }
   // Runs asynchronously on `device`; output buffers are returned at once and
   // become ready when the computation finishes.
-  std::vector<std::unique_ptr<Buffer>> execute(const std::vector<PJRT_Buffer*>& args, PJRT_Device* device) const;
+  // With `done`, also returns an event that fires when the execution ends.
+  std::vector<std::unique_ptr<Buffer>> execute(const std::vector<PJRT_Buffer*>& args, PJRT_Device* device,
+                                               std::shared_ptr<Event>* done = nullptr) const;
   // Platform-specific bytes; valid only for the same plugin build.
   std::string serialize() const;
   PJRT_LoadedExecutable* raw() const { return exe_; }

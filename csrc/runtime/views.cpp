@@ -169,7 +169,7 @@ ir::Value buildWrite(ir::Builder& b, const ir::Value& flat, const ir::Value& val
 
 }  // namespace
 
-void trackPending(int device, const BufferPtr& b);
+void trackPending(int device, std::shared_ptr<pjrt::Event> done);
 void setLaunchBlocking(bool on) { g_blocking = on; }
 bool launchBlocking() { return g_blocking; }
 
@@ -192,15 +192,16 @@ std::vector<BufferPtr> execute(const Program& p, const std::vector<BufferPtr>& i
   std::vector<PJRT_Buffer*> raw;
   raw.reserve(inputs.size());
   for (const auto& b : inputs) raw.push_back(b->raw());
-  auto outs = p.exe->execute(raw, Runtime::get().device(device));
+  std::shared_ptr<pjrt::Event> done;
+  auto outs = p.exe->execute(raw, Runtime::get().device(device), g_blocking ? nullptr : &done);
   metrics().executions++;
   std::vector<BufferPtr> result;
   result.reserve(outs.size());
   for (auto& o : outs) result.emplace_back(std::move(o));
   if (g_blocking) {
     for (const auto& r : result) r->awaitReady();
-  } else if (!result.empty()) {
-    trackPending(device, result[0]);
+  } else {
+    trackPending(device, std::move(done));
   }
   return result;
 }
@@ -216,16 +217,15 @@ Pending& pending() {
 }
 }  // namespace
 
-void trackPending(int device, const BufferPtr& b) {
+void trackPending(int device, std::shared_ptr<pjrt::Event> done) {
   auto& p = pending();
   std::lock_guard<std::mutex> g(p.mu);
   auto& v = p.by_device[device];
-  v.push_back(b);
-  if (v.size() >= 1024) {  // drop entries that are gone or done
+  v.push_back(std::move(done));
+  if (v.size() >= 1024) {  // drop the executions that have finished
     PendingSet keep;
-    for (auto& w : v)
-      if (auto s = w.lock())
-        if (!s->isReady()) keep.push_back(w);
+    for (auto& e : v)
+      if (!e->isReady()) keep.push_back(e);
     v.swap(keep);
   }
 }
@@ -237,15 +237,13 @@ PendingSet pendingSnapshot(int device) {
 }
 
 bool allReady(const PendingSet& s) {
-  for (const auto& w : s)
-    if (auto b = w.lock())
-      if (!b->isReady()) return false;
+  for (const auto& e : s)
+    if (!e->isReady()) return false;
   return true;
 }
 
 void awaitAll(const PendingSet& s) {
-  for (const auto& w : s)
-    if (auto b = w.lock()) b->awaitReady();
+  for (const auto& e : s) e->await("device computation");
 }
 
 namespace {

@@ -26,7 +26,7 @@ void setLaunchBlocking(bool on);
 // Waits for every program launched on `device` so far; rethrows the first
 // failure. Events record the same set.
 void synchronize(int device);
-using PendingSet = std::vector<std::weak_ptr<pjrt::Buffer>>;
+using PendingSet = std::vector<std::shared_ptr<pjrt::Event>>;  // completion events
 PendingSet pendingSnapshot(int device);
 bool allReady(const PendingSet& s);
 void awaitAll(const PendingSet& s);
