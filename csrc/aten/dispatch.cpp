@@ -37,6 +37,19 @@ struct OutputBinding {
   std::vector<int64_t> perm;
 };
 
+struct Plan {
+  bool have_expected = false;
+  std::vector<ir::Type> expected;
+  std::vector<std::vector<int64_t>> perms;
+};
+
+// How tensor and scalar arguments (and random states) become values.
+struct Sources {
+  std::function<ir::Value(const at::Tensor&, InputSource)> tensor;
+  std::function<ir::Value(const IValue&, ir::DType, InputSource)> scalar;
+  std::function<ir::Value(ir::Builder&)> rng;
+};
+
 struct Entry {
   std::shared_ptr<runtime::Program> prog;
   std::vector<InputSource> inputs;
@@ -45,6 +58,15 @@ struct Entry {
   bool data_dependent = false;  // the last program output is result 0's length
   bool bounds_check = false;    // an output (before the length) says all indices were in range
   std::string op_name;
+};
+
+// An op lowered onto a builder: each bound result's value is flat, in the
+// result's dtype and memory order.
+struct Lowered {
+  std::vector<std::pair<OutputBinding, ir::Value>> bound;
+  std::vector<int> none_returns;
+  ir::Value bounds_ok, dynamic_len;
+  size_t num_returns = 0;
 };
 
 std::mutex g_cache_mu;
@@ -363,32 +385,21 @@ ir::DType scalarIrType(const IValue& v) {
   return ir::DType::I64;
 }
 
-std::shared_ptr<Entry> build(const c10::OperatorHandle& op, const std::vector<IValue>& args, const ops::Lowering* low,
-                             bool foreach_expand, const std::string& base) {
+// Lowers one op onto `b`: converts the arguments (tensors and scalars become
+// values through `src`), runs the lowering, and binds each result to a return
+// or a written argument, converted to PyTorch's dtype, laid out in memory
+// order and flattened. Shared by strict eager (one-op programs) and fused
+// eager (one graph for many ops).
+Lowered lowerOp(const c10::OperatorHandle& op, const std::vector<IValue>& args, const ops::Lowering* low,
+                bool foreach_expand, const std::string& base, const Plan& plan, ir::Builder& b, Sources& src) {
   const auto& schema = op.schema();
   const auto& sargs = schema.arguments();
-  auto entry = std::make_shared<Entry>();
-
-  std::vector<ir::Type> expected;
-  std::vector<std::vector<int64_t>> perms;
-  bool have_expected = !low->data_dependent && metaRun(op, args, expected, &perms);
-  entry->data_dependent = low->data_dependent;
-
-  ir::Builder b;
+  Lowered out;
+  const bool have_expected = plan.have_expected;
+  const auto& expected = plan.expected;
+  const auto& perms = plan.perms;
   std::vector<ops::Arg> largs;
-  auto tensorParam = [&](const at::Tensor& t, InputSource src) {
-    ir::Type ty{toIr(t.scalar_type()), {t.numel()}};
-    if (t.device().is_cpu()) {
-      src.kind = InputSource::Kind::CpuScalar;
-      src.dtype = ty.dtype;
-      ir::Value v = b.param({ty.dtype, {}});
-      entry->inputs.push_back(src);
-      return v;
-    }
-    ir::Value v = b.param(ty);
-    entry->inputs.push_back(src);
-    return b.reshape(v, t.sizes().vec());
-  };
+  auto tensorParam = [&](const at::Tensor& t, InputSource is) { return src.tensor(t, is); };
 
   for (size_t i = 0; i < args.size(); ++i) {
     const IValue& v = args[i];
@@ -434,8 +445,7 @@ std::shared_ptr<Entry> build(const c10::OperatorHandle& op, const std::vector<IV
         a.const_value = v.isDouble() ? v.toDouble() : (v.isBool() ? double(v.toBool()) : double(v.toInt()));
         a.value = v.isInt() ? b.constantInt(v.toInt(), st) : b.constant(*a.const_value, st);
       } else {
-        a.value = b.param({st, {}});
-        entry->inputs.push_back({InputSource::Kind::Scalar, static_cast<int>(i), -1, st});
+        a.value = src.scalar(v, st, {InputSource::Kind::Scalar, static_cast<int>(i), -1, st});
       }
     } else if (v.isList() && baseType(sa.type())->castRaw<c10::ListType>() &&
                baseType(sa.type())->castRaw<c10::ListType>()->getElementType()->kind() == c10::TypeKind::NumberType) {
@@ -443,8 +453,8 @@ std::shared_ptr<Entry> build(const c10::OperatorHandle& op, const std::vector<IV
       auto lst = v.toList();
       for (size_t j = 0; j < lst.size(); ++j) {
         ir::DType st = scalarIrType(lst.get(j));
-        a.values.push_back(b.param({st, {}}));
-        entry->inputs.push_back({InputSource::Kind::ScalarListElem, static_cast<int>(i), static_cast<int>(j), st});
+        a.values.push_back(
+            src.scalar(lst.get(j), st, {InputSource::Kind::ScalarListElem, static_cast<int>(i), static_cast<int>(j), st}));
       }
       a.scalar_is_float = !lst.empty() && lst.get(0).isDouble();
     } else if (v.isInt() && baseType(sa.type())->kind() == c10::TypeKind::ScalarTypeType) {
@@ -482,10 +492,7 @@ std::shared_ptr<Entry> build(const c10::OperatorHandle& op, const std::vector<IV
     largs.push_back(std::move(a));
   }
 
-  auto make_rng = [entry](ir::Builder& bb) {
-    entry->inputs.push_back({InputSource::Kind::Rng, -1, -1, ir::DType::U64});
-    return bb.param({ir::DType::U64, {2}});
-  };
+  auto make_rng = [&src](ir::Builder& bb) { return src.rng(bb); };
 
   std::vector<ir::Value> results;
   std::vector<ops::Ctx::Mutation> mutations;
@@ -532,15 +539,15 @@ std::shared_ptr<Entry> build(const c10::OperatorHandle& op, const std::vector<IV
 
   // Bind results to returns / written arguments.
   const auto& rets = schema.returns();
-  entry->num_returns = rets.size();
+  out.num_returns = rets.size();
   size_t ri = 0;
   auto take = [&]() -> ir::Value {
     if (ri >= results.size())
       throw std::logic_error("torch_tpu internal: the lowering of " + schema.name() + " returned too few results");
     return results[ri++];
   };
-  std::vector<std::pair<OutputBinding, ir::Value>> bound;
-  std::vector<int> none_returns;
+  auto& bound = out.bound;
+  auto& none_returns = out.none_returns;
   std::vector<size_t> expected_skip;  // positions (in return order) of undefined results
   auto argTensor = [&](int idx, int elem) -> at::Tensor {
     const IValue& v = args[idx];
@@ -626,17 +633,63 @@ std::shared_ptr<Entry> build(const c10::OperatorHandle& op, const std::vector<IV
     } else if (ob.kind == OutputBinding::Kind::WriteArg) {
       ob.sizes = val.shape();
     }
-    ir::Value out = b.convert(val, toIr(ob.dtype));
-    if (!ob.perm.empty()) out = b.transpose(out, ob.perm);  // into memory order
-    b.output(b.reshape(out, {out.type.numel()}));
+    ir::Value v = b.convert(val, toIr(ob.dtype));
+    if (!ob.perm.empty()) v = b.transpose(v, ob.perm);  // into memory order
+    val = b.reshape(v, {v.type.numel()});
+  }
+  out.bounds_ok = bounds_ok;
+  out.dynamic_len = dynamic_len;
+  return out;
+}
+
+// PyTorch's view of the op for this signature (meta kernel results).
+Plan planFor(const c10::OperatorHandle& op, const std::vector<IValue>& args, const ops::Lowering* low) {
+  Plan p;
+  p.have_expected = !low->data_dependent && metaRun(op, args, p.expected, &p.perms);
+  return p;
+}
+
+// Strict eager: a one-op program whose parameters are the flat inputs.
+std::shared_ptr<Entry> build(const c10::OperatorHandle& op, const std::vector<IValue>& args, const ops::Lowering* low,
+                             bool foreach_expand, const std::string& base) {
+  const auto& schema = op.schema();
+  auto entry = std::make_shared<Entry>();
+  entry->data_dependent = low->data_dependent;
+  Plan plan = planFor(op, args, low);
+  ir::Builder b;
+  Sources src;
+  src.tensor = [&](const at::Tensor& t, InputSource is) {
+    ir::Type ty{toIr(t.scalar_type()), {t.numel()}};
+    if (t.device().is_cpu()) {
+      is.kind = InputSource::Kind::CpuScalar;
+      is.dtype = ty.dtype;
+      entry->inputs.push_back(is);
+      return b.param({ty.dtype, {}});
+    }
+    ir::Value v = b.param(ty);
+    entry->inputs.push_back(is);
+    return b.reshape(v, t.sizes().vec());
+  };
+  src.scalar = [&](const IValue&, ir::DType st, InputSource is) {
+    entry->inputs.push_back(is);
+    return b.param({st, {}});
+  };
+  src.rng = [&](ir::Builder& bb) {
+    entry->inputs.push_back({InputSource::Kind::Rng, -1, -1, ir::DType::U64});
+    return bb.param({ir::DType::U64, {2}});
+  };
+  Lowered l = lowerOp(op, args, low, foreach_expand, base, plan, b, src);
+  entry->num_returns = l.num_returns;
+  for (const auto& [ob, v] : l.bound) {
+    b.output(v);
     entry->outputs.push_back(ob);
   }
-  for (int r : none_returns) entry->outputs.push_back({OutputBinding::Kind::ReturnNone, r, -1, at::kFloat, {}});
-  if (bounds_ok.valid()) {
-    b.output(bounds_ok);
+  for (int r : l.none_returns) entry->outputs.push_back({OutputBinding::Kind::ReturnNone, r, -1, at::kFloat, {}});
+  if (l.bounds_ok.valid()) {
+    b.output(l.bounds_ok);
     entry->bounds_check = true;
   }
-  if (dynamic_len.valid()) b.output(b.convert(dynamic_len, ir::DType::I64));
+  if (l.dynamic_len.valid()) b.output(b.convert(l.dynamic_len, ir::DType::I64));
   entry->op_name = schema.name() + (schema.overload_name().empty() ? "" : "." + schema.overload_name());
   entry->prog = runtime::Runtime::get().compile(b, schema.name());
   return entry;

@@ -36,6 +36,8 @@ std::string geomKey(const ViewGeometry& g, int64_t n) {
   return k;
 }
 
+}  // namespace
+
 // Reinterprets a flat array's bytes as another dtype.
 ir::Value reinterpret(ir::Builder& b, const ir::Value& v, ir::DType to) {
   using ir::DType;
@@ -58,6 +60,8 @@ ir::Value reinterpret(ir::Builder& b, const ir::Value& v, ir::DType to) {
   x = b.reshape(x, {m, r});
   return b.bitcast(x, {to, {m}});
 }
+
+namespace {
 
 // Memory-order description of a view: dims with stride 0 are broadcast; the
 // rest are "dense permuted" when some ordering of them tiles a contiguous
@@ -105,6 +109,8 @@ ir::Value viewIndices(ir::Builder& b, const ViewGeometry& g) {
   }
   return acc;
 }
+
+}  // namespace
 
 // Builds view = storage[offset + ...] as a flat value.
 ir::Value buildRead(ir::Builder& b, const ir::Value& flat, const ir::Value& offset, const ViewGeometry& g) {
@@ -167,7 +173,6 @@ ir::Value buildWrite(ir::Builder& b, const ir::Value& flat, const ir::Value& val
                    [](ir::Builder&, const std::vector<ir::Value>& a) { return std::vector<ir::Value>{a[1]}; });
 }
 
-}  // namespace
 
 void trackPending(int device, std::shared_ptr<pjrt::Event> done);
 void setLaunchBlocking(bool on) { g_blocking = on; }

@@ -19,6 +19,15 @@ struct ViewGeometry {
   bool contiguous() const;
 };
 
+// Program pieces shared with the fused (lazy) graph: reinterpret a flat
+// array's bytes as another dtype; read a view of a flat storage value as a
+// flat value; write a flat value into a view of a flat storage value. The
+// offset is a 0-d i64 value.
+ir::Value reinterpret(ir::Builder& b, const ir::Value& v, ir::DType to);
+ir::Value buildRead(ir::Builder& b, const ir::Value& flat, const ir::Value& offset, const ViewGeometry& g);
+ir::Value buildWrite(ir::Builder& b, const ir::Value& flat, const ir::Value& value, const ir::Value& offset,
+                     const ViewGeometry& g);
+
 // Runs a program: inputs in order; returns its outputs. Counts executions.
 // In blocking mode (TPU_LAUNCH_BLOCKING) waits for the results.
 std::vector<BufferPtr> execute(const Program& p, const std::vector<BufferPtr>& inputs, int device);

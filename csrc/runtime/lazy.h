@@ -1,0 +1,92 @@
+// Fused eager: ops are recorded into a per-device pending graph instead of
+// running. A device array whose contents are not computed yet holds a
+// LazyValue (its flat storage value in the graph). The graph materialises as
+// one program when the host needs data, at a sync, at a size limit, or when
+// the op stream repeats (a loop iteration); values no live array refers to
+// are never computed. Programs are cached by their text (memory and disk).
+#pragma once
+
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "runtime/runtime.h"
+#include "runtime/views.h"
+
+namespace tpu::runtime {
+
+class LazyGraph;
+
+// A storage's pending contents: a flat [numel] value of `dtype` in `graph`.
+struct LazyValue {
+  LazyGraph* graph = nullptr;
+  ir::Value value;
+  DeviceArray* owner = nullptr;
+};
+
+class LazyGraph {
+ public:
+  explicit LazyGraph(int device);
+  ir::Builder& builder() { return *b_; }
+  int device() const { return device_; }
+  int ops() const { return ops_; }
+
+  // Graph inputs: a materialised buffer (deduplicated) or a 0-d scalar.
+  ir::Value input(const BufferPtr& buf, const ir::Type& type);
+  ir::Value scalar(const BufferPtr& buf, ir::DType t);
+
+  // The flat storage value of `a` as dtype `t` (materialised arrays become
+  // inputs; unwritten ones zeros).
+  ir::Value storage(DeviceArray& a, ir::DType t);
+  // A view of `a` as a value of the view's shape.
+  ir::Value read(DeviceArray& a, const ViewGeometry& g);
+  // Writes a value of the view's shape into the view of `a`.
+  void write(DeviceArray& a, const ViewGeometry& g, const ir::Value& v);
+  // A new array holding `flat` (memory order), pending.
+  void bind(DeviceArray& a, const ir::Value& flat, ir::DType t);
+  // An index check: `ok` must hold, else `op` raises at materialisation.
+  void check(const ir::Value& ok, const std::string& op);
+
+  // Counts one ATen op with signature hash `sig`; returns true when the
+  // graph should materialise now (size limit, or a loop iteration ended).
+  bool noteOp(uint64_t sig);
+  // Compiles (cached) and runs the graph; pending arrays get their buffers.
+  void materialize();
+
+ private:
+  void reset();
+  int device_;
+  std::unique_ptr<ir::Builder> b_;
+  std::vector<BufferPtr> inputs_;
+  std::unordered_map<PJRT_Buffer*, ir::Value> input_of_;
+  std::vector<std::weak_ptr<LazyValue>> values_;
+  std::vector<std::pair<ir::Value, std::string>> checks_;
+  int ops_ = 0;
+  // Loop detection: op signatures since the last cut, and the learned period.
+  std::vector<uint64_t> sigs_;
+  std::vector<uint64_t> period_;
+};
+
+// The process-wide fused-eager state.
+class Fusion {
+ public:
+  static Fusion& get();
+  bool enabled() const { return enabled_; }
+  // Turning it off materialises every pending graph.
+  void setEnabled(bool on);
+  LazyGraph& graph(int device);
+  // Materialises the device's graph (all devices when device < 0).
+  void flush(int device = -1);
+  std::recursive_mutex& mutex() { return mu_; }
+  int maxOps() const { return max_ops_; }
+
+ private:
+  Fusion();
+  bool enabled_ = false;
+  int max_ops_;
+  std::recursive_mutex mu_;
+  std::vector<std::unique_ptr<LazyGraph>> graphs_;
+};
+
+}  // namespace tpu::runtime
