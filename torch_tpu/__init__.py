@@ -56,18 +56,23 @@ _patches.install()
 if os.environ.get("TPU_LAUNCH_BLOCKING", "") == "1":
     _C._set_launch_blocking(True)
 
-_MODES = ("strict", "debug")
+_MODES = ("strict", "debug", "fused")
 
 
 def set_mode(name: str) -> None:
-    """Selects the execution mode: "strict" (asynchronous, the default) or
-    "debug" (synchronous; an error names the op that caused it)."""
+    """Selects the execution mode: "strict" (asynchronous per-op programs, the
+    default), "debug" (synchronous; an error names the op that caused it) or
+    "fused" (ops are deferred into one graph, compiled once and reused, and
+    run when the host needs data). Leaving "fused" runs the pending graph."""
     if name not in _MODES:
         raise ValueError(f"torch_tpu: unknown mode {name!r}; choose one of {_MODES}")
+    _C._set_fused(name == "fused")
     _C._set_launch_blocking(name == "debug")
 
 
 def get_mode() -> str:
+    if _C._fused():
+        return "fused"
     return "debug" if _C._launch_blocking() else "strict"
 
 

@@ -12,6 +12,7 @@
 
 #include "aten/tpu.h"
 #include "ops/lowering.h"
+#include "runtime/lazy.h"
 
 namespace tpu::aten {
 
@@ -270,9 +271,35 @@ runtime::BufferPtr convertBuffer(const runtime::BufferPtr& b, ir::DType from, co
 }
 }  // namespace
 
+namespace {
+// Fused eager: a copy into a tpu tensor is one more step of the pending graph.
+bool copyLazy(const at::Tensor& dst, const at::Tensor& src) {
+  auto& fusion = runtime::Fusion::get();
+  if (!fusion.enabled() || dst.device().type() != kTpu) return false;
+  bool same = src.device() == dst.device();
+  if (!same && !src.device().is_cpu()) return false;
+  std::lock_guard<std::recursive_mutex> lock(fusion.mutex());
+  auto& graph = fusion.graph(dst.device().index());
+  ir::Builder& b = graph.builder();
+  ir::DType dd = toIr(dst.scalar_type());
+  ir::Value v;
+  if (same) {
+    v = graph.read(arrayOf(src), geometryOf(src));
+  } else {
+    at::Tensor c = src.contiguous();
+    auto buf = rt().upload(c.data_ptr(), toIr(c.scalar_type()), {c.numel()}, dst.device().index());
+    v = b.reshape(graph.input(buf, {toIr(c.scalar_type()), {c.numel()}}), c.sizes().vec());
+  }
+  v = b.broadcastTo(b.convert(v, dd), dst.sizes().vec());
+  graph.write(arrayOf(dst), geometryOf(dst), v);
+  return true;
+}
+}  // namespace
+
 void copyInto(const at::Tensor& dst, const at::Tensor& src) {
   if (dst.numel() == 0) return;
   try {
+    if (copyLazy(dst, src)) return;
     if (dst.device().type() == kTpu && src.device().type() == kTpu && dst.device() == src.device()) {
       runtime::BufferPtr b = readTensor(src);
       auto sd = toIr(src.scalar_type()), dd = toIr(dst.scalar_type());
@@ -308,6 +335,7 @@ void resizeStorageBytes(c10::StorageImpl* storage, size_t nbytes) {
   size_t old = storage->nbytes();
   if (nbytes == old) return;
   auto* old_arr = static_cast<runtime::DeviceArray*>(storage->data_ptr().get_context());
+  if (old_arr) runtime::flushIfLazy(*old_arr);
   c10::DeviceIndex dev = storage->device().index();
   c10::DeviceIndex prev = t_current;
   t_current = dev;

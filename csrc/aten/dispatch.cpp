@@ -12,6 +12,7 @@
 
 #include "aten/tpu.h"
 #include "ops/lowering.h"
+#include "runtime/lazy.h"
 
 namespace tpu::aten {
 namespace {
@@ -760,6 +761,26 @@ runtime::BufferPtr cpuScalarBuffer(const at::Tensor& t, ir::DType dt, int device
   return runtime::scalarBufferInt(dt, t.item<int64_t>(), device);
 }
 
+// Replaces the op's arguments on the stack by its returns: new tensors
+// (`returns`, `lists`), or the written arguments they alias.
+void pushReturns(const c10::OperatorHandle& op, torch::jit::Stack* stack, const std::vector<IValue>& args,
+                 std::vector<IValue>& returns, std::vector<c10::List<at::Tensor>>& lists) {
+  const auto& schema = op.schema();
+  for (size_t r = 0; r < returns.size(); ++r) {
+    const auto& ret = schema.returns()[r];
+    if (ret.alias_info() && ret.alias_info()->isWrite()) {
+      for (size_t i = 0; i < schema.arguments().size(); ++i)
+        if (schema.arguments()[i].alias_info() &&
+            schema.arguments()[i].alias_info()->beforeSets() == ret.alias_info()->beforeSets())
+          returns[r] = args[i];
+    } else if (ret.type()->kind() == c10::TypeKind::ListType) {
+      returns[r] = IValue(lists[r]);
+    }
+  }
+  torch::jit::drop(*stack, schema.arguments().size());
+  for (auto& r : returns) stack->push_back(std::move(r));
+}
+
 // Strides of a result laid out in memory order `perm` (outermost first).
 std::vector<int64_t> permutedStrides(const OutputBinding& ob) {
   std::vector<int64_t> strides(ob.sizes.size());
@@ -844,20 +865,7 @@ void runEntry(const Entry& e, const c10::OperatorHandle& op, torch::jit::Stack* 
       lists[ob.index].push_back(wrapBuffer(outs[i], ob.sizes, ob.dtype, dev));
     }
   }
-  const auto& schema = op.schema();
-  for (size_t r = 0; r < e.num_returns; ++r) {
-    const auto& ret = schema.returns()[r];
-    if (ret.alias_info() && ret.alias_info()->isWrite()) {
-      for (size_t i = 0; i < schema.arguments().size(); ++i)
-        if (schema.arguments()[i].alias_info() &&
-            schema.arguments()[i].alias_info()->beforeSets() == ret.alias_info()->beforeSets())
-          returns[r] = args[i];
-    } else if (ret.type()->kind() == c10::TypeKind::ListType) {
-      returns[r] = IValue(lists[r]);
-    }
-  }
-  torch::jit::drop(*stack, schema.arguments().size());
-  for (auto& r : returns) stack->push_back(std::move(r));
+  pushReturns(op, stack, args, returns, lists);
 }
 
 // Advanced indexing accepts index tensors on the CPU (as on CUDA): move
@@ -893,6 +901,80 @@ void moveIndicesToDevice(torch::jit::Stack* stack, size_t n) {
   if (changed) idx = IValue(out);
 }
 
+std::mutex g_plan_mu;
+std::unordered_map<std::string, std::shared_ptr<Plan>> g_plans;
+
+at::Tensor listElem(const std::vector<IValue>& args, int idx, int elem) {
+  return elem < 0 ? args[idx].toTensor() : args[idx].toList().get(elem).toTensor();
+}
+
+// Fused eager: the op is lowered into the device's pending graph; results
+// are tensors whose storage is a pending value.
+void runFused(const c10::OperatorHandle& op, torch::jit::Stack* stack, std::vector<IValue>& args,
+              const ops::Lowering* low, bool foreach_expand, const std::string& base, const std::string& key,
+              c10::DeviceIndex dev) {
+  auto& fusion = runtime::Fusion::get();
+  std::lock_guard<std::recursive_mutex> lock(fusion.mutex());
+  std::shared_ptr<Plan> plan;
+  {
+    std::lock_guard<std::mutex> g(g_plan_mu);
+    auto it = g_plans.find(key);
+    if (it != g_plans.end()) plan = it->second;
+  }
+  if (!plan) {
+    plan = std::make_shared<Plan>(planFor(op, args, low));
+    std::lock_guard<std::mutex> g(g_plan_mu);
+    g_plans[key] = plan;
+  }
+  auto& graph = fusion.graph(dev);
+  std::optional<at::Generator> gen;
+  Sources src;
+  src.tensor = [&](const at::Tensor& t, InputSource) -> ir::Value {
+    if (t.device().is_cpu()) {
+      ir::DType dt = toIr(t.scalar_type());
+      return graph.scalar(cpuScalarBuffer(t, dt, dev), dt);
+    }
+    return graph.read(arrayOf(t), geometryOf(t));
+  };
+  src.scalar = [&](const IValue& v, ir::DType st, InputSource) -> ir::Value {
+    runtime::BufferPtr buf = st == ir::DType::F64    ? runtime::scalarBuffer(st, v.toDouble(), dev)
+                             : st == ir::DType::Bool ? runtime::scalarBufferInt(st, v.toBool(), dev)
+                                                     : runtime::scalarBufferInt(st, v.toInt(), dev);
+    return graph.scalar(buf, st);
+  };
+  src.rng = [&](ir::Builder&) -> ir::Value {
+    if (!gen) gen = generatorFor(args, dev);
+    std::array<uint64_t, 2> st;
+    {
+      std::lock_guard<std::mutex> g(gen->mutex());
+      st = gen->get<TpuGenerator>()->next();
+    }
+    return graph.input(runtime::Runtime::get().upload(st.data(), ir::DType::U64, {2}, dev), {ir::DType::U64, {2}});
+  };
+  Lowered l = lowerOp(op, args, low, foreach_expand, base, *plan, graph.builder(), src);
+  std::vector<IValue> returns(l.num_returns);
+  std::vector<c10::List<at::Tensor>> lists(l.num_returns);
+  for (auto& [ob, v] : l.bound) {
+    if (ob.kind == OutputBinding::Kind::WriteArg) {
+      at::Tensor t = listElem(args, ob.index, ob.elem);
+      if (t.sizes().vec() != ob.sizes) t.resize_(ob.sizes);
+      graph.write(arrayOf(t), geometryOf(t), graph.builder().reshape(v, ob.sizes));
+      continue;
+    }
+    at::Tensor t = emptyTpu(ob.sizes, ob.dtype, dev);
+    if (!ob.perm.empty()) t.unsafeGetTensorImpl()->set_sizes_and_strides(ob.sizes, permutedStrides(ob));
+    if (t.numel() > 0) graph.bind(arrayOf(t), v, toIr(ob.dtype));
+    if (ob.kind == OutputBinding::Kind::Return)
+      returns[ob.index] = IValue(t);
+    else
+      lists[ob.index].push_back(t);
+  }
+  for (int r : l.none_returns) returns[r] = IValue(at::Tensor());
+  if (l.bounds_ok.valid()) graph.check(l.bounds_ok, op.schema().name());
+  pushReturns(op, stack, args, returns, lists);
+  if (graph.noteOp(ir::fnv1a(key))) graph.materialize();
+}
+
 void boxedKernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const auto& schema = op.schema();
   const std::string& full = schema.name();
@@ -923,6 +1005,18 @@ void boxedKernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   }
 
   std::string key = signature(op, args, low);
+  if (runtime::Fusion::get().enabled() && !low->data_dependent) {
+    try {
+      return runFused(op, stack, args, low, foreach_expand, base, key, dev);
+    } catch (const ir::Unsupported& e) {
+      return cpuFallback(op, stack, e.what());
+    } catch (const c10::Error&) {
+      throw;
+    } catch (const std::exception& e) {
+      rethrow(e, "torch_tpu: " + describe(op, args));
+    }
+  }
+  if (runtime::Fusion::get().enabled()) runtime::Fusion::get().flush(dev);  // data-dependent: run now
   std::shared_ptr<Entry> entry;
   {
     std::lock_guard<std::mutex> g(g_cache_mu);

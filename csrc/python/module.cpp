@@ -4,6 +4,7 @@
 
 #include "aten/tpu.h"
 #include "ops/lowering.h"
+#include "runtime/lazy.h"
 
 namespace tpu::aten {
 size_t kernelCacheSize();
@@ -122,6 +123,12 @@ PYBIND11_MODULE(_C, m) {
   });
   m.def("_set_launch_blocking", [](bool on) { runtime::setLaunchBlocking(on); });
   m.def("_launch_blocking", []() { return runtime::launchBlocking(); });
+  m.def("_set_fused", [](bool on) { runtime::Fusion::get().setEnabled(on); });
+  m.def("_fused", []() { return runtime::Fusion::get().enabled(); });
+  m.def("_flush", [](int d) {
+    py::gil_scoped_release nogil;
+    runtime::Fusion::get().flush(d);
+  });
   m.def("_set_fallback_error", [](bool on) { aten::setFallbackError(on); });
   m.def("_fallback_is_error", []() { return aten::fallbackIsError(); });
   m.def("_metrics", &metricsDict);

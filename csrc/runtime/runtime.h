@@ -110,6 +110,8 @@ class Runtime {
 // The contents of one tensor storage on one device: a flat PJRT buffer of
 // `numel` elements of `dtype`, or nothing yet (reads as zeros). An in-place
 // op replaces the buffer, so every tensor sharing the storage sees it.
+struct LazyValue;
+
 class DeviceArray {
  public:
   DeviceArray(int device, size_t nbytes);
@@ -127,12 +129,23 @@ class DeviceArray {
     buffer_ = std::move(b);
     dtype_ = t;
     numel_ = numel;
+    lazy_.reset();
+  }
+  // Fused eager: the contents are a value of a pending graph.
+  bool lazy() const { return static_cast<bool>(lazy_); }
+  const std::shared_ptr<LazyValue>& lazyValue() const { return lazy_; }
+  void setLazy(std::shared_ptr<LazyValue> v, ir::DType t, int64_t numel) {
+    lazy_ = std::move(v);
+    buffer_.reset();
+    dtype_ = t;
+    numel_ = numel;
   }
 
  private:
   int device_;
   size_t nbytes_;
   BufferPtr buffer_;
+  std::shared_ptr<LazyValue> lazy_;
   ir::DType dtype_ = ir::DType::U8;
   int64_t numel_ = 0;
 };

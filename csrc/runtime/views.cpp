@@ -1,5 +1,7 @@
 #include "runtime/views.h"
 
+#include "runtime/lazy.h"
+
 #include <algorithm>
 #include <cstring>
 #include <list>
@@ -290,6 +292,7 @@ void checkPendingIndices() {
 }
 
 void synchronize(int device) {
+  Fusion::get().flush(device);
   checkPendingIndices();
   PendingSet s;
   {
@@ -300,7 +303,13 @@ void synchronize(int device) {
   awaitAll(s);
 }
 
+// A pending array (fused eager) is computed before its buffer is used.
+void flushIfLazy(DeviceArray& a) {
+  if (a.lazy()) Fusion::get().flush(a.device());
+}
+
 void ensureTyped(DeviceArray& a, ir::DType t) {
+  flushIfLazy(a);
   int64_t n = static_cast<int64_t>(a.nbytes() / ir::itemSize(t));
   if (!a.materialized()) {
     static ProgramCache zeros;
@@ -327,6 +336,7 @@ void ensureTyped(DeviceArray& a, ir::DType t) {
 }
 
 BufferPtr readView(DeviceArray& a, const ViewGeometry& g) {
+  flushIfLazy(a);
   ensureTyped(a, g.dtype);
   int64_t numel = g.numel();
   if (numel == a.numel() && g.offset == 0 && g.contiguous()) return a.buffer();
@@ -344,6 +354,7 @@ BufferPtr readView(DeviceArray& a, const ViewGeometry& g) {
 }
 
 void writeView(DeviceArray& a, const ViewGeometry& g, const BufferPtr& value) {
+  flushIfLazy(a);
   int64_t numel = g.numel();
   int64_t n_as = static_cast<int64_t>(a.nbytes() / ir::itemSize(g.dtype));
   if (numel == 0) return;

@@ -41,6 +41,8 @@ bool allReady(const PendingSet& s);
 void awaitAll(const PendingSet& s);
 bool launchBlocking();
 
+void flushIfLazy(DeviceArray& a);
+
 // Makes sure the array holds a buffer whose element type is `t`
 // (zero-filling an unwritten array, reinterpreting bytes of another dtype).
 void ensureTyped(DeviceArray& a, ir::DType t);

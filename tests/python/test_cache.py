@@ -22,7 +22,7 @@ print(json.dumps({"compiles": m["compiles"], "disk_hits": m["disk_hits"], "disk"
 
 
 def run(cache_dir):
-    env = dict(os.environ, TORCH_TPU_CACHE_DIR=str(cache_dir))
+    env = dict(os.environ, TORCH_TPU_CACHE_DIR=str(cache_dir), TORCH_TPU_DEFER_AND_FUSE="0")
     env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
     r = subprocess.run([sys.executable, "-c", textwrap.dedent(PROGRAM)], capture_output=True, text=True, env=env,
                        timeout=300)

@@ -22,11 +22,14 @@ def run_py(code, **env):
 
 
 def test_mode_api():
-    assert torch_tpu.get_mode() == "strict"
+    initial = torch_tpu.get_mode()
     with torch_tpu.mode("debug"):
         assert torch_tpu.get_mode() == "debug"
         assert (torch.ones(3, device="tpu") * 2).sum().item() == 6
-    assert torch_tpu.get_mode() == "strict"
+    with torch_tpu.mode("fused"):
+        assert torch_tpu.get_mode() == "fused"
+        assert (torch.ones(3, device="tpu") * 2).sum().item() == 6
+    assert torch_tpu.get_mode() == initial
     with pytest.raises(ValueError):
         torch_tpu.set_mode("turbo")
 
@@ -67,7 +70,7 @@ def test_launch_blocking_env_var():
         import torch, torch_tpu
         assert torch_tpu.get_mode() == "debug"
         print("ok")
-    """, TPU_LAUNCH_BLOCKING="1")
+    """, TPU_LAUNCH_BLOCKING="1", TORCH_TPU_DEFER_AND_FUSE="0")
     assert r.returncode == 0 and "ok" in r.stdout, r.stderr
 
 
@@ -100,6 +103,7 @@ def test_two_cpu_devices():
     assert r.returncode == 0 and "ok" in r.stdout, r.stderr[-2000:]
 
 
+@torch_tpu.mode("strict")
 def test_metrics_count_compiles_hits_and_transfers():
     torch_tpu.reset_metrics()
     x = torch.randn(7, 3).to("tpu")

@@ -1,0 +1,171 @@
+#!/usr/bin/env python3
+"""Fused eager against strict eager, side by side in one run: GPT and MLP
+training steps, a chain of elementwise and normalisation ops, and GPT greedy
+decoding; plus the start-up of a second process with a cold and a warm disk
+cache.
+
+    python benchmarks/fused_vs_strict.py [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+from common import provenance, sync
+
+import torch
+
+import torch_tpu
+from torch_tpu.data import CharTokenizer, batches, load_corpus
+from torch_tpu.models import GPT, MLP
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def timed(fn, steps, warmup):
+    for _ in range(warmup):
+        fn()
+    sync("tpu")
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        out = fn()
+    if isinstance(out, torch.Tensor):
+        out.cpu()
+    sync("tpu")
+    return (time.perf_counter() - t0) / steps
+
+
+def gpt_train(tok, tokens, batch=16, block=64):
+    torch.manual_seed(0)
+    model = GPT(tok.vocab_size, block_size=block, n_layer=2, n_head=4, n_embd=64, dropout=0.0).to("tpu")
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    data = iter(batches(tokens, block, batch, torch.Generator().manual_seed(0)))
+
+    def step():
+        x, y = next(data)
+        _, loss = model(x.to("tpu"), y.to("tpu"))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        return loss.item()
+
+    return step, batch * block
+
+
+def mlp_train():
+    torch.manual_seed(0)
+    model = MLP(64, 256, 10).to("tpu")
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    x = torch.randn(128, 64, device="tpu")
+    y = torch.randint(0, 10, (128,), device="tpu")
+
+    def step():
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        return loss.item()
+
+    return step, 128
+
+
+def chain():
+    x = torch.randn(256, 512, device="tpu")
+    w = torch.randn(512, device="tpu")
+
+    def step():
+        y = x * 1.5 + 0.25
+        y = torch.nn.functional.gelu(y)
+        y = torch.nn.functional.layer_norm(y, (512,), w)
+        y = torch.sigmoid(y) * y - y.mean(-1, keepdim=True)
+        y = torch.nn.functional.rms_norm(y, (512,)) + x
+        return y.sum().item()
+
+    return step, 1
+
+
+def decode(tok):
+    torch.manual_seed(0)
+    model = GPT(tok.vocab_size, block_size=64, n_layer=2, n_head=4, n_embd=64, dropout=0.0).to("tpu").eval()
+    prompt = torch.randint(0, tok.vocab_size, (1, 8), device="tpu")
+
+    def step():
+        with torch.no_grad():
+            return model.generate(prompt, 16)
+
+    return step, 16
+
+
+def one(mode, make, steps, warmup):
+    with torch_tpu.mode(mode):
+        fn, units = make()
+        return timed(fn, steps, warmup), units
+
+
+STARTUP = """
+import time, torch, torch_tpu
+t0 = time.perf_counter()
+torch_tpu.set_mode("fused")
+from torch_tpu.models import GPT
+torch.manual_seed(0)
+m = GPT(96, block_size=64, n_layer=2, n_head=4, n_embd=64, dropout=0.0).to("tpu")
+opt = torch.optim.AdamW(m.parameters(), lr=1e-3)
+for _ in range(3):
+    x = torch.randint(0, 96, (16, 64), device="tpu")
+    _, loss = m(x, x)
+    opt.zero_grad(); loss.backward(); opt.step(); loss.item()
+print(time.perf_counter() - t0, torch_tpu.metrics()["compiles"])
+"""
+
+
+def startup():
+    with tempfile.TemporaryDirectory() as d:
+        env = dict(os.environ, TORCH_TPU_CACHE_DIR=d, PYTHONPATH=ROOT)
+        out = []
+        for _ in range(2):
+            r = subprocess.run([sys.executable, "-c", STARTUP], capture_output=True, text=True, env=env, check=True)
+            secs, compiles = r.stdout.strip().splitlines()[-1].split()
+            out.append({"seconds": float(secs), "compiles": int(compiles)})
+        return {"cold": out[0], "warm": out[1]}
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args(argv)
+    text = load_corpus()
+    tok = CharTokenizer(text)
+    tokens = tok.encode_tensor(text)
+    cases = [
+        ("GPT training step", lambda: gpt_train(tok, tokens), 20, 5, "tokens/s"),
+        ("MLP training step", mlp_train, 50, 5, "samples/s"),
+        ("elementwise + norm chain", chain, 50, 5, "calls/s"),
+        ("GPT greedy decode (16 tokens)", lambda: decode(tok), 3, 1, "tokens/s"),
+    ]
+    rows = []
+    for name, make, steps, warmup, unit in cases:
+        s, units = one("strict", make, steps, warmup)
+        f, _ = one("fused", make, steps, warmup)
+        rows.append({"case": name, "unit": unit, "strict": units / s, "fused": units / f, "speedup": s / f})
+        print(f"{name:32s} strict {units / s:10.1f} {unit:10s} fused {units / f:10.1f} {unit:10s} "
+              f"fused/strict {s / f:5.2f}x", flush=True)
+    st = startup()
+    print(f"second-process start (3 GPT steps, fused): cold cache {st['cold']['seconds']:.2f} s "
+          f"({st['cold']['compiles']} compiles), warm cache {st['warm']['seconds']:.2f} s "
+          f"({st['warm']['compiles']} compiles)")
+    out = {"provenance": provenance(), "rows": rows, "startup": st}
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(out, f, indent=1)
+    return out
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,158 @@
+#include "runtime/lazy.h"
+
+#include <cstdlib>
+
+namespace tpu::runtime {
+
+LazyGraph::LazyGraph(int device) : device_(device) { reset(); }
+
+void LazyGraph::reset() {
+  b_ = std::make_unique<ir::Builder>();
+  inputs_.clear();
+  input_of_.clear();
+  values_.clear();
+  checks_.clear();
+  ops_ = 0;
+  sigs_.clear();
+}
+
+ir::Value LazyGraph::input(const BufferPtr& buf, const ir::Type& type) {
+  auto it = input_of_.find(buf->raw());
+  if (it != input_of_.end() && it->second.type == type) return it->second;
+  ir::Value v = b_->param(type);
+  inputs_.push_back(buf);
+  input_of_[buf->raw()] = v;
+  return v;
+}
+
+// Scalars are never deduplicated: whether two scalars happen to be equal (and
+// share a cached buffer) changes from step to step, and the graph's
+// structure must not.
+ir::Value LazyGraph::scalar(const BufferPtr& buf, ir::DType t) {
+  ir::Value v = b_->param(ir::Type{t, {}});
+  inputs_.push_back(buf);
+  return v;
+}
+
+ir::Value LazyGraph::storage(DeviceArray& a, ir::DType t) {
+  ir::Value flat;
+  if (a.lazy() && a.lazyValue()->graph != this) a.lazyValue()->graph->materialize();
+  if (a.lazy()) {
+    flat = a.lazyValue()->value;
+  } else if (a.materialized()) {
+    flat = input(a.buffer(), ir::Type{a.dtype(), {a.numel()}});
+  } else {
+    return b_->constant(0.0, t, {static_cast<int64_t>(a.nbytes() / ir::itemSize(t))});
+  }
+  return flat.dtype() == t ? flat : reinterpret(*b_, flat, t);
+}
+
+ir::Value LazyGraph::read(DeviceArray& a, const ViewGeometry& g) {
+  ir::Value flat = storage(a, g.dtype);
+  int64_t numel = g.numel();
+  if (numel == 0) return b_->constant(0.0, g.dtype, g.sizes);
+  if (g.offset == 0 && g.contiguous() && numel == flat.shape()[0]) return b_->reshape(flat, g.sizes);
+  ir::Value off = scalar(scalarBufferInt(ir::DType::I64, g.offset, device_), ir::DType::I64);
+  return b_->reshape(buildRead(*b_, flat, off, g), g.sizes);
+}
+
+void LazyGraph::write(DeviceArray& a, const ViewGeometry& g, const ir::Value& v) {
+  int64_t numel = g.numel();
+  if (numel == 0) return;
+  ir::Value vflat = b_->reshape(v, {numel});
+  int64_t n_as = static_cast<int64_t>(a.nbytes() / ir::itemSize(g.dtype));
+  if (g.offset == 0 && g.contiguous() && numel == n_as) {
+    bind(a, vflat, g.dtype);
+    return;
+  }
+  ir::Value flat = storage(a, g.dtype);
+  ir::Value off = scalar(scalarBufferInt(ir::DType::I64, g.offset, device_), ir::DType::I64);
+  bind(a, buildWrite(*b_, flat, vflat, off, g), g.dtype);
+}
+
+void LazyGraph::bind(DeviceArray& a, const ir::Value& flat, ir::DType t) {
+  auto lv = std::make_shared<LazyValue>();
+  lv->graph = this;
+  lv->value = flat;
+  lv->owner = &a;
+  a.setLazy(lv, t, flat.shape()[0]);
+  values_.push_back(lv);
+}
+
+void LazyGraph::check(const ir::Value& ok, const std::string& op) { checks_.emplace_back(ok, op); }
+
+bool LazyGraph::noteOp(uint64_t sig) {
+  ++ops_;
+  sigs_.push_back(sig);
+  if (ops_ >= Fusion::get().maxOps()) return true;
+  size_t n = sigs_.size();
+  if (!period_.empty() && n == period_.size()) {
+    if (sigs_ == period_) return true;  // one more iteration of the known loop
+  }
+  // Learn a loop: the last p ops repeat the p before them (10 <= p <= 128).
+  for (size_t p = 10; p <= 128 && 2 * p <= n; ++p) {
+    if (sigs_[n - 1] != sigs_[n - 1 - p]) continue;
+    bool same = true;
+    for (size_t i = 0; i < p && same; ++i) same = sigs_[n - 1 - i] == sigs_[n - 1 - p - i];
+    if (same) {
+      period_.assign(sigs_.end() - p, sigs_.end());
+      return true;
+    }
+  }
+  return false;
+}
+
+void LazyGraph::materialize() {
+  std::vector<std::shared_ptr<LazyValue>> outs;
+  for (const auto& w : values_)
+    if (auto lv = w.lock())
+      if (lv->owner && lv->owner->lazyValue() == lv) outs.push_back(lv);
+  if (outs.empty() && checks_.empty()) {
+    reset();
+    return;
+  }
+  for (const auto& lv : outs) b_->output(lv->value);
+  for (const auto& [ok, op] : checks_) b_->output(ok);
+  auto prog = Runtime::get().compile(*b_, "fused graph");
+  std::vector<BufferPtr> inputs = inputs_;
+  auto checks = checks_;
+  reset();  // before running: a failure must not leave a half-used graph
+  auto results = execute(*prog, inputs, device_);
+  for (size_t i = 0; i < outs.size(); ++i) {
+    auto& lv = outs[i];
+    lv->owner->set(results[i], lv->value.dtype(), lv->value.shape()[0]);
+  }
+  for (size_t j = 0; j < checks.size(); ++j) checkIndicesLater(results[outs.size() + j], checks[j].second, device_);
+}
+
+Fusion& Fusion::get() {
+  static Fusion f;
+  return f;
+}
+
+Fusion::Fusion() {
+  const char* e = std::getenv("TORCH_TPU_DEFER_AND_FUSE");
+  enabled_ = e && std::string(e) == "1";
+  const char* m = std::getenv("TORCH_TPU_FUSE_MAX_OPS");
+  max_ops_ = m && std::atoi(m) > 0 ? std::atoi(m) : 1000;
+}
+
+void Fusion::setEnabled(bool on) {
+  std::lock_guard<std::recursive_mutex> g(mu_);
+  if (enabled_ && !on) flush(-1);
+  enabled_ = on;
+}
+
+LazyGraph& Fusion::graph(int device) {
+  while (static_cast<int>(graphs_.size()) <= device) graphs_.push_back(nullptr);
+  if (!graphs_[device]) graphs_[device] = std::make_unique<LazyGraph>(device);
+  return *graphs_[device];
+}
+
+void Fusion::flush(int device) {
+  std::lock_guard<std::recursive_mutex> g(mu_);
+  for (size_t i = 0; i < graphs_.size(); ++i)
+    if (graphs_[i] && (device < 0 || static_cast<int>(i) == device)) graphs_[i]->materialize();
+}
+
+}  // namespace tpu::runtime

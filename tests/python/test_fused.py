@@ -1,0 +1,145 @@
+"""Fused eager (TORCH_TPU_DEFER_AND_FUSE=1 / torch_tpu.set_mode("fused")):
+same results as strict eager, one cached graph per loop iteration, and the
+persistent cache shared with every mode. The whole suite also runs with
+TORCH_TPU_DEFER_AND_FUSE=1 (see README)."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+import torch_tpu
+from torch_tpu.data import CharTokenizer, batches, load_corpus
+from torch_tpu.models import GPT
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+@pytest.fixture
+def fused():
+    old = torch_tpu.get_mode()
+    torch_tpu.set_mode("fused")
+    torch_tpu.set_fallback("error")
+    yield
+    torch_tpu.set_fallback("warn")
+    torch_tpu.set_mode(old)
+
+
+def gpt_losses(mode, steps=20, seed=0, dropout=0.0):
+    text = load_corpus()[:20000]
+    tok = CharTokenizer(text)
+    tokens = tok.encode_tensor(text)
+    with torch_tpu.mode(mode):
+        torch.manual_seed(seed)
+        model = GPT(tok.vocab_size, block_size=32, n_layer=2, n_head=2, n_embd=32, dropout=dropout).to("tpu")
+        opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+        gen = torch.Generator().manual_seed(seed)
+        losses, compiles = [], []
+        for x, y in batches(tokens, 32, 8, gen, steps=steps):
+            _, loss = model(x.to("tpu"), y.to("tpu"))
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            losses.append(loss.item())
+            compiles.append(torch_tpu.metrics()["compiles"])
+    return losses, compiles
+
+
+def test_fused_matches_strict_and_stops_compiling(fused):
+    strict, _ = gpt_losses("strict")
+    torch_tpu.reset_metrics()
+    fusedl, compiles = gpt_losses("fused")
+    torch.testing.assert_close(torch.tensor(fusedl), torch.tensor(strict), rtol=1e-4, atol=1e-4)
+    # After the warm-up steps the loop runs cached graphs only.
+    assert compiles[-1] == compiles[3], compiles
+    assert torch_tpu.metrics()["fallbacks"] == {}
+
+
+def test_dropout_rng_same_in_both_modes():
+    torch.manual_seed(5)
+    with torch_tpu.mode("strict"):
+        a = torch.nn.functional.dropout(torch.ones(1000, device="tpu"), 0.3).cpu()
+        r1 = torch.randn(50, device="tpu").cpu()
+    torch.manual_seed(5)
+    with torch_tpu.mode("fused"):
+        b = torch.nn.functional.dropout(torch.ones(1000, device="tpu"), 0.3).cpu()
+        r2 = torch.randn(50, device="tpu").cpu()
+    assert torch.equal(a, b) and torch.equal(r1, r2)
+
+
+def test_views_and_inplace_writes_in_fused_mode(fused):
+    def program(dev):
+        b = torch.arange(24.0, device=dev).reshape(4, 6)
+        v = b.t()[1:4]
+        v.mul_(-1)
+        b[1] = 7
+        b[:, ::2] += 1
+        c = b.clone()
+        c[c > 5] = 0
+        return [b, v, c, b.sum(1)]
+
+    ref = program("cpu")
+    out = program("tpu")
+    for r, o in zip(ref, out):
+        torch.testing.assert_close(o.cpu(), r)
+
+
+def test_fallback_op_in_the_middle_of_a_graph():
+    with torch_tpu.mode("fused"):
+        x = torch.randn(4, 3, device="tpu")
+        y = x * 2
+        z = torch.logcumsumexp(y, 0)  # no lowering: runs on the CPU, the graph materialises first
+        w = (z + 1).sum()
+        ref = (torch.logcumsumexp(x.cpu() * 2, 0) + 1).sum()
+        torch.testing.assert_close(w.cpu(), ref)
+
+
+def test_deferred_index_error_surfaces_at_materialization(fused):
+    x = torch.arange(5.0, device="tpu")
+    y = x[torch.tensor([2, 9], device="tpu")] + 1  # deferred
+    with pytest.raises(IndexError, match="aten::index"):
+        y.cpu()
+    assert x.sum().item() == 10
+
+
+def test_loop_without_host_reads_settles_into_one_graph_per_iteration(fused):
+    w = torch.randn(16, 16, device="tpu")
+    x = torch.randn(8, 16, device="tpu")
+    for _ in range(4):  # warm-up: the detector learns the period
+        for _ in range(6):
+            x = torch.tanh(x @ w) * 0.5 + x
+    torch.tpu.synchronize()
+    torch_tpu.reset_metrics()
+    for _ in range(60):
+        x = torch.tanh(x @ w) * 0.5 + x
+    torch.tpu.synchronize()
+    m = torch_tpu.metrics()
+    assert m["compiles"] == 0, m
+    assert m["executions"] <= 240 // 10, m  # one graph per detected period (>= 10 ops)
+
+
+def test_second_process_loads_fused_graphs_from_disk(tmp_path):
+    code = textwrap.dedent("""
+        import json, torch, torch_tpu
+        torch_tpu.set_mode("fused")
+        torch.manual_seed(0)
+        m = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 2)).to("tpu")
+        opt = torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9)
+        for i in range(5):
+            loss = m(torch.randn(4, 8, device="tpu")).square().mean()
+            opt.zero_grad(); loss.backward(); opt.step(); loss.item()
+        print(json.dumps(torch_tpu.metrics()["compiles"]))
+    """)
+    env = dict(os.environ, TORCH_TPU_CACHE_DIR=str(tmp_path))
+    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
+    runs = []
+    for _ in range(2):
+        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+        assert r.returncode == 0, r.stderr[-3000:]
+        runs.append(json.loads(r.stdout.strip().splitlines()[-1]))
+    assert runs[0] > 0 and runs[1] == 0, runs
