@@ -20,9 +20,11 @@ if [ ! -x "$VENV/bin/python" ]; then
   python3 -m venv "$VENV"
 fi
 PY="$VENV/bin/python"
-if ! "$PY" -c "import torch, xla_plugins.xla_cpu_pjrt, pytest, ninja, cmake, setuptools" 2>/dev/null; then
+if ! "$PY" -c "import torch, xla_plugins.xla_cpu_pjrt, pytest, ninja, cmake, setuptools, expecttest" 2>/dev/null; then
   "$PY" -m pip install -q --upgrade pip >/dev/null 2>&1 || true
-  "$PY" -m pip install -q "torch==2.13.0" numpy pytest ninja "cmake>=3.24" "setuptools>=64" wheel "xla-cpu-pjrt==0.0.1"
+  # expecttest: PyTorch's OpInfo database (the op-coverage sweep) imports it.
+  "$PY" -m pip install -q "torch==2.13.0" numpy pytest expecttest ninja "cmake>=3.24" "setuptools>=64" wheel \
+    "xla-cpu-pjrt==0.0.1"
 fi
 export PATH="$VENV/bin:$PATH"
 

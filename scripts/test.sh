@@ -11,4 +11,9 @@ if [ -x build/tpu_core_tests ]; then
   (cd build && ctest --output-on-failure) || status=1
 fi
 python -m pytest -q "$@" || status=1
+# The same suite with fused eager on (ops deferred into graphs), unless the
+# caller selected tests or TORCH_TPU_TEST_FUSED=0.
+if [ $# -eq 0 ] && [ "${TORCH_TPU_TEST_FUSED:-1}" = 1 ]; then
+  TORCH_TPU_DEFER_AND_FUSE=1 python -m pytest -q -m "not slow" || status=1
+fi
 exit $status
