@@ -901,6 +901,48 @@ void moveIndicesToDevice(torch::jit::Stack* stack, size_t n) {
   if (changed) idx = IValue(out);
 }
 
+// The difference between a new signature and the closest one seen before for
+// the same op (arguments in schema order).
+std::string explainSignature(const std::string& op, const std::string& key) {
+  static std::mutex mu;
+  static std::unordered_map<std::string, std::vector<std::string>> seen;
+  auto split = [](const std::string& k) {
+    std::vector<std::string> parts;
+    size_t start = k.find('|') + 1, pos;
+    while ((pos = k.find(';', start)) != std::string::npos) {
+      parts.push_back(k.substr(start, pos - start));
+      start = pos + 1;
+    }
+    return parts;
+  };
+  std::lock_guard<std::mutex> g(mu);
+  auto& prev = seen[op];
+  std::string why = "first call with this signature";
+  auto now = split(key);
+  size_t best = 0;
+  bool found = false;
+  std::vector<std::string> closest;
+  for (const auto& k : prev) {
+    auto parts = split(k);
+    size_t same = 0;
+    for (size_t i = 0; i < std::min(parts.size(), now.size()); ++i) same += parts[i] == now[i];
+    if (!found || same > best) {
+      best = same;
+      closest = std::move(parts);
+      found = true;
+    }
+  }
+  if (found) {
+    why = "differs from an earlier signature in";
+    for (size_t i = 0; i < std::min(closest.size(), now.size()); ++i)
+      if (closest[i] != now[i]) why += " [" + closest[i] + " -> " + now[i] + "]";
+    why += " (t=tensor dtype-code,shape; s=scalar kind)";
+  }
+  prev.push_back(key);
+  if (prev.size() > 64) prev.erase(prev.begin());
+  return why;
+}
+
 std::mutex g_plan_mu;
 std::unordered_map<std::string, std::shared_ptr<Plan>> g_plans;
 
@@ -972,7 +1014,7 @@ void runFused(const c10::OperatorHandle& op, torch::jit::Stack* stack, std::vect
   for (int r : l.none_returns) returns[r] = IValue(at::Tensor());
   if (l.bounds_ok.valid()) graph.check(l.bounds_ok, op.schema().name());
   pushReturns(op, stack, args, returns, lists);
-  if (graph.noteOp(ir::fnv1a(key))) graph.materialize();
+  if (graph.noteOp(key)) graph.materialize();
 }
 
 void boxedKernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
@@ -1025,7 +1067,9 @@ void boxedKernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   }
   if (!entry) {
     try {
+      int64_t compiles_before = runtime::metrics().compiles;
       entry = build(op, args, low, foreach_expand, base);
+      if (runtime::metrics().compiles > compiles_before) runtime::noteCompile(full, explainSignature(full, key));
     } catch (const ir::Unsupported& e) {
       return cpuFallback(op, stack, e.what());
     } catch (const c10::Error&) {

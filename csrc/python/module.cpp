@@ -45,6 +45,7 @@ py::dict metricsDict() {
   d["compiles_by_op"] = cb;
   d["kernel_signatures"] = aten::kernelCacheSize();
   d["disk_hits"] = m.disk_hits.load();
+  d["recompile_reasons"] = runtime::recentCompileReasons();
   if (runtime::Runtime::initialized()) {
     auto& dc = runtime::Runtime::get().diskCache();
     py::dict disk;

@@ -14,6 +14,7 @@ void LazyGraph::reset() {
   checks_.clear();
   ops_ = 0;
   sigs_.clear();
+  keys_.clear();
 }
 
 ir::Value LazyGraph::input(const BufferPtr& buf, const ir::Type& type) {
@@ -81,7 +82,9 @@ void LazyGraph::bind(DeviceArray& a, const ir::Value& flat, ir::DType t) {
 
 void LazyGraph::check(const ir::Value& ok, const std::string& op) { checks_.emplace_back(ok, op); }
 
-bool LazyGraph::noteOp(uint64_t sig) {
+bool LazyGraph::noteOp(const std::string& key) {
+  uint64_t sig = ir::fnv1a(key);
+  keys_.push_back(key);
   ++ops_;
   sigs_.push_back(sig);
   if (ops_ >= Fusion::get().maxOps()) return true;
@@ -113,7 +116,26 @@ void LazyGraph::materialize() {
   }
   for (const auto& lv : outs) b_->output(lv->value);
   for (const auto& [ok, op] : checks_) b_->output(ok);
+  int64_t compiles_before = metrics().compiles;
   auto prog = Runtime::get().compile(*b_, "fused graph");
+  if (metrics().compiles > compiles_before) {
+    std::string why;
+    size_t i = 0;
+    while (i < keys_.size() && i < last_keys_.size() && keys_[i] == last_keys_[i]) ++i;
+    if (last_keys_.empty())
+      why = "first graph (" + std::to_string(keys_.size()) + " ops)";
+    else if (i < keys_.size() && i < last_keys_.size())
+      why = "op " + std::to_string(i) + " of " + std::to_string(keys_.size()) + " differs from the last compiled graph: " +
+            last_keys_[i] + "  ->  " + keys_[i];
+    else if (keys_.size() != last_keys_.size())
+      why = "same ops as the last compiled graph up to op " + std::to_string(i) + ", but " +
+            std::to_string(keys_.size()) + " ops instead of " + std::to_string(last_keys_.size());
+    else
+      why = "same ops as the last compiled graph; other outputs (" + std::to_string(outs.size()) +
+            " live results) or input aliasing";
+    noteCompile("fused graph", why);
+    last_keys_ = keys_;
+  }
   std::vector<BufferPtr> inputs = inputs_;
   auto checks = checks_;
   reset();  // before running: a failure must not leave a half-used graph

@@ -50,7 +50,7 @@ class LazyGraph {
 
   // Counts one ATen op with signature hash `sig`; returns true when the
   // graph should materialise now (size limit, or a loop iteration ended).
-  bool noteOp(uint64_t sig);
+  bool noteOp(const std::string& key);
   // Compiles (cached) and runs the graph; pending arrays get their buffers.
   void materialize();
 
@@ -66,6 +66,8 @@ class LazyGraph {
   // Loop detection: op signatures since the last cut, and the learned period.
   std::vector<uint64_t> sigs_;
   std::vector<uint64_t> period_;
+  std::vector<std::string> keys_;       // this graph's op signatures
+  std::vector<std::string> last_keys_;  // those of the last graph that compiled
 };
 
 // The process-wide fused-eager state.

@@ -3,6 +3,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <sstream>
 
@@ -35,6 +36,36 @@ std::string Metrics::report() {
   os << "  CPU fallbacks:     " << (fallbacks.empty() ? "none" : "") << "\n";
   for (const auto& [op, n] : fallbacks) os << "    " << op << ": " << n << "\n";
   return os.str();
+}
+
+namespace {
+struct CompileLog {
+  std::mutex mu;
+  std::vector<std::string> recent;
+  bool print = [] {
+    const char* e = std::getenv("TORCH_TPU_LOG_RECOMPILES");
+    return e && std::string(e) == "1";
+  }();
+};
+CompileLog& compileLog() {
+  static CompileLog l;
+  return l;
+}
+}  // namespace
+
+void noteCompile(const std::string& what, const std::string& reason) {
+  auto& l = compileLog();
+  std::string line = what + ": " + reason;
+  if (l.print) std::fprintf(stderr, "torch_tpu: compiling %s\n", line.c_str());
+  std::lock_guard<std::mutex> g(l.mu);
+  l.recent.push_back(std::move(line));
+  if (l.recent.size() > 200) l.recent.erase(l.recent.begin());
+}
+
+std::vector<std::string> recentCompileReasons() {
+  auto& l = compileLog();
+  std::lock_guard<std::mutex> g(l.mu);
+  return l.recent;
 }
 
 ir::DType elementDType(pjrt::ElementType t) {

@@ -43,6 +43,11 @@ struct Metrics {
 };
 Metrics& metrics();
 
+// "Why did it compile?": each compile's reason (the difference from the
+// closest program compiled before). TORCH_TPU_LOG_RECOMPILES=1 prints them.
+void noteCompile(const std::string& what, const std::string& reason);
+std::vector<std::string> recentCompileReasons();
+
 ir::DType elementDType(pjrt::ElementType t);
 pjrt::ElementType elementType(ir::DType t);
 

@@ -143,3 +143,25 @@ def test_second_process_loads_fused_graphs_from_disk(tmp_path):
         assert r.returncode == 0, r.stderr[-3000:]
         runs.append(json.loads(r.stdout.strip().splitlines()[-1]))
     assert runs[0] > 0 and runs[1] == 0, runs
+
+
+def test_recompile_reasons_name_the_difference(tmp_path):
+    code = textwrap.dedent("""
+        import torch, torch_tpu
+        a = torch.randn(3, 4, device="tpu") * 2
+        b = torch.randn(5, 4, device="tpu") * 2
+        torch_tpu.set_mode("fused")
+        for n in (3, 3, 4):
+            x = torch.randn(n, 4, device="tpu")
+            (x.sin() + 1).sum().item()
+    """)
+    env = dict(os.environ, TORCH_TPU_CACHE_DIR=str(tmp_path), TORCH_TPU_LOG_RECOMPILES="1",
+               TORCH_TPU_DEFER_AND_FUSE="0")
+    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    lines = [l for l in r.stderr.splitlines() if l.startswith("torch_tpu: compiling")]
+    assert any("aten::mul: differs" in l and "t6,3,4 -> t6,5,4" in l for l in lines), lines
+    fused = [l for l in lines if "fused graph" in l]
+    assert len(fused) == 2  # the repeated n=3 graph is cached
+    assert "differs from the last compiled graph" in fused[1] and "t6,4,4" in fused[1]
