@@ -43,14 +43,36 @@ def base_status(rec):
 
 
 def normalise(msg: str) -> str:
-    """A message with its numbers, shapes and quoted values blanked, for grouping."""
-    msg = re.sub(r"^out(\[[^\]]*\])*: ", "", msg)
-    msg = re.sub(r"^grad(\[[^\]]*\])*: ", "", msg)
+    """A message with its argument lists, numbers, shapes and quoted values blanked, for
+    grouping."""
+    msg = re.sub(r"^(out|grad)(\[[^\]]*\])*: ", "", msg)
+    msg = re.sub(r"(aten::[\w.]+)\([^)]*\)", r"\1(…)", msg)
+    msg = re.sub(r"'(aten::[\w.]+)'", r"\1", msg)
     msg = re.sub(r"'[^']*'", "'…'", msg)
     msg = re.sub(r"\[[0-9, ]*\]|\([0-9, ]*\)", "[…]", msg)
     msg = re.sub(r"-?\d+(\.\d+)?(e[-+]?\d+)?", "N", msg)
     msg = msg.split("; ")[0]
-    return msg[:160]
+    msg = msg.split(" This could be because")[0]
+    return msg[:200]
+
+
+def mismatch_kind(e) -> str:
+    msg = e.get("message", "")
+    if msg.startswith("CPU raised"):
+        return "tpu returned a value where the CPU raised"
+    if "is on the cpu" in msg:
+        return "result left on the cpu"
+    if "attribute" in msg or "expected a Tensor" in msg or "expected tuple" in msg \
+            or "expected list" in msg or "dict keys" in msg:
+        return "wrong shape, dtype or structure"
+    if e.get("loose_close"):
+        return "precision only (close at rtol=atol=1e-3 for float32, 5e-2 for bfloat16)"
+    return "wrong values"
+
+
+def named_ops(msg: str):
+    """aten ops named in an error message."""
+    return set(re.findall(r"aten::[\w.]+", msg))
 
 
 def pct(num, den):
@@ -85,15 +107,31 @@ def summary(by_variant):
 
 
 def missing_lowerings(by_variant):
-    """aten op -> (variants affected, units affected), from the fallback counters."""
+    """aten op -> (variants affected, units affected), from the fallback counters and from
+    "Could not run 'aten::X'" errors (no kernel at all, e.g. sparse layouts)."""
     variants, units = defaultdict(set), Counter()
     for v, cols in by_variant.items():
         for e in cols.values():
-            for op in e.get("fallbacks", {}):
+            ops = set(e.get("fallbacks", {}))
+            if e["status"].endswith("error") and "Could not run" in e.get("message", ""):
+                ops |= named_ops(e["message"])
+            for op in ops:
                 variants[op].add(v)
                 units[op] += 1
     return sorted(((op, len(vs), units[op]) for op, vs in variants.items()),
                   key=lambda t: (-t[1], -t[2], t[0]))
+
+
+def broken_lowerings(by_variant):
+    """aten op -> variants, for errors raised by a tpu lowering ("torch_tpu: aten::X(...)")."""
+    variants = defaultdict(set)
+    for v, cols in by_variant.items():
+        for e in cols.values():
+            if e["status"].endswith("error"):
+                m = re.match(r"\w+: torch_tpu: (aten::[\w.]+)\(", e.get("message", ""))
+                if m:
+                    variants[m.group(1)].add(v)
+    return sorted(variants.items(), key=lambda kv: (-len(kv[1]), kv[0]))
 
 
 def failures(by_variant, status):
@@ -117,7 +155,8 @@ def write_md(path, meta, by_variant):
       "(machine-readable: `docs/op_coverage.json`).")
     w("")
     w(f"- date: {meta['date']}")
-    w(f"- commit: `{meta['commit'][:12]}`" + (" (with uncommitted changes)" if meta["dirty"] else "")
+    w(f"- commit: `{meta['commit'][:12]}`"
+      + (" (with uncommitted changes)" if meta["dirty"] else "")
       + (f", extension sha256 `{', '.join(x for x in meta['extension_sha256'] if x)}`"
          if any(meta["extension_sha256"]) else ""))
     w(f"- machine: {m.get('cpu')} ({m.get('cores')} cores), {m.get('platform')}, "
@@ -134,6 +173,20 @@ def write_md(path, meta, by_variant):
       "the CPU raised), `error` (tpu raised where the CPU succeeded), `crash` (the process "
       "died or hung), `skip` (the CPU reference fails on every sample). Grad: gradients of "
       "the sum of the float outputs, float32.")
+    w("")
+    meta_only = sorted(v for v, cols in by_variant.items()
+                       if any(e.get("meta_only") for e in cols.values()))
+    ties = sorted(f"{v} ({c})" for v, cols in by_variant.items() for c, e in cols.items()
+                  if e.get("notes"))
+    w("How: each sample input is made on the CPU and copied to tpu (views keep their "
+      "storage, offset and strides; tensors that the OpInfo keeps on the CPU for other "
+      "devices stay there), the op runs on both, and the results are compared with "
+      "`torch.testing.assert_close` at its default tolerances (equal_nan). Random or "
+      "uninitialised results are compared on shapes and dtypes only: "
+      + ", ".join(meta_only) + ", and dropout samples of scaled_dot_product_attention and "
+      "multi_head_attention_forward. sort/argsort (stable=False) and topk accept "
+      "indices of equal values in another order"
+      + (f" (needed by: {', '.join(ties)})." if ties else "."))
     w("")
     w("## Summary")
     w("")
@@ -161,13 +214,24 @@ def write_md(path, meta, by_variant):
     miss = missing_lowerings(by_variant)
     w("## Missing lowerings (CPU fallbacks)")
     w("")
-    w("ATen ops that ran through the CPU fallback, by the number of variants affected "
-      "(any dtype or grad).")
+    w("ATen ops that ran through the CPU fallback (or have no kernel at all: \"Could not "
+      "run\" errors), by the number of variants affected (any dtype or grad).")
     w("")
     w("| aten op | variants | units |")
     w("| --- | ---: | ---: |")
     for op, nv, nu in miss:
         w(f"| `{op}` | {nv} | {nu} |")
+    w("")
+
+    broken = broken_lowerings(by_variant)
+    w("## Lowerings that raise")
+    w("")
+    w("ATen ops whose tpu lowering raised (see Errors for the messages).")
+    w("")
+    if not broken:
+        w("None.")
+    for op, vs in broken:
+        w(f"- `{op}`: {len(vs)} variants: {', '.join(sorted(vs))}")
     w("")
 
     for status, title in (("crash", "Crashes"), ("error", "Errors"), ("mismatch", "Mismatches")):
@@ -180,12 +244,13 @@ def write_md(path, meta, by_variant):
             continue
         groups = defaultdict(list)
         for v, c, e in rows:
-            groups[normalise(e.get("message", ""))].append(f"{v} ({c})")
-        w("Grouped by message:")
+            key = mismatch_kind(e) if status == "mismatch" else normalise(e.get("message", ""))
+            groups[key].append(f"{v} ({c})")
+        w("Grouped by kind:" if status == "mismatch" else "Grouped by message:")
         w("")
         for msg, items in sorted(groups.items(), key=lambda kv: -len(kv[1])):
-            w(f"- {len(items)} × `{msg}`: " + ", ".join(items[:12])
-              + (f", … {len(items) - 12} more" if len(items) > 12 else ""))
+            w(f"- {len(items)} × `{msg}`: " + ", ".join(items[:40])
+              + (f", … {len(items) - 40} more" if len(items) > 40 else ""))
         w("")
         w("By op:")
         w("")
@@ -200,6 +265,9 @@ def write_md(path, meta, by_variant):
                     extra = " (close at rtol=atol=1e-3 for float32 / 5e-2 for bfloat16)"
                 if e.get("fallbacks"):
                     extra += " [fallbacks: " + ", ".join(sorted(e["fallbacks"])) + "]"
+                if e.get("samples"):
+                    extra += " (samples: " + ", ".join(
+                        f"{k} {n}" for k, n in sorted(e["samples"].items())) + ")"
                 msg = e.get("message", "").replace("`", "'")
                 w(f"  - {c}: `{msg}`{extra}")
         w("")
@@ -245,9 +313,11 @@ def main(argv=None):
     args = p.parse_args(argv)
     metas, results = load(args.results)
     meta, by_variant = build(metas, results)
-    with open(args.json, "w") as f:
-        json.dump({"meta": meta, "results": by_variant}, f, indent=1, sort_keys=False)
-        f.write("\n")
+    with open(args.json, "w") as f:  # one line per variant: small, readable diffs
+        f.write('{"meta": ' + json.dumps(meta) + ',\n"results": {\n')
+        f.write(",\n".join(json.dumps(v) + ": " + json.dumps(cols)
+                           for v, cols in by_variant.items()))
+        f.write("\n}}\n")
     write_md(args.md, meta, by_variant)
     counts = summary(by_variant)
     for c in COLUMNS:

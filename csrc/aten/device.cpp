@@ -312,14 +312,14 @@ void copyInto(const at::Tensor& dst, const at::Tensor& src) {
       // From the host (or another tpu device, through the host).
       at::Tensor host = src.device().type() == kTpu ? src.to(at::kCPU) : src;
       TORCH_CHECK(host.device().is_cpu(), "torch_tpu: cannot copy from ", src.device(), " to ", dst.device());
-      at::Tensor c = host.to(dst.scalar_type()).expand(dst.sizes()).contiguous();
+      at::Tensor c = host.resolve_conj().resolve_neg().to(dst.scalar_type()).expand(dst.sizes()).contiguous();
       auto b = rt().upload(c.data_ptr(), toIr(dst.scalar_type()), {c.numel()}, dst.device().index());
       writeTensor(dst, b);
       return;
     }
     TORCH_CHECK(dst.device().is_cpu(), "torch_tpu: cannot copy from ", src.device(), " to ", dst.device());
     runtime::BufferPtr b = readTensor(src);
-    at::Tensor host = at::empty(src.sizes(), src.options().device(at::kCPU));
+    at::Tensor host = at::empty(src.sizes(), src.options().device(at::kCPU).dtype(src.scalar_type()));
     if (host.numel() > 0) rt().download(*b, host.data_ptr(), host.nbytes());
     dst.copy_(host);
   } catch (const c10::Error&) {

@@ -458,7 +458,7 @@ Lowered lowerOp(const c10::OperatorHandle& op, const std::vector<IValue>& args, 
             src.scalar(lst.get(j), st, {InputSource::Kind::ScalarListElem, static_cast<int>(i), static_cast<int>(j), st}));
       }
       a.scalar_is_float = !lst.empty() && lst.get(0).isDouble();
-    } else if (v.isInt() && baseType(sa.type())->kind() == c10::TypeKind::ScalarTypeType) {
+    } else if (v.isInt() && baseType(sa.real_type())->kind() == c10::TypeKind::ScalarTypeType) {
       a.kind = ops::Arg::Kind::DType;
       a.dtype = toIr(static_cast<at::ScalarType>(v.toInt()));
     } else if (v.isInt() || v.isSymInt()) {
@@ -470,8 +470,11 @@ Lowered lowerOp(const c10::OperatorHandle& op, const std::vector<IValue>& args, 
     } else if (v.isBool()) {
       a.kind = ops::Arg::Kind::Bool;
       a.b = v.toBool();
-    } else if (v.isIntList() ||
-               (v.isList() && (baseType(sa.type())->str() == "SymInt[]" || baseType(sa.type())->str() == "int[]"))) {
+    } else if (v.isIntList() || (v.isList() && baseType(sa.type())->castRaw<c10::ListType>() &&
+                                 (baseType(sa.type())->castRaw<c10::ListType>()->getElementType()->kind() ==
+                                      c10::TypeKind::IntType ||
+                                  baseType(sa.type())->castRaw<c10::ListType>()->getElementType()->kind() ==
+                                      c10::TypeKind::SymIntType))) {
       a.kind = ops::Arg::Kind::IntList;
       if (v.isIntList()) {
         a.ints = v.toIntVector();
@@ -498,7 +501,13 @@ Lowered lowerOp(const c10::OperatorHandle& op, const std::vector<IValue>& args, 
   std::vector<ir::Value> results;
   std::vector<ops::Ctx::Mutation> mutations;
   ir::Value dynamic_len, bounds_ok;
-  if (!foreach_expand) {
+  bool all_empty = have_expected && !expected.empty() && !low->data_dependent;
+  for (const auto& t : expected) all_empty &= t.shape != ir::Shape{-1} && t.numel() == 0;
+  if (all_empty && !foreach_expand) {
+    // Every result is empty: nothing to compute (and XLA rejects some
+    // zero-size windows and gathers).
+    for (const auto& t : expected) results.push_back(b.constant(0.0, t.dtype, t.shape));
+  } else if (!foreach_expand) {
     ops::Ctx ctx(b, base, largs, have_expected ? expected : std::vector<ir::Type>{});
     ctx.make_rng_state = make_rng;
     results = low->fn(ctx);

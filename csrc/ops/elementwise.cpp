@@ -314,6 +314,8 @@ std::vector<Value> divide(Ctx& c) {
     DType comp = accOf(mode.empty() ? floatOf(out) : out);
     auto vs = broadcastAll(c.b, {c.b.convert(c.tensor(0), comp), c.b.convert(c.tensor(1), comp)});
     Value q = div(c.b, vs[0], vs[1]);
+    // trunc rounds the quotient to the result dtype first, as the CPU does.
+    if (mode == "trunc" && comp != out) q = c.b.convert(c.b.convert(q, out), comp);
     if (mode == "trunc") q = mul(c.b, c.b.unary("sign", q), c.b.unary("floor", c.b.unary("abs", q)));
     if (mode == "floor") q = c.b.unary("floor", q);
     return {c.b.convert(q, out)};
@@ -452,9 +454,8 @@ Registrar reg_where("where", [](Ctx& c) {
 
 Registrar reg_masked_fill("masked_fill", [](Ctx& c) {
   Value x = c.tensor(0);
-  Value m = c.b.broadcastTo(c.b.convert(c.tensor(1), DType::Bool), x.shape());
-  Value v = c.b.broadcastTo(c.b.convert(c.tensor(2), x.dtype()), x.shape());
-  return std::vector<Value>{c.b.select(m, v, x)};
+  auto vs = broadcastAll(c.b, {x, c.b.convert(c.tensor(1), DType::Bool), c.b.convert(c.tensor(2), x.dtype())});
+  return std::vector<Value>{c.b.select(vs[1], vs[2], vs[0])};
 });
 
 std::vector<Value> clampImpl(Ctx& c, std::optional<size_t> lo, std::optional<size_t> hi) {

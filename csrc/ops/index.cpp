@@ -1,6 +1,8 @@
 // Indexing: index_select, gather/scatter (all reductions), advanced indexing
 // (index / index_put), index_add/copy/fill, embedding backward.
 // Negative indices wrap as in PyTorch.
+#include <limits>
+
 #include "ops/common.h"
 
 namespace tpu::ops {
@@ -119,6 +121,7 @@ Registrar reg_scatter_reduce("scatter_reduce", [](Ctx& c) {
   ir::Builder& b = c.b;
   Combine f;
   double init = 0;
+  std::optional<int64_t> init_int;  // int64 limits are not exact as doubles
   if (r == "sum" || r == "mean") {
     f = addFn();
   } else if (r == "prod") {
@@ -127,9 +130,11 @@ Registrar reg_scatter_reduce("scatter_reduce", [](Ctx& c) {
   } else if (r == "amax") {
     f = [](ir::Builder& bb, const Value& o, const Value& n) { return bb.binary("maximum", o, n); };
     init = lowestValue(x.dtype());
+    if (x.dtype() == DType::I64) init_int = std::numeric_limits<int64_t>::min();
   } else if (r == "amin") {
     f = [](ir::Builder& bb, const Value& o, const Value& n) { return bb.binary("minimum", o, n); };
     init = highestValue(x.dtype());
+    if (x.dtype() == DType::I64) init_int = std::numeric_limits<int64_t>::max();
   } else {
     throw ir::Unsupported("scatter_reduce " + r);
   }
@@ -137,7 +142,8 @@ Registrar reg_scatter_reduce("scatter_reduce", [](Ctx& c) {
   Value touched = scatterAlong(b, b.constant(0.0, DType::F32, x.shape()), dim, idx,
                                b.constant(1.0, DType::F32, idx.shape()), addFn());
   Value hit = b.compare(touched, b.constant(0.0, DType::F32, x.shape()), ir::Cmp::GT);
-  Value base = include_self ? x : b.select(hit, b.constant(init, x.dtype(), x.shape()), x);
+  Value init_v = init_int ? b.constantInt(*init_int, x.dtype(), x.shape()) : b.constant(init, x.dtype(), x.shape());
+  Value base = include_self ? x : b.select(hit, init_v, x);
   Value res = scatterAlong(b, base, dim, idx, src, f);
   if (r == "mean") {
     Value cnt = include_self ? add(b, touched, b.constant(1.0, DType::F32, x.shape())) : touched;
@@ -192,32 +198,36 @@ Value indexScatter(ir::Builder& b, const Value& x, int64_t dim, const Value& ind
                    [f](ir::Builder& bb, const std::vector<Value>& a) { return std::vector<Value>{f(bb, a[0], a[1])}; });
 }
 
+// index_add/copy/fill on a 0-d tensor act on it as a 1-element vector.
+Value as1d(ir::Builder& b, const Value& v) { return v.rank() == 0 ? b.reshape(v, {1}) : v; }
+
 Registrar reg_index_add("index_add", [](Ctx& c) {
-  Value x = c.tensor(0);
-  if (x.rank() == 0) throw ir::Unsupported("index_add on a 0-d tensor");
+  Value x0 = c.tensor(0);
+  Value x = as1d(c.b, x0);
   int64_t dim = wrapDim(c.i64(1), x.rank());
   c.requireInRange(indicesInRange(c.b, c.tensor(2), x.shape()[dim], false));
-  Value src = c.b.convert(c.tensor(3), x.dtype());
+  Value src = as1d(c.b, c.b.convert(c.tensor(3), x.dtype()));
   if (c.has(4)) src = mul(c.b, src, c.b.broadcastTo(c.scalar(4, x.dtype()), src.shape()));
-  return std::vector<Value>{indexScatter(c.b, x, dim, c.tensor(2), src, addFn())};
+  return std::vector<Value>{c.b.reshape(indexScatter(c.b, x, dim, c.tensor(2), src, addFn()), x0.shape())};
 });
 Registrar reg_index_copy("index_copy", [](Ctx& c) {
-  Value x = c.tensor(0);
-  if (x.rank() == 0) throw ir::Unsupported("index_copy on a 0-d tensor");
+  Value x0 = c.tensor(0);
+  Value x = as1d(c.b, x0);
   int64_t dim = wrapDim(c.i64(1), x.rank());
   c.requireInRange(indicesInRange(c.b, c.tensor(2), x.shape()[dim], false));
-  return std::vector<Value>{indexScatter(c.b, x, dim, c.tensor(2), c.b.convert(c.tensor(3), x.dtype()), replaceFn())};
+  Value src = as1d(c.b, c.b.convert(c.tensor(3), x.dtype()));
+  return std::vector<Value>{c.b.reshape(indexScatter(c.b, x, dim, c.tensor(2), src, replaceFn()), x0.shape())};
 });
 Registrar reg_index_fill("index_fill", [](Ctx& c) {
-  Value x = c.tensor(0);
-  if (x.rank() == 0) throw ir::Unsupported("index_fill on a 0-d tensor");
+  Value x0 = c.tensor(0);
+  Value x = as1d(c.b, x0);
   int64_t dim = wrapDim(c.i64(1), x.rank());
   c.requireInRange(indicesInRange(c.b, c.tensor(2), x.shape()[dim], false));
   Value index = c.tensor(2);
   Shape s = x.shape();
   s[dim] = index.type.numel();
   Value src = c.b.broadcastTo(c.b.convert(c.tensor(3), x.dtype()), s);
-  return std::vector<Value>{indexScatter(c.b, x, dim, index, src, replaceFn())};
+  return std::vector<Value>{c.b.reshape(indexScatter(c.b, x, dim, index, src, replaceFn()), x0.shape())};
 });
 
 // Advanced indexing: the (broadcast) index tensors select along the indexed
