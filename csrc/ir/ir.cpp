@@ -1,5 +1,6 @@
 #include "ir/ir.h"
 
+#include <cstdio>
 #include <cstring>
 #include <sstream>
 #include <stdexcept>
@@ -225,8 +226,21 @@ std::string Builder::ref(const Value& v) const {
 }
 
 void Builder::emitLine(const std::string& s) {
+  if (blocks_.size() == 1) mix(s);  // nested regions are part of their parent's line
   blocks_.back().lines.push_back(s);
   ++op_count_;
+}
+
+void Builder::mix(const std::string& s) {
+  h1_ = fnv1a(s, h1_);
+  h2_ = fnv1a(s, h2_ ^ 0x9E3779B97F4A7C15ull);
+}
+
+std::string Builder::fingerprint() const {
+  char buf[80];
+  std::snprintf(buf, sizeof buf, "%016llx%016llx:%zu:%zu:%d", static_cast<unsigned long long>(h1_),
+                static_cast<unsigned long long>(h2_), params_.size(), outputs_.size(), op_count_);
+  return buf;
 }
 
 std::string Builder::types(const std::vector<Value>& vs) const {
@@ -237,13 +251,17 @@ std::string Builder::types(const std::vector<Value>& vs) const {
 
 Value Builder::param(const Type& t) {
   Value v = fresh(t);
+  mix("P" + t.str() + std::to_string(v.id));
   params_.push_back(t);
   // Parameters are bound to their SSA names in emit().
   param_ids_.push_back(v.id);
   return v;
 }
 
-void Builder::output(const Value& v) { outputs_.push_back(v); }
+void Builder::output(const Value& v) {
+  mix("O" + ref(v));
+  outputs_.push_back(v);
+}
 
 std::string Builder::emit() const {
   std::ostringstream os;

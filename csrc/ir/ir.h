@@ -70,6 +70,9 @@ class Builder {
   std::string emit() const;
   // Number of ops emitted so far (for metrics and the recompile log).
   int opCount() const { return op_count_; }
+  // A 128-bit hash of the program (kept up to date as ops are added), so a
+  // cache lookup does not need the text.
+  std::string fingerprint() const;
 
   // --- constants and conversions
   Value constant(double v, DType t, const Shape& shape = {});
@@ -159,6 +162,8 @@ class Builder {
 
   int next_id_ = 0;
   int op_count_ = 0;
+  uint64_t h1_ = 1469598103934665603ull, h2_ = 7809847782465536322ull;
+  void mix(const std::string& s);
   std::vector<Type> params_;
   std::vector<int> param_ids_;
   std::unordered_map<int, std::string> names_;
