@@ -707,6 +707,21 @@ std::shared_ptr<Entry> build(const c10::OperatorHandle& op, const std::vector<IV
 
 // --------------------------------------------------------------- run
 
+// Calls f on every tensor argument, inside lists too.
+template <typename F>
+void forEachTensor(const std::vector<IValue>& args, F&& f) {
+  for (const auto& v : args) {
+    if (v.isTensor()) {
+      f(v.toTensor());
+    } else if (v.isTensorList()) {
+      for (const at::Tensor& t : v.toTensorList()) f(t);
+    } else if (v.isList()) {
+      for (const IValue& e : v.toList())
+        if (e.isTensor()) f(e.toTensor());
+    }
+  }
+}
+
 c10::DeviceIndex findDevice(const c10::OperatorHandle& op, const std::vector<IValue>& args) {
   std::optional<c10::Device> dev;
   auto see = [&](const at::Tensor& t) {
@@ -718,15 +733,7 @@ c10::DeviceIndex findDevice(const c10::OperatorHandle& op, const std::vector<IVa
       dev = t.device();
     }
   };
-  for (const auto& v : args) {
-    if (v.isTensor())
-      see(v.toTensor());
-    else if (v.isTensorList())
-      for (const at::Tensor& t : v.toTensorList()) see(t);
-    else if (v.isList())
-      for (const IValue& e : v.toList())
-        if (e.isTensor()) see(e.toTensor());
-  }
+  forEachTensor(args, see);
   // CPU tensors may only join as 0-d scalars.
   auto check_cpu = [&](const at::Tensor& t) {
     if (t.defined() && t.device().is_cpu() && t.dim() != 0 && dev)
@@ -736,15 +743,7 @@ c10::DeviceIndex findDevice(const c10::OperatorHandle& op, const std::vector<IVa
       TORCH_CHECK(false, "Expected all tensors to be on the same device, but found at least two devices, ",
                   dev ? *dev : c10::Device(kTpu, 0), " and ", t.device(), "!");
   };
-  for (const auto& v : args) {
-    if (v.isTensor())
-      check_cpu(v.toTensor());
-    else if (v.isTensorList())
-      for (const at::Tensor& t : v.toTensorList()) check_cpu(t);
-    else if (v.isList())
-      for (const IValue& e : v.toList())
-        if (e.isTensor()) check_cpu(e.toTensor());
-  }
+  forEachTensor(args, check_cpu);
   if (!dev)
     for (const auto& v : args)
       if (v.isDevice() && v.toDevice().type() == kTpu) dev = v.toDevice();

@@ -399,18 +399,14 @@ std::vector<Value> convolutionBackward(Ctx& c, size_t mask_idx, size_t first) {
   }
   if (mask.size() > 1 && mask[1]) {
     // grad_w[o, i, k] = sum_{n, p} g[n, o, p] * x_pad[n, i, p*s + k*d]
-    ir::Builder::ConvDims dn;
+    // The batch dim plays the contracted feature, the channels the batch.
+    ir::Builder::ConvDims dn = convDims(nsp);
     dn.in_batch = 1;
     dn.in_feature = 0;
     dn.k_in = 0;
     dn.k_out = 1;
     dn.out_batch = 1;
     dn.out_feature = 0;
-    for (int i = 0; i < nsp; ++i) {
-      dn.in_spatial.push_back(2 + i);
-      dn.k_spatial.push_back(2 + i);
-      dn.out_spatial.push_back(2 + i);
-    }
     std::vector<std::pair<int64_t, int64_t>> pad;
     for (int i = 0; i < nsp; ++i) {
       int64_t k = w.shape()[2 + i];
