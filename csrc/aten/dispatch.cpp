@@ -951,6 +951,30 @@ std::string explainSignature(const std::string& op, const std::string& key) {
   return why;
 }
 
+// " (issued at file:line)" of the innermost Python frame outside torch, so a
+// deferred error points at the user's code; empty without Python.
+std::string userLocation() {
+  if (!Py_IsInitialized()) return "";
+  pybind11::gil_scoped_acquire gil;
+  PyFrameObject* f = PyEval_GetFrame();
+  if (f) Py_INCREF(f);
+  while (f) {
+    PyCodeObject* code = PyFrame_GetCode(f);
+    std::string file = PyUnicode_AsUTF8(code->co_filename);
+    int line = PyFrame_GetLineNumber(f);
+    Py_DECREF(code);
+    bool internal = file.find("/torch/") != std::string::npos || file.find("/torch_tpu/") != std::string::npos;
+    if (!internal) {
+      Py_DECREF(f);
+      return " (issued at " + file + ":" + std::to_string(line) + ")";
+    }
+    PyFrameObject* back = PyFrame_GetBack(f);
+    Py_DECREF(f);
+    f = back;
+  }
+  return "";
+}
+
 std::mutex g_plan_mu;
 std::unordered_map<std::string, std::shared_ptr<Plan>> g_plans;
 
@@ -1020,7 +1044,7 @@ void runFused(const c10::OperatorHandle& op, torch::jit::Stack* stack, std::vect
       lists[ob.index].push_back(t);
   }
   for (int r : l.none_returns) returns[r] = IValue(at::Tensor());
-  if (l.bounds_ok.valid()) graph.check(l.bounds_ok, op.schema().name());
+  if (l.bounds_ok.valid()) graph.check(l.bounds_ok, op.schema().name() + userLocation());
   pushReturns(op, stack, args, returns, lists);
   if (graph.noteOp(key)) graph.materialize();
 }
