@@ -38,6 +38,7 @@ ir::Value LazyGraph::scalar(const BufferPtr& buf, ir::DType t) {
 ir::Value LazyGraph::storage(DeviceArray& a, ir::DType t) {
   ir::Value flat;
   if (a.lazy() && a.lazyValue()->graph != this) a.lazyValue()->graph->materialize();
+  if (!a.error().empty()) throw std::runtime_error(a.error());
   if (a.lazy()) {
     flat = a.lazyValue()->value;
   } else if (a.materialized()) {
@@ -82,6 +83,13 @@ void LazyGraph::bind(DeviceArray& a, const ir::Value& flat, ir::DType t) {
 
 void LazyGraph::check(const ir::Value& ok, const std::string& op) { checks_.emplace_back(ok, op); }
 
+std::string LazyGraph::describeOps() const {
+  std::string s;
+  for (size_t i = 0; i < keys_.size() && i < 20; ++i) s += (i ? ", " : "") + keys_[i].substr(0, keys_[i].find('|'));
+  if (keys_.size() > 20) s += ", ...";
+  return s;
+}
+
 bool LazyGraph::noteOp(const std::string& key) {
   uint64_t sig = ir::fnv1a(key);
   keys_.push_back(key);
@@ -117,7 +125,17 @@ void LazyGraph::materialize() {
   for (const auto& lv : outs) b_->output(lv->value);
   for (const auto& [ok, op] : checks_) b_->output(ok);
   int64_t compiles_before = metrics().compiles;
-  auto prog = Runtime::get().compile(*b_, "fused graph");
+  std::shared_ptr<Program> prog;
+  try {
+    prog = Runtime::get().compile(*b_, "fused graph");
+  } catch (const std::exception& e) {
+    // Nothing of this graph can be computed: its pending arrays carry the
+    // error, and the device starts a fresh graph.
+    std::string msg = std::string(e.what()) + " (ops of the failed graph: " + describeOps() + ")";
+    for (auto& lv : outs) lv->owner->poison(msg);
+    reset();
+    throw std::runtime_error(msg);
+  }
   if (metrics().compiles > compiles_before) {
     std::string why;
     size_t i = 0;

@@ -53,6 +53,7 @@ class LazyGraph {
   bool noteOp(const std::string& key);
   // Compiles (cached) and runs the graph; pending arrays get their buffers.
   void materialize();
+  std::string describeOps() const;
 
  private:
   void reset();

@@ -135,7 +135,16 @@ class DeviceArray {
     dtype_ = t;
     numel_ = numel;
     lazy_.reset();
+    error_.clear();
   }
+  // Fused eager: the graph that was to compute this array failed; reading
+  // it raises `msg` until the array is overwritten.
+  void poison(std::string msg) {
+    lazy_.reset();
+    buffer_.reset();
+    error_ = std::move(msg);
+  }
+  const std::string& error() const { return error_; }
   // Fused eager: the contents are a value of a pending graph.
   bool lazy() const { return static_cast<bool>(lazy_); }
   const std::shared_ptr<LazyValue>& lazyValue() const { return lazy_; }
@@ -151,6 +160,7 @@ class DeviceArray {
   size_t nbytes_;
   BufferPtr buffer_;
   std::shared_ptr<LazyValue> lazy_;
+  std::string error_;
   ir::DType dtype_ = ir::DType::U8;
   int64_t numel_ = 0;
 };

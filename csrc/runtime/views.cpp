@@ -306,6 +306,7 @@ void synchronize(int device) {
 // A pending array (fused eager) is computed before its buffer is used.
 void flushIfLazy(DeviceArray& a) {
   if (a.lazy()) Fusion::get().flush(a.device());
+  if (!a.error().empty()) throw std::runtime_error(a.error());
 }
 
 void ensureTyped(DeviceArray& a, ir::DType t) {
@@ -354,14 +355,14 @@ BufferPtr readView(DeviceArray& a, const ViewGeometry& g) {
 }
 
 void writeView(DeviceArray& a, const ViewGeometry& g, const BufferPtr& value) {
-  flushIfLazy(a);
   int64_t numel = g.numel();
   int64_t n_as = static_cast<int64_t>(a.nbytes() / ir::itemSize(g.dtype));
   if (numel == 0) return;
   if (numel == n_as && g.offset == 0 && g.contiguous()) {
-    a.set(value, g.dtype, numel);
+    a.set(value, g.dtype, numel);  // a full overwrite needs none of the old contents
     return;
   }
+  flushIfLazy(a);
   ensureTyped(a, g.dtype);
   static ProgramCache writes;
   int64_t n = a.numel();
