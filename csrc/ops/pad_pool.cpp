@@ -1,0 +1,390 @@
+// Padding and resampling: reflection / replication padding and nearest /
+// linear / bilinear upsampling, with their backward ops. Each is separable:
+// applied (and differentiated) one spatial dim at a time.
+#include <cmath>
+
+#include "ops/common.h"
+
+namespace tpu::ops {
+namespace {
+
+DType outType(Ctx& c, DType fallback) { return c.hasExpected() ? c.expectedAt(0).dtype : fallback; }
+
+Value sliceDim(ir::Builder& b, const Value& v, int64_t d, int64_t lo, int64_t hi) {
+  Shape start(v.rank(), 0), limit = v.shape(), strides(v.rank(), 1);
+  start[d] = lo;
+  limit[d] = hi;
+  return b.slice(v, start, limit, strides);
+}
+
+// Pads (or crops, for negative amounts) dim d with zeros.
+Value zeroPadDim(ir::Builder& b, const Value& v, int64_t d, int64_t lo, int64_t hi) {
+  if (lo == 0 && hi == 0) return v;
+  Shape l(v.rank(), 0), h(v.rank(), 0), in(v.rank(), 0);
+  l[d] = lo;
+  h[d] = hi;
+  return b.pad(v, b.constant(0.0, v.dtype()), l, h, in);
+}
+
+// Takes x[..., idx[o], ...] along dim d (idx: i32[out]).
+Value takeDim(ir::Builder& b, const Value& x, int64_t d, const Value& idx) {
+  ir::Builder::GatherDims dn;
+  for (int64_t i = 0; i < x.rank(); ++i)
+    if (i != d) dn.offset_dims.push_back(i);
+  dn.collapsed_slice_dims = {d};
+  dn.start_index_map = {d};
+  dn.index_vector_dim = 1;
+  Shape sizes = x.shape();
+  sizes[d] = 1;
+  return b.gather(x, b.reshape(idx, {idx.shape()[0], 1}), dn, sizes);
+}
+
+// g (dim d of size out) times the weights w[out, in]: dim d becomes in.
+Value applyWeightsT(ir::Builder& b, const Value& g, int64_t d, const Value& w) {
+  Value r = b.dotGeneral(g, w, {}, {}, {d}, {0}, g.dtype());  // (..others.., in)
+  std::vector<int64_t> perm;
+  int64_t rank = g.rank();
+  for (int64_t i = 0, j = 0; i < rank; ++i) perm.push_back(i == d ? rank - 1 : j++);
+  return b.transpose(r, perm);
+}
+
+// One-hot weights [out, in] for index vector idx (i32[out]) scaled by lam.
+Value oneHot(ir::Builder& b, const Value& idx, int64_t in, DType t, const Value* lam = nullptr) {
+  int64_t out = idx.shape()[0];
+  Value cols = b.iota(Type{DType::I32, {out, in}}, 1);
+  Value rows = b.broadcastInDim(idx, {out, in}, {0});
+  Value m = b.convert(b.compare(rows, cols, ir::Cmp::EQ), t);
+  if (lam) m = mul(b, m, b.broadcastInDim(*lam, {out, in}, {0}));
+  return m;
+}
+
+// The (dim, lo, hi) triples of a padding list for the trailing dims.
+std::vector<std::array<int64_t, 3>> padDims(const std::vector<int64_t>& pad, int64_t rank) {
+  std::vector<std::array<int64_t, 3>> r;
+  for (size_t i = 0; i + 1 < pad.size(); i += 2) r.push_back({rank - 1 - int64_t(i / 2), pad[i], pad[i + 1]});
+  return r;
+}
+
+Value reflectDim(ir::Builder& b, const Value& x, int64_t d, int64_t l, int64_t r) {
+  int64_t w = x.shape()[d];
+  if (l < 0 || r < 0 || l >= w || r >= w) throw ir::Unsupported("reflection pad: padding out of range");
+  std::vector<Value> parts;
+  if (l > 0) parts.push_back(b.reverse(sliceDim(b, x, d, 1, l + 1), {d}));
+  parts.push_back(x);
+  if (r > 0) parts.push_back(b.reverse(sliceDim(b, x, d, w - 1 - r, w - 1), {d}));
+  return parts.size() == 1 ? x : b.concatenate(parts, d);
+}
+
+Value reflectDimBackward(ir::Builder& b, const Value& g, int64_t d, int64_t l, int64_t r, int64_t w) {
+  Value gi = sliceDim(b, g, d, l, l + w);
+  if (l > 0) gi = add(b, gi, zeroPadDim(b, b.reverse(sliceDim(b, g, d, 0, l), {d}), d, 1, w - 1 - l));
+  if (r > 0) gi = add(b, gi, zeroPadDim(b, b.reverse(sliceDim(b, g, d, l + w, l + w + r), {d}), d, w - 1 - r, 1));
+  return gi;
+}
+
+// Output position o reads input clamp(o - l, 0, w - 1) (negative padding
+// included, as PyTorch defines it).
+Value replicateIdx(ir::Builder& b, int64_t w, int64_t l, int64_t r) {
+  int64_t out = w + l + r;
+  if (w <= 0 || out <= 0) throw ir::Unsupported("replication pad: empty dim");
+  Value o = sub(b, b.iota(Type{DType::I32, {out}}, 0), b.constantInt(l, DType::I32, {out}));
+  return b.clamp(b.constantInt(0, DType::I32, {out}), o, b.constantInt(w - 1, DType::I32, {out}));
+}
+
+std::vector<Value> padForward(Ctx& c, bool reflect) {
+  Value x = c.tensor(0);
+  auto dims = padDims(c.ints(1), x.rank());
+  Value y = x;
+  for (auto& [d, l, r] : dims)
+    y = reflect ? reflectDim(c.b, y, d, l, r) : takeDim(c.b, y, d, replicateIdx(c.b, y.shape()[d], l, r));
+  return {y};
+}
+
+// (grad_output, self, padding)
+std::vector<Value> padBackward(Ctx& c, bool reflect) {
+  Value g = c.tensor(0), x = c.tensor(1);
+  DType out = outType(c, x.dtype());
+  DType acc = accOf(out);
+  Value gg = c.b.convert(g, acc);
+  auto dims = padDims(c.ints(2), x.rank());
+  for (auto& [d, l, r] : dims) {
+    int64_t w = x.shape()[d];
+    gg = reflect ? reflectDimBackward(c.b, gg, d, l, r, w)
+                 : applyWeightsT(c.b, gg, d, oneHot(c.b, replicateIdx(c.b, w, l, r), w, acc));
+  }
+  return {c.b.convert(gg, out)};
+}
+
+Registrar reg_reflection_pad1d("reflection_pad1d", [](Ctx& c) { return padForward(c, true); });
+Registrar reg_reflection_pad2d("reflection_pad2d", [](Ctx& c) { return padForward(c, true); });
+Registrar reg_reflection_pad3d("reflection_pad3d", [](Ctx& c) { return padForward(c, true); });
+Registrar reg_replication_pad1d("replication_pad1d", [](Ctx& c) { return padForward(c, false); });
+Registrar reg_replication_pad2d("replication_pad2d", [](Ctx& c) { return padForward(c, false); });
+Registrar reg_replication_pad3d("replication_pad3d", [](Ctx& c) { return padForward(c, false); });
+Registrar reg_reflection_pad1d_bw("reflection_pad1d_backward", [](Ctx& c) { return padBackward(c, true); });
+Registrar reg_reflection_pad2d_bw("reflection_pad2d_backward", [](Ctx& c) { return padBackward(c, true); });
+Registrar reg_reflection_pad3d_bw("reflection_pad3d_backward", [](Ctx& c) { return padBackward(c, true); });
+Registrar reg_replication_pad1d_bw("replication_pad1d_backward", [](Ctx& c) { return padBackward(c, false); });
+Registrar reg_replication_pad2d_bw("replication_pad2d_backward", [](Ctx& c) { return padBackward(c, false); });
+Registrar reg_replication_pad3d_bw("replication_pad3d_backward", [](Ctx& c) { return padBackward(c, false); });
+
+// --------------------------------------------------------------- upsampling
+
+// PyTorch's area_pixel_compute_scale.
+double pixelScale(int64_t in, int64_t out, bool align_corners, std::optional<double> scale) {
+  if (align_corners) return out > 1 ? double(in - 1) / double(out - 1) : 0.0;
+  return (scale && *scale > 0) ? 1.0 / *scale : double(in) / double(out);
+}
+
+// The scale arguments from index `at`: N optional doubles or, for the .vec
+// overloads, one optional double list.
+std::vector<std::optional<double>> scalesAt(Ctx& c, size_t at, int n) {
+  std::vector<std::optional<double>> s(n);
+  if (c.kind(at) == Arg::Kind::DoubleList) {
+    auto& v = c.arg(at).doubles;
+    for (int i = 0; i < n && i < int(v.size()); ++i) s[i] = v[i];
+    return s;
+  }
+  for (int i = 0; i < n; ++i)
+    if (c.has(at + i)) s[i] = c.f64(at + i);
+  return s;
+}
+
+// Nearest source index per output position, in float32 like PyTorch.
+Value nearestIdx(ir::Builder& b, int64_t in, int64_t out, std::optional<double> scale, bool exact) {
+  float sc = float(pixelScale(in, out, false, scale));
+  Value o = b.iota(Type{DType::F32, {out}}, 0);
+  if (exact) o = add(b, o, b.constant(0.5, DType::F32, {out}));
+  Value src = b.unary("floor", mul(b, o, b.constant(sc, DType::F32, {out})));
+  Value i = b.convert(src, DType::I32);
+  return b.binary("minimum", i, b.constantInt(in - 1, DType::I32, {out}));
+}
+
+// Linear source indices and weights per output position (acc precision).
+struct LinearIdx {
+  Value i0, i1, l0, l1;
+};
+LinearIdx linearIdx(ir::Builder& b, int64_t in, int64_t out, bool align, std::optional<double> scale, DType acc) {
+  double sc = pixelScale(in, out, align, scale);
+  Value o = b.iota(Type{acc, {out}}, 0);
+  Value kk = b.constant(sc, acc, {out});
+  Value src;
+  if (align) {
+    src = mul(b, o, kk);
+  } else {
+    src = sub(b, mul(b, add(b, o, b.constant(0.5, acc, {out})), kk), b.constant(0.5, acc, {out}));
+    src = b.binary("maximum", src, b.constant(0, acc, {out}));
+  }
+  Value i0 = b.convert(b.unary("floor", src), DType::I32);
+  i0 = b.binary("minimum", i0, b.constantInt(in - 1, DType::I32, {out}));
+  Value i1 =
+      b.binary("minimum", add(b, i0, b.constantInt(1, DType::I32, {out})), b.constantInt(in - 1, DType::I32, {out}));
+  Value l1 = sub(b, src, b.convert(i0, acc));
+  Value l0 = sub(b, b.constant(1, acc, {out}), l1);
+  return {i0, i1, l0, l1};
+}
+
+// Spatial output sizes: PyTorch's meta result.
+Shape outSpatial(Ctx& c, int n) {
+  if (!c.hasExpected()) throw ir::Unsupported("upsample: unknown output size");
+  const Shape& s = c.expectedAt(0).shape;
+  return Shape(s.end() - n, s.end());
+}
+
+std::vector<Value> nearestForward(Ctx& c, int n, bool exact) {
+  Value x = c.tensor(0);
+  Shape os = outSpatial(c, n);
+  auto scales = scalesAt(c, 2, n);
+  Value y = x;
+  for (int i = 0; i < n; ++i) {
+    int64_t d = x.rank() - n + i;
+    y = takeDim(c.b, y, d, nearestIdx(c.b, x.shape()[d], os[i], scales[i], exact));
+  }
+  return {y};
+}
+
+// (grad_output, output_size, input_size, scales...)
+std::vector<Value> nearestBackward(Ctx& c, int n, bool exact) {
+  Value g = c.tensor(0);
+  Shape in = c.ints(2);
+  DType out = outType(c, g.dtype());
+  DType acc = accOf(out);
+  auto scales = scalesAt(c, 3, n);
+  Value gg = c.b.convert(g, acc);
+  for (int i = 0; i < n; ++i) {
+    int64_t d = g.rank() - n + i;
+    Value idx = nearestIdx(c.b, in[d], g.shape()[d], scales[i], exact);
+    gg = applyWeightsT(c.b, gg, d, oneHot(c.b, idx, in[d], acc));
+  }
+  return {c.b.convert(gg, out)};
+}
+
+Registrar reg_un1("upsample_nearest1d", [](Ctx& c) { return nearestForward(c, 1, false); });
+Registrar reg_un2("upsample_nearest2d", [](Ctx& c) { return nearestForward(c, 2, false); });
+Registrar reg_un3("upsample_nearest3d", [](Ctx& c) { return nearestForward(c, 3, false); });
+Registrar reg_une1("_upsample_nearest_exact1d", [](Ctx& c) { return nearestForward(c, 1, true); });
+Registrar reg_une2("_upsample_nearest_exact2d", [](Ctx& c) { return nearestForward(c, 2, true); });
+Registrar reg_une3("_upsample_nearest_exact3d", [](Ctx& c) { return nearestForward(c, 3, true); });
+Registrar reg_un1b("upsample_nearest1d_backward", [](Ctx& c) { return nearestBackward(c, 1, false); });
+Registrar reg_un2b("upsample_nearest2d_backward", [](Ctx& c) { return nearestBackward(c, 2, false); });
+Registrar reg_un3b("upsample_nearest3d_backward", [](Ctx& c) { return nearestBackward(c, 3, false); });
+Registrar reg_une1b("_upsample_nearest_exact1d_backward", [](Ctx& c) { return nearestBackward(c, 1, true); });
+Registrar reg_une2b("_upsample_nearest_exact2d_backward", [](Ctx& c) { return nearestBackward(c, 2, true); });
+Registrar reg_une3b("_upsample_nearest_exact3d_backward", [](Ctx& c) { return nearestBackward(c, 3, true); });
+
+// (self, output_size, align_corners, scales...)
+std::vector<Value> linearForward(Ctx& c, int n) {
+  Value x = c.tensor(0);
+  DType out = outType(c, x.dtype());
+  if (!ir::isFloat(out)) throw ir::Unsupported("linear upsampling of integers");
+  // PyTorch's CPU kernels for 1-d and 3-d compute indices and weights in the
+  // low-precision type itself (results differ past bf16 tolerance).
+  if (n != 2 && (out == DType::BF16 || out == DType::F16)) throw ir::Unsupported("low-precision linear/trilinear");
+  DType acc = accOf(out);
+  Shape os = outSpatial(c, n);
+  bool align = c.flag(2);
+  auto scales = scalesAt(c, 3, n);
+  ir::Builder& b = c.b;
+  Value y = b.convert(x, acc);
+  for (int i = 0; i < n; ++i) {
+    int64_t d = x.rank() - n + i;
+    LinearIdx li = linearIdx(b, x.shape()[d], os[i], align, scales[i], acc);
+    Value a0 = takeDim(b, y, d, li.i0), a1 = takeDim(b, y, d, li.i1);
+    Value l0 = b.broadcastInDim(li.l0, a0.shape(), {d}), l1 = b.broadcastInDim(li.l1, a0.shape(), {d});
+    y = add(b, mul(b, a0, l0), mul(b, a1, l1));
+  }
+  return {b.convert(y, out)};
+}
+
+// (grad_output, output_size, input_size, align_corners, scales...)
+std::vector<Value> linearBackward(Ctx& c, int n) {
+  Value g = c.tensor(0);
+  Shape in = c.ints(2);
+  bool align = c.flag(3);
+  DType out = outType(c, g.dtype());
+  DType acc = accOf(out);
+  auto scales = scalesAt(c, 4, n);
+  ir::Builder& b = c.b;
+  Value gg = b.convert(g, acc);
+  for (int i = 0; i < n; ++i) {
+    int64_t d = g.rank() - n + i;
+    LinearIdx li = linearIdx(b, in[d], g.shape()[d], align, scales[i], acc);
+    Value w = add(b, oneHot(b, li.i0, in[d], acc, &li.l0), oneHot(b, li.i1, in[d], acc, &li.l1));
+    gg = applyWeightsT(b, gg, d, w);
+  }
+  return {b.convert(gg, out)};
+}
+
+Registrar reg_ul1("upsample_linear1d", [](Ctx& c) { return linearForward(c, 1); });
+Registrar reg_ub2("upsample_bilinear2d", [](Ctx& c) { return linearForward(c, 2); });
+Registrar reg_ut3("upsample_trilinear3d", [](Ctx& c) { return linearForward(c, 3); });
+Registrar reg_ul1b("upsample_linear1d_backward", [](Ctx& c) { return linearBackward(c, 1); });
+Registrar reg_ub2b("upsample_bilinear2d_backward", [](Ctx& c) { return linearBackward(c, 2); });
+Registrar reg_ut3b("upsample_trilinear3d_backward", [](Ctx& c) { return linearBackward(c, 3); });
+
+// --------------------------------------------------------------- adaptive max pooling
+
+// Gathers the adaptive windows of dim d: (.., I, ..) -> (.., O, K, ..), with
+// the input position of each element (i32[O, K]) and whether it is in the
+// window (bool[O, K]).
+struct Windows {
+  Value vals, pos, valid;
+};
+Windows adaptiveWindows(ir::Builder& b, const Value& x, int64_t d, int64_t in, int64_t out) {
+  int64_t kmax = 0;
+  for (int64_t o = 0; o < out; ++o) {
+    int64_t st = o * in / out, en = ((o + 1) * in + out - 1) / out;
+    kmax = std::max(kmax, en - st);
+  }
+  Type t{DType::I32, {out, kmax}};
+  auto ci = [&](int64_t v) { return b.constantInt(v, DType::I32, t.shape); };
+  Value o = b.iota(t, 0), kk = b.iota(t, 1);
+  Value st = b.binary("divide", mul(b, o, ci(in)), ci(out));
+  Value en = b.binary("divide", add(b, mul(b, add(b, o, ci(1)), ci(in)), ci(out - 1)), ci(out));
+  Value raw = add(b, st, kk);
+  Value valid = b.compare(raw, en, ir::Cmp::LT);
+  Value pos = b.binary("minimum", raw, ci(in - 1));
+  ir::Builder::GatherDims dn;
+  for (int64_t i = 0; i < x.rank(); ++i)
+    if (i != d) dn.offset_dims.push_back(i < d ? i : i + 1);
+  dn.collapsed_slice_dims = {d};
+  dn.start_index_map = {d};
+  dn.index_vector_dim = 2;
+  Shape sizes = x.shape();
+  sizes[d] = 1;
+  Value g = b.gather(x, b.reshape(pos, {out, kmax, 1}), dn, sizes);
+  return {g, pos, valid};
+}
+
+// adaptive_max_pool2d(self, output_size) -> (out, indices)
+Registrar reg_adaptive_max_pool2d("adaptive_max_pool2d", [](Ctx& c) {
+  Value x = c.tensor(0);
+  auto os = c.ints(1);
+  ir::Builder& b = c.b;
+  int64_t r = x.rank();
+  if (os.size() != 2 || r < 3) throw ir::Unsupported("adaptive_max_pool2d: shape");
+  int64_t ih = x.shape()[r - 2], iw = x.shape()[r - 1], oh = os[0], ow = os[1];
+  if (ih <= 0 || iw <= 0 || oh <= 0 || ow <= 0 || x.type.numel() == 0) throw ir::Unsupported("empty adaptive pool");
+  Windows wh = adaptiveWindows(b, x, r - 2, ih, oh);    // (.., OH, KH, IW)
+  Windows ww = adaptiveWindows(b, wh.vals, r, iw, ow);  // (.., OH, KH, OW, KW)
+  Value v = ww.vals;
+  int64_t kh = wh.pos.shape()[1], kw = ww.pos.shape()[1];
+  Shape full = v.shape();
+  int64_t lead = r - 2;
+  std::vector<int64_t> hdims = {lead, lead + 1}, wdims = {lead + 2, lead + 3};
+  Value ph = b.broadcastInDim(b.convert(wh.pos, DType::I64), full, hdims);
+  Value pw = b.broadcastInDim(b.convert(ww.pos, DType::I64), full, wdims);
+  Value valid = b.binary("and", b.broadcastInDim(wh.valid, full, hdims), b.broadcastInDim(ww.valid, full, wdims));
+  Value flat = add(b, mul(b, ph, b.constantInt(iw, DType::I64, full)), pw);
+  DType t = x.dtype();
+  v = b.select(valid, v, b.constant(lowestValue(t), t, full));
+  flat = b.select(valid, flat, b.constantInt(ih * iw, DType::I64, full));
+  bool is_float = ir::isFloat(t);
+  (void)kh;
+  (void)kw;
+  auto res = b.reduce({v, flat}, {b.constant(lowestValue(t), t), b.constantInt(-1, DType::I64)}, {lead + 1, lead + 3},
+                      [is_float](ir::Builder& bb, const std::vector<Value>& a) {
+                        Value av = a[0], ai = a[1], cv = a[2], ci = a[3];
+                        Value ainit = bb.compare(ai, bb.constantInt(-1, DType::I64), ir::Cmp::EQ);
+                        Value cinit = bb.compare(ci, bb.constantInt(-1, DType::I64), ir::Cmp::EQ);
+                        Value gt = bb.compare(cv, av, ir::Cmp::GT);
+                        Value eq = bb.compare(cv, av, ir::Cmp::EQ);
+                        // Larger value wins; ties keep the smaller index.
+                        Value pick = bb.binary("or", gt, bb.binary("and", eq, bb.compare(ci, ai, ir::Cmp::LT)));
+                        if (is_float) {
+                          // NaN wins (the first NaN among NaNs).
+                          Value cn = bb.compare(cv, cv, ir::Cmp::NE), an = bb.compare(av, av, ir::Cmp::NE);
+                          pick = bb.select(an, bb.binary("and", cn, bb.compare(ci, ai, ir::Cmp::LT)),
+                                           bb.binary("or", pick, cn));
+                        }
+                        pick = bb.select(ainit, bb.unary("not", cinit), bb.binary("and", pick, bb.unary("not", cinit)));
+                        return std::vector<Value>{bb.select(pick, cv, av), bb.select(pick, ci, ai)};
+                      });
+  return std::vector<Value>{res[0], res[1]};
+});
+
+// adaptive_max_pool2d_backward(grad_output, self, indices): scatter-add.
+Registrar reg_adaptive_max_pool2d_backward("adaptive_max_pool2d_backward", [](Ctx& c) {
+  Value g = c.tensor(0), x = c.tensor(1), idx = c.tensor(2);
+  ir::Builder& b = c.b;
+  int64_t hw = x.shape()[x.rank() - 2] * x.shape()[x.rank() - 1];
+  int64_t lead = x.type.numel() / std::max<int64_t>(hw, 1);
+  int64_t l = g.shape()[g.rank() - 2] * g.shape()[g.rank() - 1];
+  DType out = outType(c, x.dtype());
+  DType acc = accOf(out);
+  Value gg = b.reshape(b.convert(g, acc), {lead, l});
+  Value ii = b.reshape(b.convert(idx, DType::I64), {lead, l});
+  Value rows = b.reshape(b.iota(Type{DType::I64, {lead, l}}, 0), {lead, l, 1});
+  Value coords = b.concatenate({rows, b.reshape(ii, {lead, l, 1})}, 2);
+  ir::Builder::ScatterDims dn;
+  dn.inserted_window_dims = {0, 1};
+  dn.scatter_dims_to_operand_dims = {0, 1};
+  dn.index_vector_dim = 2;
+  Value res =
+      b.scatter(b.constant(0.0, acc, {lead, hw}), coords, gg, dn,
+                [](ir::Builder& bb, const std::vector<Value>& a) { return std::vector<Value>{add(bb, a[0], a[1])}; });
+  return std::vector<Value>{b.convert(b.reshape(res, x.shape()), out)};
+});
+
+}  // namespace
+}  // namespace tpu::ops
