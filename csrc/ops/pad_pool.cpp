@@ -75,6 +75,16 @@ Value reflectDim(ir::Builder& b, const Value& x, int64_t d, int64_t l, int64_t r
   return parts.size() == 1 ? x : b.concatenate(parts, d);
 }
 
+// Output position o reads input |w - 1 - |w - 1 - |o - l||| (any padding
+// with |pad| < w, negative included).
+Value reflectIdx(ir::Builder& b, int64_t w, int64_t l, int64_t r) {
+  int64_t out = w + l + r;
+  if (std::abs(l) >= w || std::abs(r) >= w || out <= 0) throw ir::Unsupported("reflection pad: padding out of range");
+  auto ci = [&](int64_t v) { return b.constantInt(v, DType::I32, {out}); };
+  Value j = b.unary("abs", sub(b, b.iota(Type{DType::I32, {out}}, 0), ci(l)));
+  return sub(b, ci(w - 1), b.unary("abs", sub(b, ci(w - 1), j)));
+}
+
 Value reflectDimBackward(ir::Builder& b, const Value& g, int64_t d, int64_t l, int64_t r, int64_t w) {
   Value gi = sliceDim(b, g, d, l, l + w);
   if (l > 0) gi = add(b, gi, zeroPadDim(b, b.reverse(sliceDim(b, g, d, 0, l), {d}), d, 1, w - 1 - l));
@@ -95,8 +105,12 @@ std::vector<Value> padForward(Ctx& c, bool reflect) {
   Value x = c.tensor(0);
   auto dims = padDims(c.ints(1), x.rank());
   Value y = x;
-  for (auto& [d, l, r] : dims)
-    y = reflect ? reflectDim(c.b, y, d, l, r) : takeDim(c.b, y, d, replicateIdx(c.b, y.shape()[d], l, r));
+  for (auto& [d, l, r] : dims) {
+    if (reflect && l >= 0 && r >= 0)
+      y = reflectDim(c.b, y, d, l, r);
+    else
+      y = takeDim(c.b, y, d, reflect ? reflectIdx(c.b, y.shape()[d], l, r) : replicateIdx(c.b, y.shape()[d], l, r));
+  }
   return {y};
 }
 
@@ -109,8 +123,11 @@ std::vector<Value> padBackward(Ctx& c, bool reflect) {
   auto dims = padDims(c.ints(2), x.rank());
   for (auto& [d, l, r] : dims) {
     int64_t w = x.shape()[d];
-    gg = reflect ? reflectDimBackward(c.b, gg, d, l, r, w)
-                 : applyWeightsT(c.b, gg, d, oneHot(c.b, replicateIdx(c.b, w, l, r), w, acc));
+    if (reflect && l >= 0 && r >= 0)
+      gg = reflectDimBackward(c.b, gg, d, l, r, w);
+    else
+      gg = applyWeightsT(c.b, gg, d,
+                         oneHot(c.b, reflect ? reflectIdx(c.b, w, l, r) : replicateIdx(c.b, w, l, r), w, acc));
   }
   return {c.b.convert(gg, out)};
 }
