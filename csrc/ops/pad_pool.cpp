@@ -380,14 +380,15 @@ Registrar reg_adaptive_max_pool2d("adaptive_max_pool2d", [](Ctx& c) {
   return std::vector<Value>{res[0], res[1]};
 });
 
-// adaptive_max_pool2d_backward(grad_output, self, indices): scatter-add.
-Registrar reg_adaptive_max_pool2d_backward("adaptive_max_pool2d_backward", [](Ctx& c) {
-  Value g = c.tensor(0), x = c.tensor(1), idx = c.tensor(2);
-  ir::Builder& b = c.b;
-  int64_t hw = x.shape()[x.rank() - 2] * x.shape()[x.rank() - 1];
-  int64_t lead = x.type.numel() / std::max<int64_t>(hw, 1);
-  int64_t l = g.shape()[g.rank() - 2] * g.shape()[g.rank() - 1];
-  DType out = outType(c, x.dtype());
+// The gradient of a max pool over the trailing `n` dims: grad scattered (added)
+// to the flat positions in `idx`.
+Value scatterByIndex(ir::Builder& b, const Value& g, const Value& x, const Value& idx, int n, DType out) {
+  int64_t sp = 1, l = 1;
+  for (int i = 0; i < n; ++i) {
+    sp *= x.shape()[x.rank() - 1 - i];
+    l *= g.shape()[g.rank() - 1 - i];
+  }
+  int64_t lead = x.type.numel() / std::max<int64_t>(sp, 1);
   DType acc = accOf(out);
   Value gg = b.reshape(b.convert(g, acc), {lead, l});
   Value ii = b.reshape(b.convert(idx, DType::I64), {lead, l});
@@ -398,9 +399,153 @@ Registrar reg_adaptive_max_pool2d_backward("adaptive_max_pool2d_backward", [](Ct
   dn.scatter_dims_to_operand_dims = {0, 1};
   dn.index_vector_dim = 2;
   Value res =
-      b.scatter(b.constant(0.0, acc, {lead, hw}), coords, gg, dn,
+      b.scatter(b.constant(0.0, acc, {lead, sp}), coords, gg, dn,
                 [](ir::Builder& bb, const std::vector<Value>& a) { return std::vector<Value>{add(bb, a[0], a[1])}; });
-  return std::vector<Value>{b.convert(b.reshape(res, x.shape()), out)};
+  return b.convert(b.reshape(res, x.shape()), out);
+}
+
+// adaptive_max_pool2d_backward(grad_output, self, indices)
+Registrar reg_adaptive_max_pool2d_backward("adaptive_max_pool2d_backward", [](Ctx& c) {
+  Value x = c.tensor(1);
+  return std::vector<Value>{scatterByIndex(c.b, c.tensor(0), x, c.tensor(2), 2, outType(c, x.dtype()))};
+});
+
+// --------------------------------------------------------------- max_pool3d
+
+// PyTorch's pooling_output_shape.
+int64_t poolOut(int64_t in, int64_t k, int64_t p, int64_t s, int64_t d, bool ceil) {
+  int64_t num = in + 2 * p - d * (k - 1) - 1 + (ceil ? s - 1 : 0);
+  int64_t out = (num >= 0 ? num / s : -((-num + s - 1) / s)) + 1;
+  if (ceil && (out - 1) * s >= in + p) --out;
+  return out;
+}
+
+// max_pool3d_with_indices(self, kernel, stride, padding, dilation, ceil_mode) -> (out, indices)
+Registrar reg_max_pool3d_with_indices("max_pool3d_with_indices", [](Ctx& c) {
+  Value x = c.tensor(0);
+  ir::Builder& b = c.b;
+  int64_t r = x.rank();
+  if (r != 4 && r != 5) throw ir::Unsupported("max_pool3d: rank");
+  auto expand = [](std::vector<int64_t> v, std::vector<int64_t> dflt) {
+    if (v.empty()) return dflt;
+    if (v.size() == 1) return std::vector<int64_t>(3, v[0]);
+    return v;
+  };
+  auto k = expand(c.ints(1), {});
+  auto st = expand(c.ints(2), k);
+  auto pd = expand(c.has(3) ? c.ints(3) : std::vector<int64_t>{0}, {0, 0, 0});
+  auto dl = expand(c.has(4) ? c.ints(4) : std::vector<int64_t>{1}, {1, 1, 1});
+  bool ceil = c.flagOr(5, false);
+  if (k.size() != 3 || st.size() != 3 || pd.size() != 3 || dl.size() != 3) throw ir::Unsupported("max_pool3d: args");
+  int64_t lead = r - 3;
+  Shape win(r, 1), str(r, 1), dil(r, 1);
+  std::vector<std::pair<int64_t, int64_t>> pad(r, {0, 0});
+  int64_t sp = 1;
+  for (int i = 0; i < 3; ++i) {
+    int64_t in = x.shape()[lead + i];
+    int64_t o = poolOut(in, k[i], pd[i], st[i], dl[i], ceil);
+    if (o <= 0) throw ir::Unsupported("max_pool3d: empty output");
+    win[lead + i] = k[i];
+    str[lead + i] = st[i];
+    dil[lead + i] = dl[i];
+    pad[lead + i] = {pd[i], (o - 1) * st[i] + dl[i] * (k[i] - 1) + 1 - in - pd[i]};
+    sp *= in;
+  }
+  if (x.type.numel() == 0) throw ir::Unsupported("max_pool3d: empty input");
+  Type it{DType::I64, x.shape()};
+  auto ci = [&](int64_t v) { return b.constantInt(v, DType::I64, x.shape()); };
+  int64_t dd = x.shape()[lead], hh = x.shape()[lead + 1], ww = x.shape()[lead + 2];
+  (void)dd;
+  Value flat =
+      add(b, mul(b, add(b, mul(b, b.iota(it, lead), ci(hh)), b.iota(it, lead + 1)), ci(ww)), b.iota(it, lead + 2));
+  DType t = x.dtype();
+  bool is_float = ir::isFloat(t);
+  auto res = b.reduceWindow(
+      {x, flat}, {b.constant(lowestValue(t), t), b.constantInt(-1, DType::I64)}, win, str, Shape(r, 1), dil, pad,
+      [is_float](ir::Builder& bb, const std::vector<Value>& a) {
+        Value av = a[0], ai = a[1], cv = a[2], ci = a[3];
+        Value ainit = bb.compare(ai, bb.constantInt(-1, DType::I64), ir::Cmp::EQ);
+        Value cinit = bb.compare(ci, bb.constantInt(-1, DType::I64), ir::Cmp::EQ);
+        Value gt = bb.compare(cv, av, ir::Cmp::GT);
+        Value eq = bb.compare(cv, av, ir::Cmp::EQ);
+        Value pick = bb.binary("or", gt, bb.binary("and", eq, bb.compare(ci, ai, ir::Cmp::LT)));
+        if (is_float) {
+          Value cn = bb.compare(cv, cv, ir::Cmp::NE), an = bb.compare(av, av, ir::Cmp::NE);
+          pick = bb.select(an, bb.binary("and", cn, bb.compare(ci, ai, ir::Cmp::LT)), bb.binary("or", pick, cn));
+        }
+        pick = bb.select(ainit, bb.unary("not", cinit), bb.binary("and", pick, bb.unary("not", cinit)));
+        return std::vector<Value>{bb.select(pick, cv, av), bb.select(pick, ci, ai)};
+      });
+  (void)sp;
+  return std::vector<Value>{res[0], res[1]};
+});
+
+// max_pool3d_with_indices_backward(grad, self, kernel, stride, padding, dilation, ceil_mode, indices)
+Registrar reg_max_pool3d_backward("max_pool3d_with_indices_backward", [](Ctx& c) {
+  Value x = c.tensor(1);
+  return std::vector<Value>{scatterByIndex(c.b, c.tensor(0), x, c.tensor(7), 3, outType(c, x.dtype()))};
+});
+
+// --------------------------------------------------------------- im2col / col2im
+
+// im2col(self, kernel_size, dilation, padding, stride): (N, C, H, W) ->
+// (N, C * kh * kw, L), channel index c * kh * kw + i * kw + j.
+Registrar reg_im2col("im2col", [](Ctx& c) {
+  Value x = c.tensor(0);
+  ir::Builder& b = c.b;
+  auto k = c.ints(1), dl = c.ints(2), pd = c.ints(3), st = c.ints(4);
+  bool batched = x.rank() == 4;
+  if (!batched) x = b.reshape(x, {1, x.shape()[0], x.shape()[1], x.shape()[2]});
+  int64_t n = x.shape()[0], ch = x.shape()[1], h = x.shape()[2], w = x.shape()[3];
+  int64_t oh = (h + 2 * pd[0] - (dl[0] * (k[0] - 1) + 1)) / st[0] + 1;
+  int64_t ow = (w + 2 * pd[1] - (dl[1] * (k[1] - 1) + 1)) / st[1] + 1;
+  if (oh <= 0 || ow <= 0 || x.type.numel() == 0) throw ir::Unsupported("im2col: empty");
+  Value xp = b.pad(x, b.constant(0.0, x.dtype()), {0, 0, pd[0], pd[1]}, {0, 0, pd[0], pd[1]}, {0, 0, 0, 0});
+  std::vector<Value> cols;
+  for (int64_t i = 0; i < k[0]; ++i)
+    for (int64_t j = 0; j < k[1]; ++j) {
+      Shape s0{0, 0, i * dl[0], j * dl[1]};
+      Shape s1{n, ch, i * dl[0] + (oh - 1) * st[0] + 1, j * dl[1] + (ow - 1) * st[1] + 1};
+      Value sl = b.slice(xp, s0, s1, {1, 1, st[0], st[1]});
+      cols.push_back(b.reshape(sl, {n, ch, 1, oh * ow}));
+    }
+  Value r = b.reshape(b.concatenate(cols, 2), {n, ch * k[0] * k[1], oh * ow});
+  if (!batched) r = b.reshape(r, {ch * k[0] * k[1], oh * ow});
+  return std::vector<Value>{r};
+});
+
+// col2im(self, output_size, kernel_size, dilation, padding, stride): the
+// adjoint of im2col (overlapping patches add up).
+Registrar reg_col2im("col2im", [](Ctx& c) {
+  Value x = c.tensor(0);
+  ir::Builder& b = c.b;
+  auto os = c.ints(1), k = c.ints(2), dl = c.ints(3), pd = c.ints(4), st = c.ints(5);
+  bool batched = x.rank() == 3;
+  if (!batched) x = b.reshape(x, {1, x.shape()[0], x.shape()[1]});
+  int64_t n = x.shape()[0], kk = k[0] * k[1];
+  if (kk <= 0 || x.shape()[1] % kk != 0) throw ir::Unsupported("col2im: shape");
+  int64_t ch = x.shape()[1] / kk;
+  int64_t h = os[0], w = os[1];
+  int64_t oh = (h + 2 * pd[0] - (dl[0] * (k[0] - 1) + 1)) / st[0] + 1;
+  int64_t ow = (w + 2 * pd[1] - (dl[1] * (k[1] - 1) + 1)) / st[1] + 1;
+  if (oh * ow != x.shape()[2] || x.type.numel() == 0) throw ir::Unsupported("col2im: shape");
+  DType out = outType(c, x.dtype());
+  DType acc = accOf(out);
+  Value xc = b.reshape(b.convert(x, acc), {n, ch, kk, oh, ow});
+  int64_t hp = h + 2 * pd[0], wp = w + 2 * pd[1];
+  Value sum;
+  for (int64_t i = 0; i < k[0]; ++i)
+    for (int64_t j = 0; j < k[1]; ++j) {
+      int64_t idx = i * k[1] + j;
+      Value blk = b.reshape(b.slice(xc, {0, 0, idx, 0, 0}, {n, ch, idx + 1, oh, ow}, {1, 1, 1, 1, 1}), {n, ch, oh, ow});
+      int64_t lo0 = i * dl[0], lo1 = j * dl[1];
+      int64_t hi0 = hp - (lo0 + (oh - 1) * st[0] + 1), hi1 = wp - (lo1 + (ow - 1) * st[1] + 1);
+      Value placed = b.pad(blk, b.constant(0.0, acc), {0, 0, lo0, lo1}, {0, 0, hi0, hi1}, {0, 0, st[0] - 1, st[1] - 1});
+      sum = sum.valid() ? add(b, sum, placed) : placed;
+    }
+  Value r = b.pad(sum, b.constant(0.0, acc), {0, 0, -pd[0], -pd[1]}, {0, 0, -pd[0], -pd[1]}, {0, 0, 0, 0});
+  if (!batched) r = b.reshape(r, {ch, h, w});
+  return std::vector<Value>{b.convert(r, out)};
 });
 
 }  // namespace
