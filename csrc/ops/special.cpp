@@ -332,6 +332,12 @@ Registrar reg_special_i0e("special_i0e", [](Ctx& c) {
 Registrar reg_special_i1("special_i1", [](Ctx& c) {
   return floatUnary(c, [](ir::Builder& b, const Value& x) { return besselI(b, x, 1); });
 });
+Registrar reg_special_mbi0("special_modified_bessel_i0", [](Ctx& c) {
+  return floatUnary(c, [](ir::Builder& b, const Value& x) { return besselI(b, x, 0); });
+});
+Registrar reg_special_mbi1("special_modified_bessel_i1", [](Ctx& c) {
+  return floatUnary(c, [](ir::Builder& b, const Value& x) { return besselI(b, x, 1); });
+});
 Registrar reg_special_i1e("special_i1e", [](Ctx& c) {
   return floatUnary(c, [](ir::Builder& b, const Value& x) { return besselIe(b, x, 1); });
 });
@@ -435,6 +441,30 @@ Registrar reg_deg2rad("deg2rad", [](Ctx& c) {
 });
 Registrar reg_rad2deg("rad2deg", [](Ctx& c) {
   return floatUnary(c, [](ir::Builder& b, const Value& x) { return mul(b, x, k(b, 180.0 / M_PI, x)); });
+});
+
+// nextafter(x, y): step the bit pattern of x by one towards y.
+Registrar reg_nextafter("nextafter", [](Ctx& c) {
+  DType t = outType(c, resultType(c, {0, 1}));
+  if (!ir::isFloat(t)) throw ir::Unsupported("nextafter: not a float");
+  ir::Builder& b = c.b;
+  auto vs = broadcastAll(b, {b.convert(c.tensor(0), t), b.convert(c.tensor(1), t)});
+  Value x = vs[0], y = vs[1];
+  DType it = t == DType::F32 ? DType::I32 : t == DType::F64 ? DType::I64 : DType::I16;
+  Type ity{it, x.shape()};
+  Value bits = b.bitcast(x, ity);
+  Value one = b.constantInt(1, it, x.shape());
+  Value zero = k(b, 0, x);
+  // Away from zero when |y| > |x| on x's side: for x > 0 that is y > x.
+  Value up = b.compare(b.compare(y, x, ir::Cmp::GT), b.compare(x, zero, ir::Cmp::GT), ir::Cmp::EQ);
+  Value stepped = b.bitcast(b.select(up, add(b, bits, one), sub(b, bits, one)), x.type);
+  // From +-0: the smallest subnormal with y's sign.
+  Value tiny = b.bitcast(one, x.type);
+  Value from0 = b.select(lt(b, y, 0), neg(b, tiny), tiny);
+  Value r = b.select(b.compare(x, zero, ir::Cmp::EQ), from0, stepped);
+  r = b.select(b.compare(x, y, ir::Cmp::EQ), y, r);
+  Value nan = b.binary("or", b.compare(x, x, ir::Cmp::NE), b.compare(y, y, ir::Cmp::NE));
+  return std::vector<Value>{b.select(nan, add(b, x, y), r)};
 });
 
 }  // namespace
