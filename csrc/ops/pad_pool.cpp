@@ -333,33 +333,42 @@ Windows adaptiveWindows(ir::Builder& b, const Value& x, int64_t d, int64_t in, i
   return {g, pos, valid};
 }
 
-// adaptive_max_pool2d(self, output_size) -> (out, indices)
-Registrar reg_adaptive_max_pool2d("adaptive_max_pool2d", [](Ctx& c) {
+// adaptive_max_pool{2,3}d(self, output_size) -> (out, indices)
+std::vector<Value> adaptiveMax(Ctx& c, int n) {
   Value x = c.tensor(0);
   auto os = c.ints(1);
   ir::Builder& b = c.b;
   int64_t r = x.rank();
-  if (os.size() != 2 || r < 3) throw ir::Unsupported("adaptive_max_pool2d: shape");
-  int64_t ih = x.shape()[r - 2], iw = x.shape()[r - 1], oh = os[0], ow = os[1];
-  if (ih <= 0 || iw <= 0 || oh <= 0 || ow <= 0 || x.type.numel() == 0) throw ir::Unsupported("empty adaptive pool");
-  Windows wh = adaptiveWindows(b, x, r - 2, ih, oh);    // (.., OH, KH, IW)
-  Windows ww = adaptiveWindows(b, wh.vals, r, iw, ow);  // (.., OH, KH, OW, KW)
-  Value v = ww.vals;
-  int64_t kh = wh.pos.shape()[1], kw = ww.pos.shape()[1];
+  if (int(os.size()) != n || r < n + 1) throw ir::Unsupported("adaptive_max_pool: shape");
+  if (x.type.numel() == 0) throw ir::Unsupported("adaptive_max_pool: empty input");
+  int64_t lead = r - n;
+  for (int j = 0; j < n; ++j)
+    if (os[j] <= 0) throw ir::Unsupported("adaptive_max_pool: empty output");
+  // Gather dim j's windows: (.., O0, K0, .., Oj, Kj, in_{j+1}, ..).
+  Value v = x;
+  std::vector<Windows> ws;
+  for (int j = 0; j < n; ++j) {
+    ws.push_back(adaptiveWindows(b, v, lead + 2 * j, x.shape()[lead + j], os[j]));
+    v = ws.back().vals;
+  }
   Shape full = v.shape();
-  int64_t lead = r - 2;
-  std::vector<int64_t> hdims = {lead, lead + 1}, wdims = {lead + 2, lead + 3};
-  Value ph = b.broadcastInDim(b.convert(wh.pos, DType::I64), full, hdims);
-  Value pw = b.broadcastInDim(b.convert(ww.pos, DType::I64), full, wdims);
-  Value valid = b.binary("and", b.broadcastInDim(wh.valid, full, hdims), b.broadcastInDim(ww.valid, full, wdims));
-  Value flat = add(b, mul(b, ph, b.constantInt(iw, DType::I64, full)), pw);
+  Value flat, valid;
+  std::vector<int64_t> kdims;
+  for (int j = 0; j < n; ++j) {
+    std::vector<int64_t> dims = {lead + 2 * j, lead + 2 * j + 1};
+    kdims.push_back(lead + 2 * j + 1);
+    Value p = b.broadcastInDim(b.convert(ws[j].pos, DType::I64), full, dims);
+    Value ok = b.broadcastInDim(ws[j].valid, full, dims);
+    flat = flat.valid() ? add(b, mul(b, flat, b.constantInt(x.shape()[lead + j], DType::I64, full)), p) : p;
+    valid = valid.valid() ? b.binary("and", valid, ok) : ok;
+  }
+  int64_t sp = 1;
+  for (int j = 0; j < n; ++j) sp *= x.shape()[lead + j];
   DType t = x.dtype();
   v = b.select(valid, v, b.constant(lowestValue(t), t, full));
-  flat = b.select(valid, flat, b.constantInt(ih * iw, DType::I64, full));
+  flat = b.select(valid, flat, b.constantInt(sp, DType::I64, full));
   bool is_float = ir::isFloat(t);
-  (void)kh;
-  (void)kw;
-  auto res = b.reduce({v, flat}, {b.constant(lowestValue(t), t), b.constantInt(-1, DType::I64)}, {lead + 1, lead + 3},
+  auto res = b.reduce({v, flat}, {b.constant(lowestValue(t), t), b.constantInt(-1, DType::I64)}, kdims,
                       [is_float](ir::Builder& bb, const std::vector<Value>& a) {
                         Value av = a[0], ai = a[1], cv = a[2], ci = a[3];
                         Value ainit = bb.compare(ai, bb.constantInt(-1, DType::I64), ir::Cmp::EQ);
@@ -377,8 +386,10 @@ Registrar reg_adaptive_max_pool2d("adaptive_max_pool2d", [](Ctx& c) {
                         pick = bb.select(ainit, bb.unary("not", cinit), bb.binary("and", pick, bb.unary("not", cinit)));
                         return std::vector<Value>{bb.select(pick, cv, av), bb.select(pick, ci, ai)};
                       });
-  return std::vector<Value>{res[0], res[1]};
-});
+  return {res[0], res[1]};
+}
+Registrar reg_adaptive_max_pool2d("adaptive_max_pool2d", [](Ctx& c) { return adaptiveMax(c, 2); });
+Registrar reg_adaptive_max_pool3d("adaptive_max_pool3d", [](Ctx& c) { return adaptiveMax(c, 3); });
 
 // The gradient of a max pool over the trailing `n` dims: grad scattered (added)
 // to the flat positions in `idx`.
@@ -404,10 +415,14 @@ Value scatterByIndex(ir::Builder& b, const Value& g, const Value& x, const Value
   return b.convert(b.reshape(res, x.shape()), out);
 }
 
-// adaptive_max_pool2d_backward(grad_output, self, indices)
+// adaptive_max_pool{2,3}d_backward(grad_output, self, indices)
 Registrar reg_adaptive_max_pool2d_backward("adaptive_max_pool2d_backward", [](Ctx& c) {
   Value x = c.tensor(1);
   return std::vector<Value>{scatterByIndex(c.b, c.tensor(0), x, c.tensor(2), 2, outType(c, x.dtype()))};
+});
+Registrar reg_adaptive_max_pool3d_backward("adaptive_max_pool3d_backward", [](Ctx& c) {
+  Value x = c.tensor(1);
+  return std::vector<Value>{scatterByIndex(c.b, c.tensor(0), x, c.tensor(2), 3, outType(c, x.dtype()))};
 });
 
 // --------------------------------------------------------------- max_pool3d
