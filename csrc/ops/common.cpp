@@ -1,5 +1,6 @@
 #include "ops/common.h"
 
+#include <cmath>
 #include <limits>
 #include <map>
 #include <stdexcept>
@@ -360,6 +361,54 @@ Value matmul(ir::Builder& b, const Value& x0, const Value& y0) {
   if (!xv) out.push_back(x.shape()[nb]);
   if (!yv) out.push_back(y.shape()[nb + 1]);
   return b.reshape(r, out);
+}
+
+// --- special functions shared by elementwise.cpp and special.cpp
+
+static Value erfApprox(ir::Builder& b, const Value& x) {
+  // chlo.erf is not core StableHLO: Abramowitz-Stegun 7.1.26 is too coarse,
+  // so use the float32 rational approximation XLA itself uses for erf.
+  Value xc = b.clamp(full(b, -4.0, x), x, full(b, 4.0, x));
+  Value x2 = mul(b, xc, xc);
+  const double alpha[] = {-2.72614225801306e-10, 2.77068142495902e-08,  -2.10102402082508e-06, -5.69250639462346e-05,
+                          -7.34990630326855e-04, -2.95459980854025e-03, -1.60960333262415e-02};
+  const double beta[] = {-1.45660718464996e-05, -2.13374055278905e-04, -1.68282697438203e-03, -7.37332916720468e-03,
+                         -1.42647390514189e-02};
+  Value p = full(b, alpha[0], x);
+  for (int i = 1; i < 7; ++i) p = add(b, mul(b, p, x2), full(b, alpha[i], x));
+  p = mul(b, p, xc);
+  Value q = full(b, beta[0], x);
+  for (int i = 1; i < 5; ++i) q = add(b, mul(b, q, x2), full(b, beta[i], x));
+  return div(b, p, q);
+}
+
+Value erf(ir::Builder& b, const Value& x) {
+  if (x.dtype() == DType::F64) {
+    // Double precision: the Taylor series for |x| < 2 (60 terms; its
+    // cancellation is harmless there), and 1 - exp(-x^2) erfcx(|x|) with the
+    // continued fraction of erfcx beyond (depth 60: relative error ~1e-16 at 2).
+    Value ax = b.unary("abs", x);
+    Value two = full(b, 2.0, x);
+    Value lo = b.compare(ax, two, ir::Cmp::LT);
+    Value xs = b.select(lo, x, full(b, 0.0, x));
+    Value xx = mul(b, xs, xs);
+    Value term = xs;
+    Value sum = xs;
+    for (int n = 1; n < 60; ++n) {
+      term = mul(b, term, mul(b, b.unary("negate", xx), full(b, 1.0 / n, x)));
+      sum = add(b, sum, mul(b, term, full(b, 1.0 / (2 * n + 1), x)));
+    }
+    Value small = mul(b, sum, full(b, 2.0 / std::sqrt(M_PI), x));
+    Value xl = b.select(lo, two, ax);
+    Value f = xl;
+    for (int n = 60; n >= 1; --n) f = add(b, xl, div(b, full(b, 0.5 * n, x), f));
+    Value erfc =
+        div(b, mul(b, b.unary("exponential", b.unary("negate", mul(b, xl, xl))), full(b, 1.0 / std::sqrt(M_PI), x)), f);
+    Value big = sub(b, full(b, 1.0, x), erfc);
+    big = b.select(b.compare(x, full(b, 0.0, x), ir::Cmp::LT), b.unary("negate", big), big);
+    return b.select(lo, small, b.select(b.compare(x, x, ir::Cmp::NE), x, big));
+  }
+  return erfApprox(b, x);
 }
 
 }  // namespace tpu::ops

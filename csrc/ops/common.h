@@ -54,4 +54,7 @@ inline DType floatOf(DType t) { return ir::isFloat(t) ? t : DType::F32; }
 // Low-precision floats compute in float32 internally, like PyTorch's CPU.
 inline DType accOf(DType t) { return (t == DType::F16 || t == DType::BF16) ? DType::F32 : t; }
 
+// erf(x) on a float value (f32 rational approximation; f64 series).
+Value erf(ir::Builder& b, const Value& x);
+
 }  // namespace tpu::ops

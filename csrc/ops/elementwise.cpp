@@ -50,44 +50,6 @@ Value k(ir::Builder& b, double v, const Value& like) { return full(b, v, like); 
 
 Value sigmoid(ir::Builder& b, const Value& x) { return b.unary("logistic", x); }
 
-Value erfApprox(ir::Builder& b, const Value& x) {
-  // chlo.erf is not core StableHLO: Abramowitz-Stegun 7.1.26 is too coarse,
-  // so use the float32 rational approximation XLA itself uses for erf.
-  Value xc = b.clamp(k(b, -4.0, x), x, k(b, 4.0, x));
-  Value x2 = mul(b, xc, xc);
-  const double alpha[] = {-2.72614225801306e-10, 2.77068142495902e-08,  -2.10102402082508e-06, -5.69250639462346e-05,
-                          -7.34990630326855e-04, -2.95459980854025e-03, -1.60960333262415e-02};
-  const double beta[] = {-1.45660718464996e-05, -2.13374055278905e-04, -1.68282697438203e-03, -7.37332916720468e-03,
-                         -1.42647390514189e-02};
-  Value p = k(b, alpha[0], x);
-  for (int i = 1; i < 7; ++i) p = add(b, mul(b, p, x2), k(b, alpha[i], x));
-  p = mul(b, p, xc);
-  Value q = k(b, beta[0], x);
-  for (int i = 1; i < 5; ++i) q = add(b, mul(b, q, x2), k(b, beta[i], x));
-  return div(b, p, q);
-}
-
-Value erf(ir::Builder& b, const Value& x) {
-  if (x.dtype() == DType::F64) {
-    // Double precision: erf(x) = 1 - erfc(x) with a high-accuracy series is
-    // beyond this table; compute in f32 accuracy is not acceptable for f64,
-    // so use the identity with exp and a continued Taylor series for |x|<3.
-    Value ax = b.unary("abs", x);
-    Value xx = mul(b, x, x);
-    // Taylor: erf(x) = 2/sqrt(pi) * sum_{n} (-1)^n x^(2n+1) / (n! (2n+1)), 60 terms.
-    Value term = x;
-    Value sum = x;
-    for (int n = 1; n < 60; ++n) {
-      term = mul(b, term, mul(b, b.unary("negate", xx), k(b, 1.0 / n, x)));
-      sum = add(b, sum, mul(b, term, k(b, 1.0 / (2 * n + 1), x)));
-    }
-    Value small = mul(b, sum, k(b, 2.0 / std::sqrt(M_PI), x));
-    Value one = b.select(b.compare(x, k(b, 0.0, x), ir::Cmp::LT), k(b, -1.0, x), k(b, 1.0, x));
-    return b.select(b.compare(ax, k(b, 5.5, x), ir::Cmp::LT), small, one);
-  }
-  return erfApprox(b, x);
-}
-
 Value gelu(ir::Builder& b, const Value& x, bool tanh_approx) {
   if (tanh_approx) {
     // 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
