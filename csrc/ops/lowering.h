@@ -151,7 +151,5 @@ struct Registrar {
   }
 };
 
-// Forces the ops object files to be linked (static library).
-void linkAllLowerings();
 
 }  // namespace tpu::ops
