@@ -7,6 +7,14 @@ compiler inside a PJRT plugin (TPU, CUDA GPU, or the host CPU).
 
 from __future__ import annotations
 
+
+def _autoload():
+    """Entry point for PyTorch's backend autoload: importing this package is
+    enough. Defined before `import torch`, because `import torch_tpu` as the
+    first import makes torch's autoload call it while this module is still
+    initialising."""
+
+
 import contextlib
 import os
 import site
@@ -125,5 +133,3 @@ def lowered_ops():
     return list(_C._lowered_ops())
 
 
-def _autoload():
-    """Entry point for PyTorch's backend autoload (importing is enough)."""

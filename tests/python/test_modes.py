@@ -143,3 +143,13 @@ def test_pytorch_backend_autoload_imports_torch_tpu():
         print("ok")
     """)
     assert r.returncode == 0 and "ok" in r.stdout, r.stderr[-2000:]
+
+
+def test_import_torch_tpu_before_torch():
+    r = run_py("""
+        import torch_tpu
+        import torch
+        assert torch.ones(2, device="tpu").sum().item() == 2
+        print("ok")
+    """)
+    assert r.returncode == 0 and "ok" in r.stdout, r.stderr[-2000:]
