@@ -1,0 +1,513 @@
+// Miscellaneous lowerings: shrink activations, GLU, smooth-L1/Huber losses,
+// 2-d NLL loss (via the 1-d lowering), trace, count_nonzero, aminmax,
+// channel_shuffle, linalg_cross, logit_backward.
+#include <cmath>
+#include <limits>
+
+#include "ops/common.h"
+
+namespace tpu::ops {
+namespace {
+
+Arg tensorArg(const Value& v) {
+  Arg a;
+  a.kind = Arg::Kind::Tensor;
+  a.value = v;
+  return a;
+}
+Arg intListArg(std::vector<int64_t> v) {
+  Arg a;
+  a.kind = Arg::Kind::IntList;
+  a.ints = std::move(v);
+  return a;
+}
+Arg intArg(int64_t v) {
+  Arg a;
+  a.kind = Arg::Kind::Int;
+  a.i = v;
+  return a;
+}
+Arg boolArg(bool v) {
+  Arg a;
+  a.kind = Arg::Kind::Bool;
+  a.b = v;
+  return a;
+}
+
+// Runs another op's registered lowering on the given arguments.
+std::vector<Value> delegate(Ctx& c, const std::string& name, std::vector<Arg> args) {
+  const Lowering* l = findLowering(name, "");
+  if (!l || l->data_dependent || !l->const_scalars.empty())
+    throw ir::Unsupported("no lowering to delegate to: " + name);
+  Ctx sub(c.b, name, std::move(args), {});
+  auto r = l->fn(sub);
+  if (!sub.mutations().empty() || sub.rngStatesUsed() > 0) throw ir::Unsupported("delegated lowering has side effects");
+  if (sub.boundsOk().valid()) c.requireInRange(sub.boundsOk());
+  return r;
+}
+
+DType outType(Ctx& c, DType fallback) { return c.hasExpected() ? c.expectedAt(0).dtype : fallback; }
+
+std::vector<int64_t> allDims(int rank) {
+  std::vector<int64_t> d;
+  for (int i = 0; i < rank; ++i) d.push_back(i);
+  return d;
+}
+
+Value reduceLoss(ir::Builder& b, const Value& l, int64_t reduction) {
+  if (reduction == 0) return l;
+  Value s = reduceSum(b, l, allDims(l.rank()));
+  if (reduction == 1) s = div(b, s, b.constant(static_cast<double>(l.type.numel()), l.dtype()));
+  return s;
+}
+
+// Gradient of a reduced loss broadcast back to the elementwise shape.
+Value lossGrad(ir::Builder& b, const Value& g, const Shape& shape, int64_t reduction, DType acc) {
+  Value gg = b.broadcastTo(b.convert(g, acc), shape);
+  int64_t n = 1;
+  for (auto s : shape) n *= s;
+  if (reduction == 1) gg = div(b, gg, b.constant(static_cast<double>(n), acc, shape));
+  return gg;
+}
+
+// --- shrink activations
+Value shrink(Ctx& c, const Value& x, const Value& lambd, bool soft) {
+  ir::Builder& b = c.b;
+  Value l = b.broadcastTo(lambd, x.shape());
+  Value nl = b.unary("negate", l);
+  Value zero = b.constant(0.0, x.dtype(), x.shape());
+  Value gt = b.compare(x, l, ir::Cmp::GT), lt = b.compare(x, nl, ir::Cmp::LT);
+  if (!soft) return b.select(b.binary("or", gt, lt), x, zero);
+  return b.select(gt, sub(b, x, l), b.select(lt, add(b, x, l), zero));
+}
+Registrar reg_hardshrink("hardshrink", [](Ctx& c) {
+  Value x = c.tensor(0);
+  DType acc = accOf(floatOf(x.dtype()));
+  Value r = shrink(c, c.b.convert(x, acc), c.scalarOr(1, acc, 0.5), false);
+  return std::vector<Value>{c.b.convert(r, outType(c, x.dtype()))};
+});
+Registrar reg_softshrink("softshrink", [](Ctx& c) {
+  Value x = c.tensor(0);
+  DType acc = accOf(floatOf(x.dtype()));
+  Value r = shrink(c, c.b.convert(x, acc), c.scalarOr(1, acc, 0.5), true);
+  return std::vector<Value>{c.b.convert(r, outType(c, x.dtype()))};
+});
+std::vector<Value> shrinkBackward(Ctx& c) {
+  ir::Builder& b = c.b;
+  Value g = c.tensor(0), x = c.tensor(1);
+  DType acc = accOf(floatOf(x.dtype()));
+  auto vs = broadcastAll(b, {b.convert(g, acc), b.convert(x, acc)});
+  Value l = b.broadcastTo(c.scalar(2, acc), vs[1].shape());
+  Value inside = b.binary("and", b.compare(vs[1], b.unary("negate", l), ir::Cmp::GE), b.compare(vs[1], l, ir::Cmp::LE));
+  Value r = b.select(inside, b.constant(0.0, acc, vs[0].shape()), vs[0]);
+  return {b.convert(r, outType(c, g.dtype()))};
+}
+Registrar reg_hardshrink_backward("hardshrink_backward", shrinkBackward);
+Registrar reg_softshrink_backward("softshrink_backward", shrinkBackward);
+
+// --- GLU
+std::pair<Value, Value> halves(ir::Builder& b, const Value& x, int64_t dim) {
+  int64_t n = x.shape()[dim];
+  if (n % 2) throw ir::Unsupported("glu: odd dimension");
+  Shape start(x.rank(), 0), mid = x.shape(), start2(x.rank(), 0), strides(x.rank(), 1);
+  mid[dim] = n / 2;
+  start2[dim] = n / 2;
+  return {b.slice(x, start, mid, strides), b.slice(x, start2, x.shape(), strides)};
+}
+Registrar reg_glu("glu", [](Ctx& c) {
+  Value x = c.tensor(0);
+  if (x.rank() == 0) throw ir::Unsupported("glu of a 0-d tensor");
+  int64_t dim = wrapDim(c.i64Or(1, -1), x.rank());
+  DType acc = accOf(x.dtype());
+  auto [a, g] = halves(c.b, c.b.convert(x, acc), dim);
+  return std::vector<Value>{c.b.convert(mul(c.b, a, c.b.unary("logistic", g)), x.dtype())};
+});
+Registrar reg_glu_backward("glu_backward", [](Ctx& c) {
+  ir::Builder& b = c.b;
+  Value go = c.tensor(0), x = c.tensor(1);
+  int64_t dim = wrapDim(c.i64(2), x.rank());
+  DType acc = accOf(x.dtype());
+  auto [a, g] = halves(b, b.convert(x, acc), dim);
+  Value gg = b.convert(go, acc);
+  Value s = b.unary("logistic", g);
+  Value da = mul(b, gg, s);
+  Value one = b.constant(1.0, acc, s.shape());
+  Value db = mul(b, mul(b, gg, a), mul(b, s, sub(b, one, s)));
+  return std::vector<Value>{b.convert(b.concatenate({da, db}, dim), x.dtype())};
+});
+
+// --- smooth L1 / Huber
+std::vector<Value> smoothLoss(Ctx& c, bool huber) {
+  ir::Builder& b = c.b;
+  Value x = c.tensor(0), t = c.tensor(1);
+  int64_t reduction = c.i64Or(2, 1);
+  double beta = c.f64Or(3, 1.0);
+  DType acc = accOf(floatOf(x.dtype()));
+  auto vs = broadcastAll(b, {b.convert(x, acc), b.convert(t, acc)});
+  Value z = b.unary("abs", sub(b, vs[0], vs[1]));
+  const Shape& sh = z.shape();
+  Value bb = b.constant(beta, acc, sh), half = b.constant(0.5, acc, sh);
+  Value small = b.compare(z, bb, ir::Cmp::LT);
+  Value l;
+  if (huber) {
+    l = b.select(small, mul(b, half, mul(b, z, z)), mul(b, bb, sub(b, z, mul(b, half, bb))));
+  } else if (beta == 0) {
+    l = z;
+  } else {
+    l = b.select(small, div(b, mul(b, half, mul(b, z, z)), bb), sub(b, z, mul(b, half, bb)));
+  }
+  return {b.convert(reduceLoss(b, l, reduction), outType(c, x.dtype()))};
+}
+Registrar reg_smooth_l1_loss("smooth_l1_loss", [](Ctx& c) { return smoothLoss(c, false); });
+Registrar reg_huber_loss("huber_loss", [](Ctx& c) { return smoothLoss(c, true); });
+std::vector<Value> smoothLossBackward(Ctx& c, bool huber) {
+  ir::Builder& b = c.b;
+  Value g = c.tensor(0), x = c.tensor(1), t = c.tensor(2);
+  int64_t reduction = c.i64(3);
+  double beta = c.f64(4);
+  DType acc = accOf(floatOf(x.dtype()));
+  auto vs = broadcastAll(b, {b.convert(x, acc), b.convert(t, acc)});
+  Value d = sub(b, vs[0], vs[1]);
+  const Shape& sh = d.shape();
+  Value bb = b.constant(beta, acc, sh), nb = b.constant(-beta, acc, sh);
+  Value hi = b.compare(d, bb, ir::Cmp::GT), lo = b.compare(d, nb, ir::Cmp::LT);
+  Value mid = huber ? d : (beta == 0 ? b.constant(0.0, acc, sh) : div(b, d, bb));
+  Value pos = huber ? bb : b.constant(1.0, acc, sh);
+  Value neg = huber ? nb : b.constant(-1.0, acc, sh);
+  Value r = b.select(hi, pos, b.select(lo, neg, mid));
+  r = mul(b, r, lossGrad(b, g, sh, reduction, acc));
+  return {b.convert(r, outType(c, x.dtype()))};
+}
+Registrar reg_smooth_l1_loss_backward("smooth_l1_loss_backward", [](Ctx& c) { return smoothLossBackward(c, false); });
+Registrar reg_huber_loss_backward("huber_loss_backward", [](Ctx& c) { return smoothLossBackward(c, true); });
+
+// --- 2-d NLL loss: (N, C, H, W) -> (N*H*W, C) and the 1-d lowering.
+Value flattenNll(ir::Builder& b, const Value& x) {
+  const Shape& s = x.shape();
+  Value t = b.transpose(x, {0, 2, 3, 1});
+  return b.reshape(t, {s[0] * s[2] * s[3], s[1]});
+}
+Arg optTensorArg(const std::optional<Value>& v) { return v ? tensorArg(*v) : Arg{}; }
+Registrar reg_nll_loss2d_forward("nll_loss2d_forward", [](Ctx& c) {
+  ir::Builder& b = c.b;
+  Value x = c.tensor(0), t = c.tensor(1);
+  if (x.rank() != 4 || t.rank() != 3) throw ir::Unsupported("nll_loss2d: expected 4-d input");
+  int64_t reduction = c.i64(3);
+  Value tt = b.reshape(t, {t.type.numel()});
+  auto r = delegate(
+      c, "nll_loss_forward",
+      {tensorArg(flattenNll(b, x)), tensorArg(tt), optTensorArg(c.optTensor(2)), intArg(reduction), intArg(c.i64(4))});
+  if (reduction == 0) r[0] = b.reshape(r[0], t.shape());
+  return r;
+});
+Registrar reg_nll_loss2d_backward("nll_loss2d_backward", [](Ctx& c) {
+  ir::Builder& b = c.b;
+  Value g = c.tensor(0), x = c.tensor(1), t = c.tensor(2);
+  if (x.rank() != 4 || t.rank() != 3) throw ir::Unsupported("nll_loss2d: expected 4-d input");
+  int64_t reduction = c.i64(4);
+  Value gg = reduction == 0 ? b.reshape(g, {g.type.numel()}) : g;
+  Value tt = b.reshape(t, {t.type.numel()});
+  auto r = delegate(c, "nll_loss_backward",
+                    {tensorArg(gg), tensorArg(flattenNll(b, x)), tensorArg(tt), optTensorArg(c.optTensor(3)),
+                     intArg(reduction), intArg(c.i64(5)), tensorArg(c.tensor(6))});
+  const Shape& s = x.shape();
+  Value back = b.reshape(r[0], {s[0], s[2], s[3], s[1]});
+  return std::vector<Value>{b.transpose(back, {0, 3, 1, 2})};
+});
+
+// --- reductions
+Registrar reg_trace("trace", [](Ctx& c) {
+  ir::Builder& b = c.b;
+  Value x = c.tensor(0);
+  if (x.rank() != 2) throw ir::Unsupported("trace: expected a matrix");
+  DType out = outType(c, (ir::isInt(x.dtype()) || x.dtype() == DType::Bool) ? DType::I64 : x.dtype());
+  DType acc = accOf(out);
+  Value xx = b.convert(x, acc);
+  Type it{DType::I64, x.shape()};
+  Value diag = b.compare(b.iota(it, 0), b.iota(it, 1), ir::Cmp::EQ);
+  Value r = reduceSum(b, b.select(diag, xx, b.constant(0.0, acc, x.shape())), {0, 1});
+  return std::vector<Value>{b.convert(r, out)};
+});
+Registrar reg_count_nonzero("count_nonzero", [](Ctx& c) {
+  ir::Builder& b = c.b;
+  Value x = c.tensor(0);
+  if (ir::isComplex(x.dtype())) throw ir::Unsupported("count_nonzero of complex");
+  auto dims = reductionDims(c.optInts(1), x.rank());
+  if (x.rank() == 0) dims.clear();
+  Value nz = b.compare(x, b.constant(0.0, x.dtype(), x.shape()), ir::Cmp::NE);
+  Value r = reduceSum(b, b.convert(nz, DType::I64), dims);
+  return std::vector<Value>{r};
+});
+Registrar reg_aminmax("aminmax", [](Ctx& c) {
+  Value x = c.tensor(0);
+  bool keep = c.flagOr(2, false);
+  std::vector<int64_t> dims;
+  if (c.has(1))
+    dims = {c.i64(1)};
+  else if (keep)
+    dims = allDims(x.rank());  // amax treats [] as all dims
+  Value lo = delegate(c, "amin", {tensorArg(x), intListArg(dims), boolArg(keep)})[0];
+  Value hi = delegate(c, "amax", {tensorArg(x), intListArg(dims), boolArg(keep)})[0];
+  return std::vector<Value>{lo, hi};
+});
+
+// --- shape-like
+Registrar reg_channel_shuffle("channel_shuffle", [](Ctx& c) {
+  ir::Builder& b = c.b;
+  Value x = c.tensor(0);
+  int64_t g = c.i64(1);
+  if (x.rank() < 3 || g <= 0 || x.shape()[1] % g) throw ir::Unsupported("channel_shuffle arguments");
+  const Shape& s = x.shape();
+  Shape split{s[0], g, s[1] / g};
+  std::vector<int64_t> perm{0, 2, 1};
+  for (int i = 2; i < x.rank(); ++i) {
+    split.push_back(s[i]);
+    perm.push_back(i + 1);
+  }
+  return std::vector<Value>{b.reshape(b.transpose(b.reshape(x, split), perm), s)};
+});
+
+Registrar reg_linalg_cross("linalg_cross", [](Ctx& c) {
+  ir::Builder& b = c.b;
+  DType t = outType(c, resultType(c, {0, 1}));
+  if (ir::isComplex(t)) throw ir::Unsupported("complex cross");
+  auto vs = broadcastAll(b, {b.convert(c.tensor(0), t), b.convert(c.tensor(1), t)});
+  int64_t dim = wrapDim(c.i64Or(2, -1), vs[0].rank());
+  if (vs[0].shape()[dim] != 3) throw ir::Unsupported("cross: dim size must be 3");
+  auto comp = [&](const Value& v, int64_t i) {
+    Shape st(v.rank(), 0), lim = v.shape(), str(v.rank(), 1);
+    st[dim] = i;
+    lim[dim] = i + 1;
+    return b.slice(v, st, lim, str);
+  };
+  Value a0 = comp(vs[0], 0), a1 = comp(vs[0], 1), a2 = comp(vs[0], 2);
+  Value b0 = comp(vs[1], 0), b1 = comp(vs[1], 1), b2 = comp(vs[1], 2);
+  Value r0 = sub(b, mul(b, a1, b2), mul(b, a2, b1));
+  Value r1 = sub(b, mul(b, a2, b0), mul(b, a0, b2));
+  Value r2 = sub(b, mul(b, a0, b1), mul(b, a1, b0));
+  return std::vector<Value>{b.concatenate({r0, r1, r2}, dim)};
+});
+
+// logit_backward(grad, self, eps?)
+Registrar reg_logit_backward("logit_backward", [](Ctx& c) {
+  ir::Builder& b = c.b;
+  Value g = c.tensor(0), x = c.tensor(1);
+  DType acc = accOf(floatOf(x.dtype()));
+  auto vs = broadcastAll(b, {b.convert(g, acc), b.convert(x, acc)});
+  const Shape& sh = vs[1].shape();
+  Value xx = vs[1];
+  Value one = b.constant(1.0, acc, sh);
+  Value r = div(b, vs[0], mul(b, xx, sub(b, one, xx)));
+  bool has_eps = c.has(2);
+  double eps = has_eps ? c.f64(2) : -1.0;
+  double lo = eps < 0 ? 0.0 : eps, hi = eps < 0 ? 1.0 : 1.0 - eps;
+  Value out = b.binary("or", b.compare(xx, b.constant(lo, acc, sh), ir::Cmp::LT),
+                       b.compare(xx, b.constant(hi, acc, sh), ir::Cmp::GT));
+  r = b.select(out, b.constant(eps < 0 ? NAN : 0.0, acc, sh), r);
+  return std::vector<Value>{b.convert(r, outType(c, x.dtype()))};
+});
+
+}  // namespace
+}  // namespace tpu::ops
+
+namespace tpu::ops {
+namespace {
+
+// Picks, along `dim`, the element at position `pos` (shape of x without dim).
+Value pickAlong(ir::Builder& b, const Value& x, int64_t dim, const Value& pos) {
+  std::vector<int64_t> keep;
+  for (int i = 0; i < x.rank(); ++i)
+    if (i != dim) keep.push_back(i);
+  Value hit = b.compare(b.iota({DType::I64, x.shape()}, static_cast<int>(dim)), b.broadcastInDim(pos, x.shape(), keep),
+                        ir::Cmp::EQ);
+  Value zero = b.constant(0.0, x.dtype(), x.shape());
+  Value sel = b.select(hit, x, zero);
+  if (x.dtype() == DType::Bool) return reduceMax(b, sel, {dim});
+  return reduceSum(b, sel, {dim});
+}
+
+// Sorted values/indices along dim (NaN last), via the sort lowering.
+std::vector<Value> sortAlong(Ctx& c, const Value& x, int64_t dim) {
+  return delegate(c, "sort", {tensorArg(x), intArg(dim), boolArg(false)});
+}
+
+// Selects order statistic `pos` (per row) from the sorted row.
+std::vector<Value> orderStat(Ctx& c, const Value& x, int64_t dim, bool keep,
+                             const std::function<Value(const Value& nan_count, int64_t n)>& position) {
+  ir::Builder& b = c.b;
+  auto s = sortAlong(c, x, dim);
+  int64_t n = x.shape()[dim];
+  Value nan_count = ir::isFloat(x.dtype()) ? reduceSum(b, b.convert(b.compare(x, x, ir::Cmp::NE), DType::I64), {dim})
+                                           : b.constantInt(0, DType::I64, [&] {
+                                               Shape r;
+                                               for (int i = 0; i < x.rank(); ++i)
+                                                 if (i != dim) r.push_back(x.shape()[i]);
+                                               return r;
+                                             }());
+  Value pos = position(nan_count, n);
+  Value v = pickAlong(b, s[0], dim, pos), i = pickAlong(b, s[1], dim, pos);
+  if (keep) {
+    v = keepDims(b, v, x.shape(), {dim});
+    i = keepDims(b, i, x.shape(), {dim});
+  }
+  return {v, i};
+}
+
+// median: the lower middle; any NaN makes it NaN (the first NaN's index).
+Value medianPos(ir::Builder& b, const Value& nan_count, int64_t n, bool ignore_nan) {
+  Value nn = b.constantInt(n, DType::I64, nan_count.shape());
+  Value one = b.constantInt(1, DType::I64, nan_count.shape()), two = b.constantInt(2, DType::I64, nan_count.shape());
+  if (ignore_nan) {
+    Value valid = sub(b, nn, nan_count);
+    Value p = div(b, sub(b, valid, one), two);
+    Value zero = b.constantInt(0, DType::I64, nan_count.shape());
+    return b.select(b.compare(valid, zero, ir::Cmp::GT), p, zero);
+  }
+  Value mid = b.constantInt((n - 1) / 2, DType::I64, nan_count.shape());
+  Value zero = b.constantInt(0, DType::I64, nan_count.shape());
+  return b.select(b.compare(nan_count, zero, ir::Cmp::GT), sub(b, nn, nan_count), mid);
+}
+
+std::vector<Value> medianImpl(Ctx& c, bool ignore_nan) {
+  ir::Builder& b = c.b;
+  Value x = c.tensor(0);
+  if (ir::isComplex(x.dtype())) throw ir::Unsupported("complex median");
+  auto pos = [&](const Value& nc, int64_t n) { return medianPos(b, nc, n, ignore_nan); };
+  if (!c.has(1)) {  // full reduction: value only
+    if (x.type.numel() == 0) throw ir::Unsupported("median of an empty tensor");
+    Value flat = b.reshape(x, {x.type.numel()});
+    return {orderStat(c, flat, 0, false, pos)[0]};
+  }
+  bool keep = c.flagOr(2, false);
+  if (x.rank() == 0) return {x, b.constantInt(0, DType::I64)};
+  int64_t dim = wrapDim(c.i64(1), x.rank());
+  if (x.shape()[dim] == 0) throw ir::Unsupported("median over an empty dim");
+  return orderStat(c, x, dim, keep, pos);
+}
+Registrar reg_median("median", [](Ctx& c) { return medianImpl(c, false); });
+Registrar reg_nanmedian("nanmedian", [](Ctx& c) { return medianImpl(c, true); });
+
+// kthvalue(self, k, dim=-1, keepdim=False)
+Registrar reg_kthvalue("kthvalue", [](Ctx& c) {
+  ir::Builder& b = c.b;
+  Value x = c.tensor(0);
+  int64_t k = c.i64(1);
+  bool keep = c.flagOr(3, false);
+  if (x.rank() == 0) {
+    if (k != 1) throw ir::Unsupported("kthvalue: k out of range");
+    return std::vector<Value>{x, b.constantInt(0, DType::I64)};
+  }
+  int64_t dim = wrapDim(c.i64Or(2, -1), x.rank());
+  if (k < 1 || k > x.shape()[dim]) throw ir::Unsupported("kthvalue: k out of range");
+  // PyTorch's selection picks an unspecified index among ties (common in ints).
+  if (!ir::isFloat(x.dtype())) throw ir::Unsupported("kthvalue of an integer tensor");
+  auto s = sortAlong(c, x, dim);
+  Shape start(x.rank(), 0), limit = x.shape(), strides(x.rank(), 1);
+  start[dim] = k - 1;
+  limit[dim] = k;
+  Value v = b.slice(s[0], start, limit, strides), i = b.slice(s[1], start, limit, strides);
+  if (!keep) {
+    Shape r;
+    for (int d = 0; d < x.rank(); ++d)
+      if (d != dim) r.push_back(x.shape()[d]);
+    v = b.reshape(v, r);
+    i = b.reshape(i, r);
+  }
+  return std::vector<Value>{v, i};
+});
+
+// _cummax_helper(self, values!, indices!, dim) / _cummin_helper: an
+// inclusive scan of (value, index) pairs; NaN wins, ties take the later index.
+std::vector<Value> cumExtreme(Ctx& c, bool is_max) {
+  ir::Builder& b = c.b;
+  Value x = c.tensor(0);
+  Value vals, idx;
+  if (x.rank() == 0) {
+    vals = x;
+    idx = b.constantInt(0, DType::I64);
+  } else {
+    int64_t dim = wrapDim(c.i64(3), x.rank());
+    int64_t n = x.shape()[dim];
+    Shape window(x.rank(), 1), strides(x.rank(), 1), dil(x.rank(), 1);
+    std::vector<std::pair<int64_t, int64_t>> pad(x.rank(), {0, 0});
+    window[dim] = n;
+    pad[dim] = {n - 1, 0};
+    bool is_float = ir::isFloat(x.dtype());
+    Value io = b.iota({DType::I64, x.shape()}, static_cast<int>(dim));
+    Value init;
+    if (x.dtype() == DType::Bool) {
+      init = b.constant(is_max ? 0.0 : 1.0, DType::Bool);
+    } else if (is_float) {
+      init = b.constant(is_max ? -INFINITY : INFINITY, x.dtype());
+    } else {  // exact integer limits (int64's do not survive a double)
+      int64_t lim = x.dtype() == DType::I64
+                        ? (is_max ? std::numeric_limits<int64_t>::min() : std::numeric_limits<int64_t>::max())
+                        : static_cast<int64_t>(is_max ? lowestValue(x.dtype()) : highestValue(x.dtype()));
+      init = b.constantInt(lim, x.dtype());
+    }
+    auto r = b.reduceWindow({x, io}, {init, b.constantInt(-1, DType::I64)}, window, strides, dil, dil, pad,
+                            [is_max, is_float](ir::Builder& bb, const std::vector<Value>& a) {
+                              Value av = a[0], ai = a[1], bv = a[2], bi = a[3];
+                              Value better = bb.compare(bv, av, is_max ? ir::Cmp::GT : ir::Cmp::LT);
+                              Value tie = bb.compare(bv, av, ir::Cmp::EQ);
+                              if (is_float) {
+                                Value an = bb.compare(av, av, ir::Cmp::NE), bn = bb.compare(bv, bv, ir::Cmp::NE);
+                                better = bb.binary("or", bb.binary("and", bn, bb.unary("not", an)), better);
+                                tie = bb.binary("or", tie, bb.binary("and", an, bn));
+                              }
+                              Value later = bb.compare(bi, ai, ir::Cmp::GT);
+                              Value pick_b = bb.binary("or", better, bb.binary("and", tie, later));
+                              return std::vector<Value>{bb.select(pick_b, bv, av), bb.select(pick_b, bi, ai)};
+                            });
+    vals = r[0];
+    idx = r[1];
+  }
+  c.mutate(1, vals);
+  c.mutate(2, idx);
+  return {};
+}
+Registrar reg_cummax_helper("_cummax_helper", [](Ctx& c) { return cumExtreme(c, true); });
+Registrar reg_cummin_helper("_cummin_helper", [](Ctx& c) { return cumExtreme(c, false); });
+
+// diag_embed(self, offset, dim1, dim2)
+Registrar reg_diag_embed("diag_embed", [](Ctx& c) {
+  ir::Builder& b = c.b;
+  Value x = c.tensor(0);
+  int64_t off = c.i64Or(1, 0);
+  int64_t rank = x.rank() + 1;
+  int64_t d1 = wrapDim(c.i64Or(2, -2), rank), d2 = wrapDim(c.i64Or(3, -1), rank);
+  if (x.rank() == 0 || d1 == d2) throw ir::Unsupported("diag_embed arguments");
+  int64_t n = x.shape().back() + (off < 0 ? -off : off);
+  Shape out;
+  std::vector<int64_t> map;
+  int j = 0;
+  for (int64_t i = 0; i < rank; ++i) {
+    if (i == d1 || i == d2) {
+      out.push_back(n);
+    } else {
+      out.push_back(x.shape()[j]);
+      map.push_back(i);
+      ++j;
+    }
+  }
+  // x's last dim runs along the diagonal: position p = row (dim1) index
+  // for offset >= 0, column (dim2) index for offset < 0.
+  Value r1 = b.iota({DType::I64, out}, static_cast<int>(d1)), r2 = b.iota({DType::I64, out}, static_cast<int>(d2));
+  Value on = b.compare(sub(b, r2, r1), b.constantInt(off, DType::I64, out), ir::Cmp::EQ);
+  int64_t m = x.shape().back();
+  // Pad x's last dim to n, then broadcast it along the other diagonal dim.
+  Value xp = b.pad(
+      x, b.constant(0.0, x.dtype()), Shape(x.rank(), 0),
+      [&] {
+        Shape hi(x.rank(), 0);
+        hi.back() = n - m;
+        return hi;
+      }(),
+      Shape(x.rank(), 0));
+  map.push_back(off >= 0 ? d1 : d2);
+  Value xb = b.broadcastInDim(xp, out, map);
+  return std::vector<Value>{b.select(on, xb, b.constant(0.0, x.dtype(), out))};
+});
+
+}  // namespace
+}  // namespace tpu::ops
