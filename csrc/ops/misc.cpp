@@ -35,11 +35,11 @@ Arg boolArg(bool v) {
 }
 
 // Runs another op's registered lowering on the given arguments.
-std::vector<Value> delegate(Ctx& c, const std::string& name, std::vector<Arg> args) {
+std::vector<Value> delegate(Ctx& c, const std::string& name, std::vector<Arg> args, std::vector<Type> expected = {}) {
   const Lowering* l = findLowering(name, "");
   if (!l || l->data_dependent || !l->const_scalars.empty())
     throw ir::Unsupported("no lowering to delegate to: " + name);
-  Ctx sub(c.b, name, std::move(args), {});
+  Ctx sub(c.b, name, std::move(args), std::move(expected));
   auto r = l->fn(sub);
   if (!sub.mutations().empty() || sub.rngStatesUsed() > 0) throw ir::Unsupported("delegated lowering has side effects");
   if (sub.boundsOk().valid()) c.requireInRange(sub.boundsOk());
@@ -507,6 +507,176 @@ Registrar reg_diag_embed("diag_embed", [](Ctx& c) {
   map.push_back(off >= 0 ? d1 : d2);
   Value xb = b.broadcastInDim(xp, out, map);
   return std::vector<Value>{b.select(on, xb, b.constant(0.0, x.dtype(), out))};
+});
+
+}  // namespace
+}  // namespace tpu::ops
+
+namespace tpu::ops {
+namespace {
+
+// logspace(start, end, steps, base): base ** linspace(start, end, steps).
+Registrar reg_logspace("logspace", [](Ctx& c) {
+  if (!c.hasExpected()) throw ir::Unsupported("logspace without a known size");
+  const Type& out = c.expectedAt(0);
+  if (!ir::isFloat(out.dtype)) throw ir::Unsupported("integer logspace");
+  ir::Builder& b = c.b;
+  Value start = c.scalar(0, DType::F64), end = c.scalar(1, DType::F64);
+  Value lin =
+      delegate(c, "linspace", {tensorArg(start), tensorArg(end), intArg(c.i64(2))}, {Type{DType::F64, out.shape}})[0];
+  Value r = b.binary("power", b.constant(c.f64Or(3, 10.0), DType::F64, out.shape), lin);
+  return std::vector<Value>{b.convert(r, out.dtype)};
+});
+
+// renorm(self, p, dim, maxnorm): rescales each slice along dim to norm <= maxnorm.
+Registrar reg_renorm("renorm",
+                     [](Ctx& c) {
+                       ir::Builder& b = c.b;
+                       Value x = c.tensor(0);
+                       double p = c.constScalar(1), maxnorm = c.constScalar(3);
+                       if (std::isnan(p) || p <= 0 || x.rank() == 0) throw ir::Unsupported("renorm arguments");
+                       int64_t dim = wrapDim(c.i64(2), x.rank());
+                       DType acc = accOf(floatOf(x.dtype()));
+                       Value xx = b.convert(x, acc);
+                       std::vector<int64_t> others;
+                       for (int i = 0; i < x.rank(); ++i)
+                         if (i != dim) others.push_back(i);
+                       Value a = b.unary("abs", xx);
+                       Value norm;
+                       if (std::isinf(p)) {
+                         norm = reduceMax(b, a, others);
+                       } else if (p == 1) {
+                         norm = reduceSum(b, a, others);
+                       } else if (p == 2) {
+                         norm = b.unary("sqrt", reduceSum(b, mul(b, a, a), others));
+                       } else {
+                         Value pp = b.constant(p, acc, a.shape());
+                         Value s = reduceSum(b, b.binary("power", a, pp), others);
+                         norm = b.binary("power", s, b.constant(1.0 / p, acc, s.shape()));
+                       }
+                       const Shape& ns = norm.shape();
+                       Value mx = b.constant(maxnorm, acc, ns);
+                       Value f =
+                           b.select(b.compare(norm, mx, ir::Cmp::GT),
+                                    div(b, mx, add(b, norm, b.constant(1e-7, acc, ns))), b.constant(1.0, acc, ns));
+                       Value r = mul(b, xx, b.broadcastInDim(f, x.shape(), {dim}));
+                       return std::vector<Value>{b.convert(r, x.dtype())};
+                     },
+                     {1, 3});
+
+// searchsorted(sorted_sequence, self, out_int32, right, side, sorter) and
+// bucketize(self, boundaries, out_int32, right): counts boundaries below.
+Value searchImpl(ir::Builder& b, const Value& seq, const Value& x, bool right, DType out) {
+  DType t = ir::promote(seq.dtype(), x.dtype());
+  Value s = b.convert(seq, t), v = b.convert(x, t);
+  int64_t m = s.shape().back();
+  Shape cs = v.shape();
+  cs.push_back(m);
+  std::vector<int64_t> vdims, sdims;
+  for (int i = 0; i < v.rank(); ++i) vdims.push_back(i);
+  if (s.rank() == 1) {
+    sdims = {static_cast<int64_t>(v.rank())};
+  } else {
+    if (s.rank() != v.rank()) throw ir::Unsupported("searchsorted: rank mismatch");
+    for (int i = 0; i < s.rank() - 1; ++i) sdims.push_back(i);
+    sdims.push_back(v.rank());
+  }
+  Value sb = b.broadcastInDim(s, cs, sdims), vb = b.broadcastInDim(v, cs, vdims);
+  Value below = b.compare(sb, vb, right ? ir::Cmp::LE : ir::Cmp::LT);
+  if (ir::isFloat(t)) {  // NaN sorts last: NaN queries land after every number
+    Value vnan = b.compare(vb, vb, ir::Cmp::NE), snan = b.compare(sb, sb, ir::Cmp::NE);
+    below =
+        b.binary("or", below, b.binary("and", vnan, right ? b.constant(1.0, DType::Bool, cs) : b.unary("not", snan)));
+    if (right) below = b.binary("or", below, b.binary("and", vnan, snan));
+  }
+  Value n = reduceSum(b, b.convert(below, DType::I64), {static_cast<int64_t>(v.rank())});
+  return b.convert(n, out);
+}
+Registrar reg_searchsorted("searchsorted", [](Ctx& c) {
+  if (c.has(5)) throw ir::Unsupported("searchsorted with a sorter");
+  Value seq = c.tensor(0), x = c.tensor(1);
+  if (seq.rank() == 0 || ir::isComplex(seq.dtype())) throw ir::Unsupported("searchsorted arguments");
+  bool right = c.flagOr(3, false);
+  if (c.has(4)) right = c.str(4) == "right";
+  DType out = c.flagOr(2, false) ? DType::I32 : DType::I64;
+  if (seq.rank() > 1 && x.rank() != seq.rank()) throw ir::Unsupported("searchsorted: rank mismatch");
+  return std::vector<Value>{searchImpl(c.b, seq, x, right, out)};
+});
+Registrar reg_bucketize("bucketize", [](Ctx& c) {
+  Value x = c.tensor(0), bnd = c.tensor(1);
+  if (bnd.rank() != 1 || ir::isComplex(x.dtype())) throw ir::Unsupported("bucketize arguments");
+  DType out = c.flagOr(2, false) ? DType::I32 : DType::I64;
+  return std::vector<Value>{searchImpl(c.b, bnd, x, c.flagOr(3, false), out)};
+});
+
+// tril_indices / triu_indices(row, col, offset): one short run per row.
+std::vector<Value> triIndices(Ctx& c, bool upper) {
+  ir::Builder& b = c.b;
+  int64_t row = c.i64(0), col = c.i64(1), off = c.i64Or(2, 0);
+  if (!c.hasExpected()) throw ir::Unsupported("tri_indices without a known size");
+  DType out = c.expectedAt(0).dtype;
+  if (row > 512) throw ir::Unsupported("tri_indices: too many rows");
+  std::vector<Value> rs, cs;
+  for (int64_t i = 0; i < row; ++i) {
+    int64_t lo = upper ? std::max<int64_t>(0, i + off) : 0;
+    int64_t hi = upper ? col : std::min<int64_t>(col, i + off + 1);
+    if (hi <= lo) continue;
+    rs.push_back(b.constantInt(i, DType::I64, {hi - lo}));
+    cs.push_back(add(b, b.iota({DType::I64, {hi - lo}}, 0), b.constantInt(lo, DType::I64, {hi - lo})));
+  }
+  if (rs.empty()) return {b.constantInt(0, out, {2, 0})};
+  Value r = rs.size() == 1 ? rs[0] : b.concatenate(rs, 0), cc = cs.size() == 1 ? cs[0] : b.concatenate(cs, 0);
+  int64_t n = r.shape()[0];
+  return {b.convert(b.concatenate({b.reshape(r, {1, n}), b.reshape(cc, {1, n})}, 0), out)};
+}
+Registrar reg_tril_indices("tril_indices", [](Ctx& c) { return triIndices(c, false); });
+Registrar reg_triu_indices("triu_indices", [](Ctx& c) { return triIndices(c, true); });
+
+// put(self, index, source, accumulate): scatter into the flattened tensor.
+Registrar reg_put("put", [](Ctx& c) {
+  ir::Builder& b = c.b;
+  Value x = c.tensor(0), idx = c.tensor(1), src = c.tensor(2);
+  bool acc = c.flagOr(3, false);
+  int64_t n = x.type.numel(), k = idx.type.numel();
+  if (k == 0) return std::vector<Value>{x};
+  if (n == 0 || src.type.numel() != k) throw ir::Unsupported("put arguments");
+  Value flat = b.reshape(x, {n});
+  Value ii = b.reshape(b.convert(idx, DType::I64), {k});
+  c.requireInRange(indicesInRange(b, ii, n, true));
+  Value neg = b.compare(ii, b.constantInt(0, DType::I64, {k}), ir::Cmp::LT);
+  ii = b.select(neg, add(b, ii, b.constantInt(n, DType::I64, {k})), ii);
+  ir::Builder::ScatterDims dn;
+  dn.inserted_window_dims = {0};
+  dn.scatter_dims_to_operand_dims = {0};
+  dn.index_vector_dim = 1;
+  Value upd = b.reshape(b.convert(src, x.dtype()), {k});
+  bool is_bool = x.dtype() == DType::Bool;
+  Value r =
+      b.scatter(flat, b.reshape(ii, {k, 1}), upd, dn, [acc, is_bool](ir::Builder& bb, const std::vector<Value>& a) {
+        if (!acc) return std::vector<Value>{a[1]};
+        return std::vector<Value>{is_bool ? bb.binary("or", a[0], a[1]) : add(bb, a[0], a[1])};
+      });
+  return std::vector<Value>{b.reshape(r, x.shape())};
+});
+
+// masked_scatter(self, mask, source): the i-th true position takes source[i].
+Registrar reg_masked_scatter("masked_scatter", [](Ctx& c) {
+  ir::Builder& b = c.b;
+  Value x = c.tensor(0), mask = c.tensor(1), src = c.tensor(2);
+  auto vs = broadcastAll(b, {x, mask});
+  Value xx = vs[0], mm = b.convert(vs[1], DType::Bool);
+  int64_t n = xx.type.numel();
+  if (n == 0) return std::vector<Value>{xx};
+  if (src.type.numel() == 0) throw ir::Unsupported("masked_scatter with an empty source");
+  Value mf = b.reshape(mm, {n});
+  Value m64 = b.convert(mf, DType::I64);
+  Value incl = delegate(c, "cumsum", {tensorArg(m64), intArg(0)}, {Type{DType::I64, {n}}})[0];
+  Value pos = sub(b, incl, m64);
+  pos = b.select(mf, pos, b.constantInt(0, DType::I64, {n}));
+  Value picked =
+      delegate(c, "take", {tensorArg(b.convert(src, xx.dtype())), tensorArg(pos)}, {Type{xx.dtype(), {n}}})[0];
+  Value r = b.select(mf, picked, b.reshape(xx, {n}));
+  return std::vector<Value>{b.reshape(r, xx.shape())};
 });
 
 }  // namespace
