@@ -681,3 +681,65 @@ Registrar reg_masked_scatter("masked_scatter", [](Ctx& c) {
 
 }  // namespace
 }  // namespace tpu::ops
+
+namespace tpu::ops {
+namespace {
+
+Arg strArg(std::string s) {
+  Arg a;
+  a.kind = Arg::Kind::String;
+  a.s = std::move(s);
+  return a;
+}
+
+// index_reduce(self, dim, index, source, reduce, include_self): scatter_reduce
+// with the 1-d index broadcast over source.
+Registrar reg_index_reduce("index_reduce", [](Ctx& c) {
+  ir::Builder& b = c.b;
+  Value x = c.tensor(0), idx = c.tensor(2), src = c.tensor(3);
+  if (x.rank() == 0) {  // as 1-element vectors
+    Value r = delegate(c, "index_reduce",
+                       {tensorArg(b.reshape(x, {1})), intArg(0), tensorArg(b.reshape(idx, {idx.type.numel()})),
+                        tensorArg(b.reshape(src, {src.type.numel()})), strArg(c.str(4)), boolArg(c.flagOr(5, true))},
+                       {Type{x.dtype(), {1}}})[0];
+    return std::vector<Value>{b.reshape(r, {})};
+  }
+  if (src.rank() != x.rank() || idx.rank() > 1) throw ir::Unsupported("index_reduce arguments");
+  int64_t dim = wrapDim(c.i64(1), x.rank());
+  Value ii = b.broadcastInDim(b.reshape(b.convert(idx, DType::I64), {idx.type.numel()}), src.shape(), {dim});
+  return delegate(
+      c, "scatter_reduce",
+      {tensorArg(x), intArg(dim), tensorArg(ii), tensorArg(src), strArg(c.str(4)), boolArg(c.flagOr(5, true))},
+      {x.type});
+});
+
+// unfold_backward(grad_in, input_sizes, dim, size, step): sums each window
+// element back to its source position (a one-hot contraction).
+Registrar reg_unfold_backward("unfold_backward", [](Ctx& c) {
+  ir::Builder& b = c.b;
+  Value g = c.tensor(0);
+  Shape in = c.ints(1);
+  int64_t rank = static_cast<int64_t>(in.size());
+  int64_t size = c.i64(3), step = c.i64(4);
+  if (rank == 0) return std::vector<Value>{b.reshape(g, {})};
+  int64_t dim = wrapDim(c.i64(2), rank);
+  int64_t len = in[dim], nw = g.shape()[dim];
+  DType acc = accOf(g.dtype());
+  if (!ir::isFloat(acc)) throw ir::Unsupported("unfold_backward of an integer tensor");
+  Shape ms{nw, size, len};
+  Value pos =
+      add(b, mul(b, b.iota({DType::I64, ms}, 0), b.constantInt(step, DType::I64, ms)), b.iota({DType::I64, ms}, 1));
+  Value m = b.convert(b.compare(pos, b.iota({DType::I64, ms}, 2), ir::Cmp::EQ), acc);
+  Value r = b.dotGeneral(b.convert(g, acc), m, {}, {}, {dim, rank}, {0, 1}, acc);
+  // r: the other dims in order, then len; move len back to `dim`.
+  std::vector<int64_t> perm;
+  for (int64_t i = 0; i < rank - 1; ++i) {
+    if (i == dim) perm.push_back(rank - 1);
+    perm.push_back(i);
+  }
+  if (dim == rank - 1) perm.push_back(rank - 1);
+  return std::vector<Value>{b.convert(b.transpose(r, perm), g.dtype())};
+});
+
+}  // namespace
+}  // namespace tpu::ops
