@@ -743,3 +743,98 @@ Registrar reg_unfold_backward("unfold_backward", [](Ctx& c) {
 
 }  // namespace
 }  // namespace tpu::ops
+
+namespace tpu::ops {
+namespace {
+
+// Sums v down to `shape` (the reverse of broadcasting).
+Value sumTo(ir::Builder& b, const Value& v, const Shape& shape) {
+  int64_t lead = v.rank() - static_cast<int64_t>(shape.size());
+  std::vector<int64_t> dims;
+  for (int64_t i = 0; i < v.rank(); ++i)
+    if (i < lead || (shape[i - lead] == 1 && v.shape()[i] != 1)) dims.push_back(i);
+  Value r = dims.empty() ? v : reduceSum(b, v, dims);
+  return b.reshape(r, shape);
+}
+
+Registrar reg_prelu_kernel("_prelu_kernel", [](Ctx& c) {
+  ir::Builder& b = c.b;
+  Value x = c.tensor(0), w = c.tensor(1);
+  DType acc = accOf(floatOf(x.dtype()));
+  auto vs = broadcastAll(b, {b.convert(x, acc), b.convert(w, acc)});
+  Value pos = b.compare(vs[0], b.constant(0.0, acc, vs[0].shape()), ir::Cmp::GT);
+  Value r = b.select(pos, vs[0], mul(b, vs[1], vs[0]));
+  return std::vector<Value>{b.convert(r, outType(c, x.dtype()))};
+});
+Registrar reg_prelu_kernel_backward("_prelu_kernel_backward", [](Ctx& c) {
+  ir::Builder& b = c.b;
+  Value g = c.tensor(0), x = c.tensor(1), w = c.tensor(2);
+  DType acc = accOf(floatOf(x.dtype()));
+  auto vs = broadcastAll(b, {b.convert(g, acc), b.convert(x, acc), b.convert(w, acc)});
+  const Shape& sh = vs[0].shape();
+  Value zero = b.constant(0.0, acc, sh);
+  Value pos = b.compare(vs[1], zero, ir::Cmp::GT);
+  Value gx = b.select(pos, vs[0], mul(b, vs[2], vs[0]));
+  Value gw = b.select(pos, zero, mul(b, vs[1], vs[0]));
+  return std::vector<Value>{b.convert(sumTo(b, gx, x.shape()), x.dtype()),
+                            b.convert(c.hasExpected() ? sumTo(b, gw, c.expectedAt(1).shape) : gw, w.dtype())};
+});
+
+// binary_cross_entropy(self, target, weight?, reduction); logs clamp at -100.
+Registrar reg_binary_cross_entropy("binary_cross_entropy", [](Ctx& c) {
+  ir::Builder& b = c.b;
+  Value x = c.tensor(0), t = c.tensor(1);
+  auto w = c.optTensor(2);
+  int64_t reduction = c.i64Or(3, 1);
+  DType acc = accOf(floatOf(x.dtype()));
+  Value xx = b.convert(x, acc), tt = b.broadcastTo(b.convert(t, acc), x.shape());
+  const Shape& sh = x.shape();
+  Value lo = b.constant(-100.0, acc, sh), one = b.constant(1.0, acc, sh);
+  Value lx = b.binary("maximum", b.unary("log", xx), lo);
+  Value l1x = b.binary("maximum", b.unary("log", sub(b, one, xx)), lo);
+  Value l = b.unary("negate", add(b, mul(b, tt, lx), mul(b, sub(b, one, tt), l1x)));
+  if (w) l = mul(b, l, b.broadcastTo(b.convert(*w, acc), sh));
+  return std::vector<Value>{b.convert(reduceLoss(b, l, reduction), x.dtype())};
+});
+Registrar reg_binary_cross_entropy_backward("binary_cross_entropy_backward", [](Ctx& c) {
+  ir::Builder& b = c.b;
+  Value g = c.tensor(0), x = c.tensor(1), t = c.tensor(2);
+  auto w = c.optTensor(3);
+  int64_t reduction = c.i64Or(4, 1);
+  DType acc = accOf(floatOf(x.dtype()));
+  const Shape& sh = x.shape();
+  Value xx = b.convert(x, acc), tt = b.broadcastTo(b.convert(t, acc), sh);
+  Value one = b.constant(1.0, acc, sh);
+  Value den = b.binary("maximum", mul(b, sub(b, one, xx), xx), b.constant(1e-12, acc, sh));
+  Value r = mul(b, lossGrad(b, g, sh, reduction, acc), div(b, sub(b, xx, tt), den));
+  if (w) r = mul(b, r, b.broadcastTo(b.convert(*w, acc), sh));
+  return std::vector<Value>{b.convert(r, x.dtype())};
+});
+
+// _logcumsumexp(self, dim): an inclusive scan with a stable log-add-exp.
+Registrar reg_logcumsumexp("_logcumsumexp", [](Ctx& c) {
+  ir::Builder& b = c.b;
+  Value x = c.tensor(0);
+  if (!ir::isFloat(x.dtype())) throw ir::Unsupported("logcumsumexp of a non-float tensor");
+  if (x.rank() == 0) return std::vector<Value>{x};
+  DType acc = accOf(x.dtype());
+  Value xx = b.convert(x, acc);
+  int64_t dim = wrapDim(c.i64(1), x.rank());
+  int64_t n = x.shape()[dim];
+  Shape window(x.rank(), 1), strides(x.rank(), 1), dil(x.rank(), 1);
+  std::vector<std::pair<int64_t, int64_t>> pad(x.rank(), {0, 0});
+  window[dim] = n;
+  pad[dim] = {n - 1, 0};
+  auto r = b.reduceWindow({xx}, {b.constant(-INFINITY, acc)}, window, strides, dil, dil, pad,
+                          [acc](ir::Builder& bb, const std::vector<Value>& a) {
+                            Value mx = bb.binary("maximum", a[0], a[1]), mn = bb.binary("minimum", a[0], a[1]);
+                            Value f = add(bb, mx, bb.unary("log_plus_one", bb.unary("exponential", sub(bb, mn, mx))));
+                            Value keep = bb.binary("or", bb.compare(mn, bb.constant(-INFINITY, acc), ir::Cmp::EQ),
+                                                   bb.compare(mx, bb.constant(INFINITY, acc), ir::Cmp::EQ));
+                            return std::vector<Value>{bb.select(keep, mx, f)};
+                          });
+  return std::vector<Value>{b.convert(r[0], x.dtype())};
+});
+
+}  // namespace
+}  // namespace tpu::ops
