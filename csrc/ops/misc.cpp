@@ -838,3 +838,30 @@ Registrar reg_logcumsumexp("_logcumsumexp", [](Ctx& c) {
 
 }  // namespace
 }  // namespace tpu::ops
+
+namespace tpu::ops {
+namespace {
+
+// isin(elements, test_elements, assume_unique, invert): a broadcast compare
+// against every test element.
+Registrar reg_isin("isin", [](Ctx& c) {
+  ir::Builder& b = c.b;
+  Value e = c.tensor(0), t = c.tensor(1);
+  if (ir::isComplex(e.dtype()) || ir::isComplex(t.dtype())) throw ir::Unsupported("complex isin");
+  if (t.type.numel() > 4096) throw ir::Unsupported("isin with many test elements");
+  DType ct = ir::promote(e.dtype(), t.dtype());
+  int64_t m = t.type.numel();
+  Shape cs = e.shape();
+  cs.push_back(m);
+  std::vector<int64_t> edims;
+  for (int i = 0; i < e.rank(); ++i) edims.push_back(i);
+  Value eb = b.broadcastInDim(b.convert(e, ct), cs, edims);
+  Value tb = b.broadcastInDim(b.reshape(b.convert(t, ct), {m}), cs, {static_cast<int64_t>(e.rank())});
+  Value hit = b.convert(b.compare(eb, tb, ir::Cmp::EQ), DType::I32);
+  Value any = m == 0 ? b.constantInt(0, DType::I32, e.shape()) : reduceMax(b, hit, {static_cast<int64_t>(e.rank())});
+  Value r = b.compare(any, b.constantInt(0, DType::I32, e.shape()), c.flagOr(3, false) ? ir::Cmp::EQ : ir::Cmp::NE);
+  return std::vector<Value>{r};
+});
+
+}  // namespace
+}  // namespace tpu::ops
