@@ -865,3 +865,41 @@ Registrar reg_isin("isin", [](Ctx& c) {
 
 }  // namespace
 }  // namespace tpu::ops
+
+namespace tpu::ops {
+namespace {
+
+// histc(self, bins, min, max): equal-width bins; min == max takes the data's
+// range (widened by 1 each side when that is empty too).
+Registrar reg_histc("histc", [](Ctx& c) {
+  ir::Builder& b = c.b;
+  Value x = c.tensor(0);
+  int64_t bins = c.i64Or(1, 100);
+  if (!ir::isFloat(x.dtype()) || bins <= 0) throw ir::Unsupported("histc arguments");
+  int64_t n = x.type.numel();
+  if (n * bins > (int64_t{1} << 24)) throw ir::Unsupported("histc too large");
+  DType acc = accOf(x.dtype());
+  Value lo = c.scalarOr(2, acc, 0.0), hi = c.scalarOr(3, acc, 0.0);
+  if (n == 0) return std::vector<Value>{b.constant(0.0, x.dtype(), {bins})};
+  Value xf = b.reshape(b.convert(x, acc), {n});
+  Value same = b.compare(lo, hi, ir::Cmp::EQ);
+  lo = b.select(same, reduceMin(b, xf, {0}), lo);
+  hi = b.select(same, reduceMax(b, xf, {0}), hi);
+  Value same2 = b.compare(lo, hi, ir::Cmp::EQ);
+  Value one = b.constant(1.0, acc);
+  lo = b.select(same2, sub(b, lo, one), lo);
+  hi = b.select(same2, add(b, hi, one), hi);
+  Value lob = b.broadcastTo(lo, {n}), hib = b.broadcastTo(hi, {n});
+  Value in = b.binary("and", b.compare(xf, lob, ir::Cmp::GE), b.compare(xf, hib, ir::Cmp::LE));
+  Value pos = div(b, mul(b, sub(b, xf, lob), b.constant(static_cast<double>(bins), acc, {n})), sub(b, hib, lob));
+  Value idx = b.convert(pos, DType::I64);
+  idx = b.binary("minimum", idx, b.constantInt(bins - 1, DType::I64, {n}));
+  idx = b.select(in, idx, b.constantInt(-1, DType::I64, {n}));
+  Shape cs{n, bins};
+  Value hit = b.compare(b.broadcastInDim(idx, cs, {0}), b.iota({DType::I64, cs}, 1), ir::Cmp::EQ);
+  Value counts = reduceSum(b, b.convert(hit, acc), {0});
+  return std::vector<Value>{b.convert(counts, x.dtype())};
+});
+
+}  // namespace
+}  // namespace tpu::ops
