@@ -454,8 +454,8 @@ Lowered lowerOp(const c10::OperatorHandle& op, const std::vector<IValue>& args, 
       auto lst = v.toList();
       for (size_t j = 0; j < lst.size(); ++j) {
         ir::DType st = scalarIrType(lst.get(j));
-        a.values.push_back(
-            src.scalar(lst.get(j), st, {InputSource::Kind::ScalarListElem, static_cast<int>(i), static_cast<int>(j), st}));
+        a.values.push_back(src.scalar(
+            lst.get(j), st, {InputSource::Kind::ScalarListElem, static_cast<int>(i), static_cast<int>(j), st}));
       }
       a.scalar_is_float = !lst.empty() && lst.get(0).isDouble();
     } else if (v.isInt() && baseType(sa.real_type())->kind() == c10::TypeKind::ScalarTypeType) {
@@ -470,11 +470,11 @@ Lowered lowerOp(const c10::OperatorHandle& op, const std::vector<IValue>& args, 
     } else if (v.isBool()) {
       a.kind = ops::Arg::Kind::Bool;
       a.b = v.toBool();
-    } else if (v.isIntList() || (v.isList() && baseType(sa.type())->castRaw<c10::ListType>() &&
-                                 (baseType(sa.type())->castRaw<c10::ListType>()->getElementType()->kind() ==
-                                      c10::TypeKind::IntType ||
-                                  baseType(sa.type())->castRaw<c10::ListType>()->getElementType()->kind() ==
-                                      c10::TypeKind::SymIntType))) {
+    } else if (v.isIntList() ||
+               (v.isList() && baseType(sa.type())->castRaw<c10::ListType>() &&
+                (baseType(sa.type())->castRaw<c10::ListType>()->getElementType()->kind() == c10::TypeKind::IntType ||
+                 baseType(sa.type())->castRaw<c10::ListType>()->getElementType()->kind() ==
+                     c10::TypeKind::SymIntType))) {
       a.kind = ops::Arg::Kind::IntList;
       if (v.isIntList()) {
         a.ints = v.toIntVector();

@@ -6,6 +6,9 @@
 
 namespace tpu::ops {
 
+// The dtype of result 0: PyTorch's (from the meta kernel) when known.
+inline DType outType(const Ctx& c, DType fallback) { return c.hasExpected() ? c.expectedAt(0).dtype : fallback; }
+
 Shape broadcastShapes(const Shape& a, const Shape& b);
 // Broadcasts all values to their common shape (dtypes untouched).
 std::vector<Value> broadcastAll(ir::Builder& b, std::vector<Value> vs);

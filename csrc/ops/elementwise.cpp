@@ -11,9 +11,6 @@ namespace {
 using Fn1 = std::function<Value(ir::Builder&, const Value&)>;
 using Fn2 = std::function<Value(ir::Builder&, const Value&, const Value&)>;
 
-// The result dtype: PyTorch's (from the meta kernel) when known.
-DType outType(Ctx& c, DType fallback) { return c.hasExpected() ? c.expectedAt(0).dtype : fallback; }
-
 // Unary math that always produces a float (ints promote to float32).
 std::vector<Value> floatUnary(Ctx& c, const Fn1& f) {
   Value x = c.tensor(0);

@@ -8,8 +8,6 @@
 namespace tpu::ops {
 namespace {
 
-DType outType(Ctx& c, DType fallback) { return c.hasExpected() ? c.expectedAt(0).dtype : fallback; }
-
 // Wraps negative indices by `size`.
 Value wrapIndex(ir::Builder& b, const Value& idx, int64_t size) {
   Value i = b.convert(idx, DType::I64);

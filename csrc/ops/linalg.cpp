@@ -5,8 +5,6 @@
 namespace tpu::ops {
 namespace {
 
-DType outType(Ctx& c, DType fallback) { return c.hasExpected() ? c.expectedAt(0).dtype : fallback; }
-
 // Dot in the accumulation type, converted to `out`.
 Value product(ir::Builder& b, const Value& x, const Value& y, DType out) {
   DType acc = accOf(out);

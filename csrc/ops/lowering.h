@@ -151,5 +151,4 @@ struct Registrar {
   }
 };
 
-
 }  // namespace tpu::ops

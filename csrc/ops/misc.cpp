@@ -46,8 +46,6 @@ std::vector<Value> delegate(Ctx& c, const std::string& name, std::vector<Arg> ar
   return r;
 }
 
-DType outType(Ctx& c, DType fallback) { return c.hasExpected() ? c.expectedAt(0).dtype : fallback; }
-
 std::vector<int64_t> allDims(int rank) {
   std::vector<int64_t> d;
   for (int i = 0; i < rank; ++i) d.push_back(i);

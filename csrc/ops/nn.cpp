@@ -7,8 +7,6 @@
 namespace tpu::ops {
 namespace {
 
-DType outType(Ctx& c, DType fallback) { return c.hasExpected() ? c.expectedAt(0).dtype : fallback; }
-
 Value bcast(ir::Builder& b, const Value& reduced_keep, const Shape& s) { return b.broadcastTo(reduced_keep, s); }
 
 // --------------------------------------------------------------- softmax

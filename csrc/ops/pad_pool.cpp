@@ -8,8 +8,6 @@
 namespace tpu::ops {
 namespace {
 
-DType outType(Ctx& c, DType fallback) { return c.hasExpected() ? c.expectedAt(0).dtype : fallback; }
-
 Value sliceDim(ir::Builder& b, const Value& v, int64_t d, int64_t lo, int64_t hi) {
   Shape start(v.rank(), 0), limit = v.shape(), strides(v.rank(), 1);
   start[d] = lo;

@@ -7,8 +7,6 @@
 namespace tpu::ops {
 namespace {
 
-DType outType(Ctx& c, DType fallback) { return c.hasExpected() ? c.expectedAt(0).dtype : fallback; }
-
 // Integer sums accumulate in int64 (PyTorch promotes them).
 DType sumType(DType in, std::optional<DType> dtype) {
   if (dtype) return *dtype;

@@ -5,8 +5,6 @@
 namespace tpu::ops {
 namespace {
 
-DType outType(Ctx& c, DType fallback) { return c.hasExpected() ? c.expectedAt(0).dtype : fallback; }
-
 Registrar reg_cat("cat", [](Ctx& c) {
   auto vs = c.tensors(0);
   std::vector<Value> keep;

@@ -12,8 +12,6 @@ namespace {
 using Fn1 = std::function<Value(ir::Builder&, const Value&)>;
 using Fn2 = std::function<Value(ir::Builder&, const Value&, const Value&)>;
 
-DType outType(Ctx& c, DType fallback) { return c.hasExpected() ? c.expectedAt(0).dtype : fallback; }
-
 std::vector<Value> floatUnary(Ctx& c, const Fn1& f) {
   Value x = c.tensor(0);
   if (ir::isComplex(x.dtype())) throw ir::Unsupported("complex special function");

@@ -21,7 +21,7 @@ namespace {
 
 constexpr char kMagic[8] = {'T', 'T', 'P', 'U', 'X', 'C', '0', '1'};
 constexpr size_t kHeader = sizeof(kMagic) + 32 + 8;  // magic, key (hex), payload size
-constexpr size_t kTrailer = 8;                      // payload checksum
+constexpr size_t kTrailer = 8;                       // payload checksum
 
 bool makeDirs(const std::string& path) {
   std::string cur;
@@ -72,8 +72,7 @@ int64_t DiskCache::defaultMaxBytes() {
   return int64_t(2) << 30;
 }
 
-std::string DiskCache::key(const std::string& program, const std::string& plugin_identity,
-                           const std::string& options) {
+std::string DiskCache::key(const std::string& program, const std::string& plugin_identity, const std::string& options) {
   std::string all = plugin_identity;
   all += '\0';
   all += options;

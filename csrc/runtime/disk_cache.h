@@ -30,8 +30,7 @@ class DiskCache {
   bool enabled() const { return !dir_.empty(); }
   const std::string& dir() const { return dir_; }
   // The key of a program: a 128-bit hash, hex.
-  static std::string key(const std::string& program, const std::string& plugin_identity,
-                         const std::string& options);
+  static std::string key(const std::string& program, const std::string& plugin_identity, const std::string& options);
 
   // The payload stored under `key`, or nothing (missing or invalid: an
   // invalid file is removed and counted as corrupt).

@@ -143,8 +143,8 @@ void LazyGraph::materialize() {
     if (last_keys_.empty())
       why = "first graph (" + std::to_string(keys_.size()) + " ops)";
     else if (i < keys_.size() && i < last_keys_.size())
-      why = "op " + std::to_string(i) + " of " + std::to_string(keys_.size()) + " differs from the last compiled graph: " +
-            last_keys_[i] + "  ->  " + keys_[i];
+      why = "op " + std::to_string(i) + " of " + std::to_string(keys_.size()) +
+            " differs from the last compiled graph: " + last_keys_[i] + "  ->  " + keys_[i];
     else if (keys_.size() != last_keys_.size())
       why = "same ops as the last compiled graph up to op " + std::to_string(i) + ", but " +
             std::to_string(keys_.size()) + " ops instead of " + std::to_string(last_keys_.size());

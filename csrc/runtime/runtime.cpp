@@ -205,8 +205,8 @@ Runtime::Runtime() {
   struct stat st {};
   ::stat(path.c_str(), &st);
   identity_ = path + "|" + std::to_string(st.st_size) + "|" + std::to_string(st.st_mtime) + "|" +
-              client_->platformName() + "|" + client_->platformVersion() + "|" +
-              std::to_string(api->majorVersion()) + "." + std::to_string(api->minorVersion());
+              client_->platformName() + "|" + client_->platformVersion() + "|" + std::to_string(api->majorVersion()) +
+              "." + std::to_string(api->minorVersion());
   disk_ = std::make_unique<DiskCache>(DiskCache::defaultDir(), DiskCache::defaultMaxBytes());
   int n = deviceCount();
   mem_.reset(new Mem[n]);

@@ -13,8 +13,8 @@
 #include <vector>
 
 #include "ir/ir.h"
-#include "runtime/disk_cache.h"
 #include "pjrt/pjrt.h"
+#include "runtime/disk_cache.h"
 
 namespace tpu::runtime {
 
@@ -26,7 +26,7 @@ class OutOfMemory : public std::runtime_error {
 
 struct Metrics {
   std::atomic<int64_t> compiles{0};
-  std::atomic<int64_t> cache_hits{0};  // program found in memory
+  std::atomic<int64_t> cache_hits{0};    // program found in memory
   std::atomic<int64_t> cache_misses{0};  // not in memory (then: disk hit, or compile)
   std::atomic<int64_t> disk_hits{0};
   std::atomic<int64_t> executions{0};

@@ -1,11 +1,11 @@
 #include "runtime/views.h"
 
-#include "runtime/lazy.h"
-
 #include <algorithm>
 #include <cstring>
 #include <list>
 #include <numeric>
+
+#include "runtime/lazy.h"
 
 namespace tpu::runtime {
 
@@ -174,7 +174,6 @@ ir::Value buildWrite(ir::Builder& b, const ir::Value& flat, const ir::Value& val
   return b.scatter(flat, idx, value, dn,
                    [](ir::Builder&, const std::vector<ir::Value>& a) { return std::vector<ir::Value>{a[1]}; });
 }
-
 
 void trackPending(int device, std::shared_ptr<pjrt::Event> done);
 void setLaunchBlocking(bool on) { g_blocking = on; }
