@@ -32,29 +32,25 @@ Registrar reg_log_softmax("_log_softmax", [](Ctx& c) { return softmaxImpl(c, tru
 Registrar reg_softmax2("softmax", [](Ctx& c) { return softmaxImpl(c, false); });
 Registrar reg_log_softmax2("log_softmax", [](Ctx& c) { return softmaxImpl(c, true); });
 
-// _softmax_backward_data(grad, output, dim, input_dtype)
-Registrar reg_softmax_backward("_softmax_backward_data", [](Ctx& c) {
+// _softmax_backward_data / _log_softmax_backward_data(grad, output, dim, input_dtype):
+// shared set-up, the formula differs.
+std::vector<Value> softmaxBackward(Ctx& c, bool log) {
   Value g = c.tensor(0), y = c.tensor(1);
   DType out = outType(c, g.dtype());
   DType acc = accOf(out);
   ir::Builder& b = c.b;
   Value gg = b.convert(g, acc), yy = b.convert(y, acc);
-  if (y.rank() == 0) return std::vector<Value>{b.convert(b.zeros(gg.type), out)};
+  if (y.rank() == 0) return {b.convert(b.zeros(gg.type), out)};
   int64_t dim = wrapDim(c.i64(2), y.rank());
-  Value s = keepDims(b, reduceSum(b, mul(b, gg, yy), {dim}), y.shape(), {dim});
-  return std::vector<Value>{b.convert(mul(b, yy, sub(b, gg, bcast(b, s, y.shape()))), out)};
-});
-Registrar reg_log_softmax_backward("_log_softmax_backward_data", [](Ctx& c) {
-  Value g = c.tensor(0), y = c.tensor(1);
-  DType out = outType(c, g.dtype());
-  DType acc = accOf(out);
-  ir::Builder& b = c.b;
-  Value gg = b.convert(g, acc), yy = b.convert(y, acc);
-  if (y.rank() == 0) return std::vector<Value>{b.convert(b.zeros(gg.type), out)};
-  int64_t dim = wrapDim(c.i64(2), y.rank());
-  Value s = keepDims(b, reduceSum(b, gg, {dim}), y.shape(), {dim});
-  return std::vector<Value>{b.convert(sub(b, gg, mul(b, b.unary("exponential", yy), bcast(b, s, y.shape()))), out)};
-});
+  if (log) {
+    Value s = bcast(b, keepDims(b, reduceSum(b, gg, {dim}), y.shape(), {dim}), y.shape());
+    return {b.convert(sub(b, gg, mul(b, b.unary("exponential", yy), s)), out)};
+  }
+  Value s = bcast(b, keepDims(b, reduceSum(b, mul(b, gg, yy), {dim}), y.shape(), {dim}), y.shape());
+  return {b.convert(mul(b, yy, sub(b, gg, s)), out)};
+}
+Registrar reg_softmax_backward("_softmax_backward_data", [](Ctx& c) { return softmaxBackward(c, false); });
+Registrar reg_log_softmax_backward("_log_softmax_backward_data", [](Ctx& c) { return softmaxBackward(c, true); });
 
 // --------------------------------------------------------------- layer norm
 
