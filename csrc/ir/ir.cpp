@@ -739,4 +739,94 @@ void Builder::emitMulti(const std::vector<Value>& results, const std::string& rh
   for (size_t i = 0; i < results.size(); ++i) names_[results[i].id] = multiName(group, i);
 }
 
+// ---------------------------------------------------------------- control flow and linear algebra
+std::vector<Value> Builder::whileLoop(const std::vector<Value>& init, const BodyFn& cond, const BodyFn& body) {
+  std::vector<Type> argt;
+  for (const auto& v : init) argt.push_back(v.type);
+  std::string creg = region(argt, cond);
+  std::string breg = region(argt, [&](Builder& bb, const std::vector<Value>& st) {
+    std::vector<Value> next = body(bb, st);
+    if (next.size() != st.size())
+      fail("while body returns " + std::to_string(next.size()) + " values for a state of " + std::to_string(st.size()));
+    for (size_t i = 0; i < next.size(); ++i)
+      if (next[i].type != st[i].type)
+        fail("while body changes state " + std::to_string(i) + " from " + st[i].type.str() + " to " +
+             next[i].type.str());
+    return next;
+  });
+  // region() wraps one region in "( ... )"; while takes two.
+  std::string regs = creg.substr(0, creg.size() - 1) + ", " + breg.substr(1);
+  std::vector<Value> results;
+  std::string args;
+  for (size_t i = 0; i < init.size(); ++i) {
+    results.push_back(fresh(init[i].type));
+    args += (i ? ", " : "") + ref(init[i]);
+  }
+  emitMulti(results,
+            "\"stablehlo.while\"(" + args + ") " + regs + " : (" + types(init) + ") -> (" + types(results) + ")");
+  return results;
+}
+
+Value Builder::cholesky(const Value& a, bool lower) {
+  Value r = fresh(a.type);
+  emitLine(ref(r) + " = \"stablehlo.cholesky\"(" + ref(a) + ") {lower = " + (lower ? "true" : "false") + "} : (" +
+           a.type.str() + ") -> " + r.type.str());
+  return r;
+}
+
+Value Builder::triangularSolve(const Value& a, const Value& rhs, bool left_side, bool lower, bool unit_diagonal,
+                               bool transpose_a) {
+  Value r = fresh(rhs.type);
+  emitLine(ref(r) + " = \"stablehlo.triangular_solve\"(" + ref(a) + ", " + ref(rhs) +
+           ") {left_side = " + (left_side ? "true" : "false") + ", lower = " + (lower ? "true" : "false") +
+           ", transpose_a = #stablehlo<transpose " + (transpose_a ? "TRANSPOSE" : "NO_TRANSPOSE") +
+           ">, unit_diagonal = " + (unit_diagonal ? "true" : "false") + "} : (" + a.type.str() + ", " + rhs.type.str() +
+           ") -> " + r.type.str());
+  return r;
+}
+
+Value Builder::fft(const Value& v, const char* kind, const Shape& lengths) {
+  Type t = v.type;
+  std::string k(kind);
+  if (k == "RFFT") {
+    t.dtype = DType::C64;
+    t.shape.back() = lengths.back() / 2 + 1;
+  } else if (k == "IRFFT") {
+    t.dtype = DType::F32;
+    t.shape.back() = lengths.back();
+  }
+  Value r = fresh(t);
+  emitLine(ref(r) + " = \"stablehlo.fft\"(" + ref(v) + ") {fft_length = array<i64" +
+           (lengths.empty() ? std::string() : ": ") +
+           [&] {
+             std::string s;
+             for (size_t i = 0; i < lengths.size(); ++i) s += (i ? ", " : "") + std::to_string(lengths[i]);
+             return s;
+           }() +
+           ">, fft_type = #stablehlo<fft_type " + k + ">} : (" + v.type.str() + ") -> " + t.str());
+  return r;
+}
+
+Value Builder::real(const Value& v) {
+  if (!isComplex(v.dtype())) return v;
+  Value r = fresh(Type{DType::F32, v.shape()});
+  emitLine(ref(r) + " = \"stablehlo.real\"(" + ref(v) + ") : (" + v.type.str() + ") -> " + r.type.str());
+  return r;
+}
+
+Value Builder::imag(const Value& v) {
+  if (!isComplex(v.dtype())) return zeros(v.type);
+  Value r = fresh(Type{DType::F32, v.shape()});
+  emitLine(ref(r) + " = \"stablehlo.imag\"(" + ref(v) + ") : (" + v.type.str() + ") -> " + r.type.str());
+  return r;
+}
+
+Value Builder::complex(const Value& re, const Value& im) {
+  if (re.type != im.type || re.dtype() != DType::F32) fail("complex of " + re.type.str() + " and " + im.type.str());
+  Value r = fresh(Type{DType::C64, re.shape()});
+  emitLine(ref(r) + " = \"stablehlo.complex\"(" + ref(re) + ", " + ref(im) + ") : (" + re.type.str() + ", " +
+           im.type.str() + ") -> " + r.type.str());
+  return r;
+}
+
 }  // namespace tpu::ir

@@ -145,6 +145,21 @@ class Builder {
   std::vector<Value> sort(const std::vector<Value>& inputs, int64_t dim, bool stable, const BodyFn& cmp);
   // THREE_FRY bit generator: returns {new_state, bits}.
   std::vector<Value> rngBitGenerator(const Value& state, const Type& out);
+  // stablehlo.while: `cond(state) -> {i1 scalar}`, `body(state) -> state`.
+  // Pass every value the regions read through the state: regions here do
+  // not capture outer values, which keeps them valid for every plugin.
+  std::vector<Value> whileLoop(const std::vector<Value>& init, const BodyFn& cond, const BodyFn& body);
+  // Batched Cholesky over the last two dims (only the `lower` triangle is read).
+  Value cholesky(const Value& a, bool lower);
+  // Solves op(a) x = b (left_side) or x op(a) = b; a triangular, batched.
+  Value triangularSolve(const Value& a, const Value& rhs, bool left_side, bool lower, bool unit_diagonal,
+                        bool transpose_a);
+  // stablehlo.fft over the trailing `lengths.size()` dims; kind is FFT, IFFT,
+  // RFFT (real -> complex, last dim n/2+1) or IRFFT (complex -> real, last dim n).
+  Value fft(const Value& v, const char* kind, const Shape& lengths);
+  Value real(const Value& v);  // complex -> its real part; real -> itself
+  Value imag(const Value& v);
+  Value complex(const Value& re, const Value& im);  // f32 pair -> c64
 
   // Scalar-typed helper (tensor<dtype>).
   static Type scalarType(DType t) { return Type{t, {}}; }

@@ -145,6 +145,53 @@ TEST(Compile, SerializeRoundTrip) {
   EXPECT_EQ(o, (std::vector<float>{-1, -2, -3}));
 }
 
+TEST(Compile, WhileLoopThreadsItsState) {
+  // Sum 0..4 into an accumulator: state (i, acc).
+  ir::Builder b;
+  auto x = b.param({ir::DType::F32, {2}});
+  auto i0 = b.constantInt(0, ir::DType::I64);
+  auto r = b.whileLoop(
+      {i0, x},
+      [](ir::Builder& bb, const std::vector<ir::Value>& st) {
+        return std::vector<ir::Value>{bb.compare(st[0], bb.constantInt(5, ir::DType::I64), ir::Cmp::LT)};
+      },
+      [](ir::Builder& bb, const std::vector<ir::Value>& st) {
+        auto f = bb.broadcastTo(bb.convert(st[0], ir::DType::F32), {2});
+        return std::vector<ir::Value>{bb.binary("add", st[0], bb.constantInt(1, ir::DType::I64)),
+                                      bb.binary("add", st[1], f)};
+      });
+  b.output(r[1]);
+  EXPECT_EQ(run(b, {{1, 2}}), (std::vector<float>{11, 12}));
+}
+
+TEST(Compile, CholeskyAndTriangularSolve) {
+  ir::Builder b;
+  auto a = b.param({ir::DType::F32, {2, 2}});
+  auto rhs = b.param({ir::DType::F32, {2, 1}});
+  auto l = b.cholesky(a, true);
+  // L y = rhs, then L^T x = y: x = A^{-1} rhs.
+  auto y = b.triangularSolve(l, rhs, true, true, false, false);
+  b.output(b.triangularSolve(l, y, true, true, false, true));
+  auto out = run(b, {{4, 2, 2, 3}, {2, 1}});
+  ASSERT_EQ(out.size(), 2u);
+  // A = [[4,2],[2,3]], A^{-1} [2,1] = [0.5, 0]
+  EXPECT_NEAR(out[0], 0.5f, 1e-6);
+  EXPECT_NEAR(out[1], 0.0f, 1e-6);
+}
+
+TEST(Compile, RealFftRoundTrip) {
+  ir::Builder b;
+  auto x = b.param({ir::DType::F32, {4}});
+  auto spec = b.fft(x, "RFFT", {4});
+  EXPECT_EQ(spec.type.str(), "tensor<3xcomplex<f32>>");
+  // DC term of [1,2,3,4] is 10; the round trip gives x back.
+  auto back = b.fft(b.complex(b.real(spec), b.imag(spec)), "IRFFT", {4});
+  b.output(back);
+  auto out = run(b, {{1, 2, 3, 4}});
+  ASSERT_EQ(out.size(), 4u);
+  for (int i = 0; i < 4; ++i) EXPECT_NEAR(out[i], i + 1.0f, 1e-5);
+}
+
 TEST(IR, PromotionMatchesPyTorch) {
   using ir::DType;
   EXPECT_EQ(ir::promote(DType::I64, DType::F32), DType::F32);
