@@ -56,8 +56,9 @@ struct Entry {
   std::vector<InputSource> inputs;
   std::vector<OutputBinding> outputs;
   size_t num_returns = 0;
-  bool data_dependent = false;  // the last program output is result 0's length
-  bool bounds_check = false;    // an output (before the length) says all indices were in range
+  bool data_dependent = false;  // the last program output is the length of dynamic_results
+  std::vector<int> dynamic_results;
+  bool bounds_check = false;  // an output (before the length) says all indices were in range
   std::string op_name;
 };
 
@@ -67,6 +68,7 @@ struct Lowered {
   std::vector<std::pair<OutputBinding, ir::Value>> bound;
   std::vector<int> none_returns;
   ir::Value bounds_ok, dynamic_len;
+  std::vector<int> dynamic_results;
   size_t num_returns = 0;
 };
 
@@ -501,6 +503,7 @@ Lowered lowerOp(const c10::OperatorHandle& op, const std::vector<IValue>& args, 
   std::vector<ir::Value> results;
   std::vector<ops::Ctx::Mutation> mutations;
   ir::Value dynamic_len, bounds_ok;
+  std::vector<int> dynamic_results;
   bool all_empty = have_expected && !expected.empty() && !low->data_dependent;
   for (const auto& t : expected) all_empty &= t.shape != ir::Shape{-1} && t.numel() == 0;
   if (all_empty && !foreach_expand) {
@@ -513,9 +516,11 @@ Lowered lowerOp(const c10::OperatorHandle& op, const std::vector<IValue>& args, 
     results = low->fn(ctx);
     mutations = ctx.mutations();
     dynamic_len = ctx.dynamicLength();
+    dynamic_results = ctx.dynamicResults();
     bounds_ok = ctx.boundsOk();
-    if (low->data_dependent &&
-        (!dynamic_len.valid() || schema.returns().size() != 1 || (schema.returns()[0].alias_info() != nullptr)))
+    bool aliased_return = false;
+    for (const auto& r : schema.returns()) aliased_return |= r.alias_info() != nullptr;
+    if (low->data_dependent && (!dynamic_len.valid() || aliased_return))
       throw ir::Unsupported("data-dependent result here");
   } else {
     // _foreach_X(list, list|scalar|scalars, ...) = X on each element.
@@ -634,12 +639,20 @@ Lowered lowerOp(const c10::OperatorHandle& op, const std::vector<IValue>& args, 
     bool from_mutation = i >= bound.size() - mutations.size();
     if (have_expected && !from_mutation && i < ex_bound.size() && ex_bound[i].shape != ir::Shape{-1}) {
       const ir::Type& ex = ex_bound[i];
-      if (ex.shape != val.shape())
+      // A lowering may return [0] for a result the CPU kernel leaves empty
+      // where the meta kernel sizes it (batch-norm eval statistics).
+      bool empty_placeholder = ob.kind == OutputBinding::Kind::Return && val.shape() == ir::Shape{0};
+      if (empty_placeholder) {
+        ob.dtype = toAten(ex.dtype);
+        ob.sizes = val.shape();
+      } else if (ex.shape != val.shape())
         throw std::logic_error("torch_tpu internal: the lowering of " + schema.name() + " produced shape " +
                                ir::shapeStr(val.shape()) + ", PyTorch expects " + ir::shapeStr(ex.shape));
-      if (ob.kind != OutputBinding::Kind::WriteArg) ob.dtype = toAten(ex.dtype);
-      ob.sizes = ex.shape;
-      if (ob.kind == OutputBinding::Kind::Return && i < perm_bound.size()) ob.perm = perm_bound[i];
+      if (!empty_placeholder) {
+        if (ob.kind != OutputBinding::Kind::WriteArg) ob.dtype = toAten(ex.dtype);
+        ob.sizes = ex.shape;
+        if (ob.kind == OutputBinding::Kind::Return && i < perm_bound.size()) ob.perm = perm_bound[i];
+      }
     } else if (ob.kind == OutputBinding::Kind::WriteArg) {
       ob.sizes = val.shape();
     }
@@ -649,6 +662,7 @@ Lowered lowerOp(const c10::OperatorHandle& op, const std::vector<IValue>& args, 
   }
   out.bounds_ok = bounds_ok;
   out.dynamic_len = dynamic_len;
+  out.dynamic_results = dynamic_results;
   return out;
 }
 
@@ -700,6 +714,7 @@ std::shared_ptr<Entry> build(const c10::OperatorHandle& op, const std::vector<IV
     entry->bounds_check = true;
   }
   if (l.dynamic_len.valid()) b.output(b.convert(l.dynamic_len, ir::DType::I64));
+  entry->dynamic_results = l.dynamic_results;
   entry->op_name = schema.name() + (schema.overload_name().empty() ? "" : "." + schema.overload_name());
   entry->prog = runtime::Runtime::get().compile(b, schema.name());
   return entry;
@@ -867,7 +882,10 @@ void runEntry(const Entry& e, const c10::OperatorHandle& op, torch::jit::Stack* 
     } else if (ob.kind == OutputBinding::Kind::Return) {
       at::Tensor t = ob.perm.empty() ? wrapBuffer(outs[i], ob.sizes, ob.dtype, dev)
                                      : wrapBuffer(outs[i], ob.sizes, ob.dtype, dev, permutedStrides(ob));
-      if (e.data_dependent && i == 0) t = t.narrow(0, 0, dynamic_len);
+      bool dynamic = e.data_dependent &&
+                     std::find(e.dynamic_results.begin(), e.dynamic_results.end(), ob.index) != e.dynamic_results.end();
+      // A result the op left empty (counts not requested) stays empty.
+      if (dynamic && t.dim() > 0 && t.size(0) >= dynamic_len) t = t.narrow(0, 0, dynamic_len);
       returns[ob.index] = IValue(t);
     } else {
       lists[ob.index].push_back(wrapBuffer(outs[i], ob.sizes, ob.dtype, dev));

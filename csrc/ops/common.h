@@ -57,6 +57,11 @@ inline DType floatOf(DType t) { return ir::isFloat(t) ? t : DType::F32; }
 // Low-precision floats compute in float32 internally, like PyTorch's CPU.
 inline DType accOf(DType t) { return (t == DType::F16 || t == DType::BF16) ? DType::F32 : t; }
 
+// Inclusive scan along `dim` with a binary StableHLO op ("add", "multiply").
+Value scan(ir::Builder& b, const Value& x, int64_t dim, const char* op, double init);
+// Stable sort along `dim` -> {values, int64 indices}; NaN sorts as largest.
+std::vector<Value> sortImpl(ir::Builder& b, const Value& x, int64_t dim, bool descending);
+
 // erf(x) on a float value (f32 rational approximation; f64 series).
 Value erf(ir::Builder& b, const Value& x);
 

@@ -31,6 +31,7 @@ Value coordinates(ir::Builder& b, const Value& idx, int64_t dim, int64_t dim_siz
 }
 
 Value gatherAlong(ir::Builder& b, const Value& x, int64_t dim, const Value& idx) {
+  if (idx.type.numel() == 0) return b.zeros(Type{x.dtype(), idx.shape()});
   if (idx.rank() == 0 || x.rank() == 0) {
     return b.reshape(gatherAlong(b, b.reshape(x, {1}), 0, b.reshape(idx, {1})), idx.shape());
   }
@@ -48,6 +49,8 @@ using Combine = std::function<Value(ir::Builder&, const Value&, const Value&)>;
 
 Value scatterAlong(ir::Builder& b, const Value& x, int64_t dim, const Value& idx, const Value& src,
                    const Combine& combine) {
+  // PyTorch accepts an empty index of any rank and leaves self as it is.
+  if (idx.type.numel() == 0) return x;
   if (x.rank() == 0) {
     Value r = scatterAlong(b, b.reshape(x, {1}), 0, b.reshape(idx, {1}), b.reshape(src, {1}), combine);
     return b.reshape(r, {});

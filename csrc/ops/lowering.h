@@ -124,8 +124,13 @@ class Ctx {
   void requireInRange(Value ok) { bounds_ok_ = bounds_ok_.valid() ? b.binary("and", bounds_ok_, ok) : ok; }
   const Value& boundsOk() const { return bounds_ok_; }
 
-  void setDynamicLength(Value len) { dynamic_len_ = len; }
+  // `results` (return indices) are padded along dim 0 and cut to `len`.
+  void setDynamicLength(Value len, std::vector<int> results = {0}) {
+    dynamic_len_ = len;
+    dynamic_results_ = std::move(results);
+  }
   const Value& dynamicLength() const { return dynamic_len_; }
+  const std::vector<int>& dynamicResults() const { return dynamic_results_; }
 
  private:
   std::string op_;
@@ -133,6 +138,7 @@ class Ctx {
   std::vector<Type> expected_;
   std::vector<Mutation> mutations_;
   Value dynamic_len_;
+  std::vector<int> dynamic_results_;
   Value bounds_ok_;
   int rng_states_ = 0;
 };

@@ -182,10 +182,9 @@ BnResult batchNorm(Ctx& c, const Value& x, std::optional<Value> w, std::optional
 
 Value emptyStat(ir::Builder& b, DType t) { return b.constant(0.0, t, {0}); }
 
-// Eval-mode statistics: empty, or per channel, as the meta kernel says.
+// Eval mode: the CPU kernels return empty statistics (the meta kernel sizes
+// them per channel; the dispatcher accepts the [0] placeholder).
 std::vector<Value> evalStats(Ctx& c, const BnResult& r, DType st) {
-  bool per_channel = c.hasExpected() && c.expected().size() > 1 && c.expectedAt(1).shape != Shape{0};
-  if (per_channel) return {r.out, r.save_mean, r.save_invstd};
   return {r.out, emptyStat(c.b, st), emptyStat(c.b, st)};
 }
 
@@ -636,38 +635,41 @@ Value adaptiveMatrix(ir::Builder& b, int64_t out, int64_t in, DType t) {
   return div(b, b.convert(m, t), cnt);
 }
 
-// y[..., i, j] = sum_h sum_w L[i, h] v[..., h, w] R[j, w]; `contract` = 1
-// applies L and R (forward), 0 applies their transposes (backward).
-Value separable(ir::Builder& b, const Value& v, const Value& l, const Value& r, int64_t contract) {
+// Applies the matrix m along dim d of v: contract = 1 maps v's dim of size
+// m[1] to m[0] (forward), contract = 0 uses the transpose (backward).
+Value applyAlong(ir::Builder& b, const Value& v, const Value& m, int64_t d, int64_t contract) {
   int rank = v.rank();
-  Value t = b.dotGeneral(v, r, {}, {}, {rank - 1}, {contract}, v.dtype());  // [..., H, j]
-  Value y = b.dotGeneral(t, l, {}, {}, {rank - 2}, {contract}, v.dtype());  // [..., j, i]
+  Value t = b.dotGeneral(v, m, {}, {}, {d}, {contract}, v.dtype());  // d moved to the end
   std::vector<int64_t> perm;
-  for (int i = 0; i < rank - 2; ++i) perm.push_back(i);
-  perm.push_back(rank - 1);
-  perm.push_back(rank - 2);
-  return b.transpose(y, perm);
+  for (int i = 0; i < rank - 1; ++i) {
+    if (i == d) perm.push_back(rank - 1);
+    perm.push_back(i);
+  }
+  if (d == rank - 1) perm.push_back(rank - 1);
+  return b.transpose(t, perm);
 }
 
-Registrar reg_adaptive_avg_pool2d("_adaptive_avg_pool2d", [](Ctx& c) {
-  Value x = c.tensor(0);
-  auto os = c.ints(1);
+// Adaptive average pooling over the trailing n dims, one averaging matrix a dim.
+std::vector<Value> adaptiveAvg(Ctx& c, int n, bool backward) {
+  Value x = backward ? c.tensor(1) : c.tensor(0);
+  Value v = backward ? c.tensor(0) : x;
   ir::Builder& b = c.b;
   DType acc = accOf(x.dtype());
   int r = x.rank();
-  Value ah = adaptiveMatrix(b, os[0], x.shape()[r - 2], acc);
-  Value aw = adaptiveMatrix(b, os[1], x.shape()[r - 1], acc);
-  return std::vector<Value>{b.convert(separable(b, b.convert(x, acc), ah, aw, 1), x.dtype())};
-});
-Registrar reg_adaptive_avg_pool2d_backward("_adaptive_avg_pool2d_backward", [](Ctx& c) {
-  Value g = c.tensor(0), x = c.tensor(1);
-  ir::Builder& b = c.b;
-  DType acc = accOf(x.dtype());
-  int r = x.rank();
-  Value ah = adaptiveMatrix(b, g.shape()[r - 2], x.shape()[r - 2], acc);
-  Value aw = adaptiveMatrix(b, g.shape()[r - 1], x.shape()[r - 1], acc);
-  return std::vector<Value>{b.convert(separable(b, b.convert(g, acc), ah, aw, 0), x.dtype())};
-});
+  Value y = b.convert(v, acc);
+  for (int i = 0; i < n; ++i) {
+    int64_t d = r - n + i;
+    int64_t out = backward ? v.shape()[d] : c.ints(1)[i];
+    y = applyAlong(b, y, adaptiveMatrix(b, out, x.shape()[d], acc), d, backward ? 0 : 1);
+  }
+  return {b.convert(y, x.dtype())};
+}
+Registrar reg_adaptive_avg_pool2d("_adaptive_avg_pool2d", [](Ctx& c) { return adaptiveAvg(c, 2, false); });
+Registrar reg_adaptive_avg_pool3d("_adaptive_avg_pool3d", [](Ctx& c) { return adaptiveAvg(c, 3, false); });
+Registrar reg_adaptive_avg_pool2d_backward("_adaptive_avg_pool2d_backward",
+                                           [](Ctx& c) { return adaptiveAvg(c, 2, true); });
+Registrar reg_adaptive_avg_pool3d_backward("_adaptive_avg_pool3d_backward",
+                                           [](Ctx& c) { return adaptiveAvg(c, 3, true); });
 
 // --------------------------------------------------------------- losses
 

@@ -389,16 +389,18 @@ std::vector<Value> adaptiveMax(Ctx& c, int n) {
 Registrar reg_adaptive_max_pool2d("adaptive_max_pool2d", [](Ctx& c) { return adaptiveMax(c, 2); });
 Registrar reg_adaptive_max_pool3d("adaptive_max_pool3d", [](Ctx& c) { return adaptiveMax(c, 3); });
 
-// The gradient of a max pool over the trailing `n` dims: grad scattered (added)
-// to the flat positions in `idx`.
-Value scatterByIndex(ir::Builder& b, const Value& g, const Value& x, const Value& idx, int n, DType out) {
-  int64_t sp = 1, l = 1;
+// Places g (over the trailing `n` dims) at the flat positions `idx` of a zero
+// tensor of `shape`: added (a max pool's gradient) or written (max_unpool).
+Value scatterByIndex(ir::Builder& b, const Value& g, const Shape& shape, const Value& idx, int n, DType out,
+                     bool accumulate = true) {
+  int64_t sp = 1, l = 1, total = 1;
   for (int i = 0; i < n; ++i) {
-    sp *= x.shape()[x.rank() - 1 - i];
+    sp *= shape[shape.size() - 1 - i];
     l *= g.shape()[g.rank() - 1 - i];
   }
-  int64_t lead = x.type.numel() / std::max<int64_t>(sp, 1);
-  DType acc = accOf(out);
+  for (auto d : shape) total *= d;
+  int64_t lead = total / std::max<int64_t>(sp, 1);
+  DType acc = accumulate ? accOf(out) : out;
   Value gg = b.reshape(b.convert(g, acc), {lead, l});
   Value ii = b.reshape(b.convert(idx, DType::I64), {lead, l});
   Value rows = b.reshape(b.iota(Type{DType::I64, {lead, l}}, 0), {lead, l, 1});
@@ -407,20 +409,21 @@ Value scatterByIndex(ir::Builder& b, const Value& g, const Value& x, const Value
   dn.inserted_window_dims = {0, 1};
   dn.scatter_dims_to_operand_dims = {0, 1};
   dn.index_vector_dim = 2;
-  Value res =
-      b.scatter(b.constant(0.0, acc, {lead, sp}), coords, gg, dn,
-                [](ir::Builder& bb, const std::vector<Value>& a) { return std::vector<Value>{add(bb, a[0], a[1])}; });
-  return b.convert(b.reshape(res, x.shape()), out);
+  Value res = b.scatter(b.constant(0.0, acc, {lead, sp}), coords, gg, dn,
+                        [accumulate](ir::Builder& bb, const std::vector<Value>& a) {
+                          return std::vector<Value>{accumulate ? add(bb, a[0], a[1]) : a[1]};
+                        });
+  return b.convert(b.reshape(res, shape), out);
 }
 
 // adaptive_max_pool{2,3}d_backward(grad_output, self, indices)
 Registrar reg_adaptive_max_pool2d_backward("adaptive_max_pool2d_backward", [](Ctx& c) {
   Value x = c.tensor(1);
-  return std::vector<Value>{scatterByIndex(c.b, c.tensor(0), x, c.tensor(2), 2, outType(c, x.dtype()))};
+  return std::vector<Value>{scatterByIndex(c.b, c.tensor(0), x.shape(), c.tensor(2), 2, outType(c, x.dtype()))};
 });
 Registrar reg_adaptive_max_pool3d_backward("adaptive_max_pool3d_backward", [](Ctx& c) {
   Value x = c.tensor(1);
-  return std::vector<Value>{scatterByIndex(c.b, c.tensor(0), x, c.tensor(2), 3, outType(c, x.dtype()))};
+  return std::vector<Value>{scatterByIndex(c.b, c.tensor(0), x.shape(), c.tensor(2), 3, outType(c, x.dtype()))};
 });
 
 // --------------------------------------------------------------- max_pool3d
@@ -496,8 +499,28 @@ Registrar reg_max_pool3d_with_indices("max_pool3d_with_indices", [](Ctx& c) {
 // max_pool3d_with_indices_backward(grad, self, kernel, stride, padding, dilation, ceil_mode, indices)
 Registrar reg_max_pool3d_backward("max_pool3d_with_indices_backward", [](Ctx& c) {
   Value x = c.tensor(1);
-  return std::vector<Value>{scatterByIndex(c.b, c.tensor(0), x, c.tensor(7), 3, outType(c, x.dtype()))};
+  return std::vector<Value>{scatterByIndex(c.b, c.tensor(0), x.shape(), c.tensor(7), 3, outType(c, x.dtype()))};
 });
+
+// max_unpool2d(self, indices, output_size) / max_unpool3d(self, indices,
+// output_size, stride, padding): each value goes to its flat index in the
+// output plane. Indices outside the plane raise (PyTorch checks them too).
+std::vector<Value> maxUnpool(Ctx& c, int n) {
+  Value x = c.tensor(0), idx = c.tensor(1);
+  auto os = c.ints(2);
+  if (static_cast<int64_t>(os.size()) != n || x.rank() < n) throw ir::Unsupported("max_unpool: output_size");
+  Shape shape(x.shape().begin(), x.shape().end() - n);
+  int64_t plane = 1;
+  for (auto d : os) {
+    shape.push_back(d);
+    plane *= d;
+  }
+  if (Type{x.dtype(), shape}.numel() == 0 || x.type.numel() == 0) return {c.b.zeros(Type{x.dtype(), shape})};
+  c.requireInRange(indicesInRange(c.b, idx, plane, false));
+  return {scatterByIndex(c.b, x, shape, idx, n, x.dtype(), false)};
+}
+Registrar reg_max_unpool2d("max_unpool2d", [](Ctx& c) { return maxUnpool(c, 2); });
+Registrar reg_max_unpool3d("max_unpool3d", [](Ctx& c) { return maxUnpool(c, 3); });
 
 // --------------------------------------------------------------- im2col / col2im
 

@@ -21,8 +21,9 @@ Value finish(ir::Builder& b, const Value& r, const Shape& in, const std::vector<
 // sum(self, dim?, keepdim, dtype) and sum(self, dtype)
 std::vector<Value> sumLike(Ctx& c, bool mean) {
   Value x = c.tensor(0);
-  bool has_dims = c.kind(1) == Arg::Kind::IntList || c.kind(1) == Arg::Kind::Int;
-  std::optional<std::vector<int64_t>> d = has_dims ? c.optInts(1) : std::nullopt;
+  // The dim overloads have (self, dim, keepdim, dtype); dim=None still keeps dims.
+  bool has_dims = c.size() >= 3;
+  std::optional<std::vector<int64_t>> d = has_dims && c.has(1) ? c.optInts(1) : std::nullopt;
   bool keep = has_dims ? c.flagOr(2, false) : false;
   std::optional<DType> dt = has_dims ? c.optDType(3) : c.optDType(1);
   auto dims = reductionDims(d, x.rank());
@@ -258,6 +259,8 @@ Registrar reg_logsumexp("logsumexp", [](Ctx& c) {
   return std::vector<Value>{c.b.convert(finish(c.b, r, x.shape(), dims, keep), out)};
 });
 
+}  // namespace
+
 // Inclusive scan along `dim` via reduce_window over a padded window.
 Value scan(ir::Builder& b, const Value& x, int64_t dim, const char* op, double init) {
   int64_t n = x.shape()[dim];
@@ -271,6 +274,8 @@ Value scan(ir::Builder& b, const Value& x, int64_t dim, const char* op, double i
                           return std::vector<Value>{bb.binary(opname.c_str(), a[0], a[1])};
                         })[0];
 }
+
+namespace {
 std::vector<Value> cumop(Ctx& c, const char* op, double init) {
   Value x = c.tensor(0);
   DType out = outType(c, sumType(x.dtype(), c.optDType(2)));
@@ -281,6 +286,8 @@ std::vector<Value> cumop(Ctx& c, const char* op, double init) {
 }
 Registrar reg_cumsum("cumsum", [](Ctx& c) { return cumop(c, "add", 0.0); });
 Registrar reg_cumprod("cumprod", [](Ctx& c) { return cumop(c, "multiply", 1.0); });
+
+}  // namespace
 
 // sort(self, dim, descending) / sort.stable(self, *, stable, dim, descending)
 std::vector<Value> sortImpl(ir::Builder& b, const Value& x, int64_t dim, bool descending) {
@@ -298,6 +305,8 @@ std::vector<Value> sortImpl(ir::Builder& b, const Value& x, int64_t dim, bool de
   });
   return r;
 }
+
+namespace {
 Registrar reg_sort("sort", [](Ctx& c) {
   Value x = c.tensor(0);
   int64_t dim;
