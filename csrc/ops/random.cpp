@@ -134,6 +134,111 @@ Registrar reg_exponential("exponential", [](Ctx& c) {
   return std::vector<Value>{b.convert(v, x.dtype())};
 });
 
+// Uniform in (0, 1]: safe under log.
+Value uniformOpen01(Ctx& c, const Shape& shape, bool f64) {
+  Value u = uniform01(c, shape, f64);
+  return sub(c.b, c.b.constant(1.0, u.dtype(), shape), u);
+}
+
+// cauchy_(self, median, sigma): median + sigma * tan(pi * (u - 1/2)).
+Registrar reg_cauchy("cauchy", [](Ctx& c) {
+  Value x = c.tensor(0);
+  if (!ir::isFloat(x.dtype())) throw ir::Unsupported("cauchy_ on a non-float tensor");
+  ir::Builder& b = c.b;
+  Value u = uniform01(c, x.shape(), wide(x.dtype()));
+  DType t = u.dtype();
+  Value a = mul(b, b.constant(M_PI, t, x.shape()), sub(b, u, b.constant(0.5, t, x.shape())));
+  Value tan = div(b, b.unary("sine", a), b.unary("cosine", a));
+  Value v = add(b, b.constant(c.f64Or(1, 0.0), t, x.shape()), mul(b, b.constant(c.f64Or(2, 1.0), t, x.shape()), tan));
+  return std::vector<Value>{b.convert(v, x.dtype())};
+});
+
+// log_normal_(self, mean, std): exp of a normal sample.
+Registrar reg_log_normal("log_normal", [](Ctx& c) {
+  Value x = c.tensor(0);
+  if (!ir::isFloat(x.dtype())) throw ir::Unsupported("log_normal_ on a non-float tensor");
+  ir::Builder& b = c.b;
+  Value z = standardNormal(c, x.shape(), wide(x.dtype()));
+  DType t = z.dtype();
+  Value v = add(b, b.constant(c.f64Or(1, 1.0), t, x.shape()), mul(b, z, b.constant(c.f64Or(2, 2.0), t, x.shape())));
+  return std::vector<Value>{b.convert(b.unary("exponential", v), x.dtype())};
+});
+
+// geometric_(self, p): the number of Bernoulli(p) trials up to the first
+// success, ceil(log(u) / log(1 - p)) for u in (0, 1].
+Registrar reg_geometric("geometric", [](Ctx& c) {
+  Value x = c.tensor(0);
+  ir::Builder& b = c.b;
+  bool f64 = x.dtype() == DType::F64 || x.dtype() == DType::I64;
+  Value u = uniformOpen01(c, x.shape(), f64);
+  DType t = u.dtype();
+  double p = c.f64(1);
+  Value v = b.unary("ceil", div(b, b.unary("log", u), b.constant(std::log1p(-p), t, x.shape())));
+  // u == 1 gives 0 trials; the distribution starts at 1.
+  v = b.binary("maximum", v, b.constant(1.0, t, x.shape()));
+  return std::vector<Value>{b.convert(v, x.dtype())};
+});
+
+// rrelu_with_noise(self, noise!, lower, upper, training, generator): in
+// training, negative inputs are scaled by a uniform draw in [lower, upper]
+// recorded in `noise` (1 elsewhere); in eval by (lower + upper) / 2.
+Registrar reg_rrelu_with_noise("rrelu_with_noise", [](Ctx& c) {
+  Value x = c.tensor(0), noise = c.tensor(1);
+  if (!ir::isFloat(x.dtype())) throw ir::Unsupported("rrelu on a non-float tensor");
+  ir::Builder& b = c.b;
+  bool training = c.flagOr(4, false);
+  DType acc = accOf(x.dtype());
+  Value lo = b.broadcastTo(c.scalarOr(2, acc, 1.0 / 8), x.shape());
+  Value hi = b.broadcastTo(c.scalarOr(3, acc, 1.0 / 3), x.shape());
+  Value xx = b.convert(x, acc);
+  Value neg = b.compare(xx, b.zeros({acc, x.shape()}), ir::Cmp::LE);
+  if (!training) {
+    Value slope = mul(b, add(b, lo, hi), b.constant(0.5, acc, x.shape()));
+    return std::vector<Value>{b.convert(b.select(neg, mul(b, xx, slope), xx), x.dtype())};
+  }
+  Value u = b.convert(uniform01(c, x.shape(), acc == DType::F64), acc);
+  Value r = add(b, lo, mul(b, u, sub(b, hi, lo)));
+  Value scale = b.select(neg, r, b.constant(1.0, acc, x.shape()));
+  c.mutate(1, b.convert(scale, noise.dtype()));
+  return std::vector<Value>{b.convert(mul(b, xx, scale), x.dtype())};
+});
+
+// multinomial(self, num_samples, replacement, generator) -> int64 indices.
+// Without replacement: the k smallest Exp(1) / p keys (a weighted random
+// permutation). With replacement: inverse-CDF lookups of uniform draws.
+Registrar reg_multinomial("multinomial", [](Ctx& c) {
+  Value p = c.tensor(0);
+  int64_t k = c.i64(1);
+  bool replacement = c.flagOr(2, false);
+  if (!ir::isFloat(p.dtype()) || p.rank() < 1 || p.rank() > 2) throw ir::Unsupported("multinomial arguments");
+  ir::Builder& b = c.b;
+  bool batched = p.rank() == 2;
+  int64_t rows = batched ? p.shape()[0] : 1, n = p.shape()[p.rank() - 1];
+  if (n == 0 || k == 0 || rows == 0) throw ir::Unsupported("multinomial of an empty distribution");
+  DType t = p.dtype() == DType::F64 ? DType::F64 : DType::F32;
+  Value pp = b.reshape(b.convert(p, t), {rows, n});
+  Value out;
+  if (!replacement) {
+    Value e = b.unary("negate", b.unary("log", uniformOpen01(c, {rows, n}, t == DType::F64)));
+    // Zero-probability categories come last (key +inf).
+    Value key = div(b, e, pp);
+    out = b.slice(sortImpl(b, key, 1, false)[1], {0, 0}, {rows, k}, {1, 1});
+  } else {
+    Value cdf = scan(b, pp, 1, "add", 0.0);
+    Value total = b.slice(cdf, {0, n - 1}, {rows, n}, {1, 1});  // [rows, 1]
+    Value u = uniform01(c, {rows, k}, t == DType::F64);
+    Value target = mul(b, u, b.broadcastInDim(b.reshape(total, {rows}), {rows, k}, {0}));
+    Shape s3{rows, k, n};
+    // index = number of categories whose cumulative mass is <= target,
+    // skipping zero-probability categories at the boundary.
+    Value le = b.compare(b.broadcastInDim(cdf, s3, {0, 2}), b.broadcastInDim(target, s3, {0, 1}), ir::Cmp::LE);
+    Value idx = reduceSum(b, b.convert(le, DType::I64), {2});
+    out = b.binary("minimum", idx, b.constantInt(n - 1, DType::I64, {rows, k}));
+  }
+  out = b.convert(out, DType::I64);
+  return std::vector<Value>{batched ? out : b.reshape(out, {k})};
+});
+
 // native_dropout(input, p, train) -> (output, mask)
 Registrar reg_native_dropout("native_dropout", [](Ctx& c) {
   Value x = c.tensor(0);
