@@ -24,11 +24,35 @@ at::Tensor efficient_zero_tensor(at::IntArrayRef size, std::optional<at::ScalarT
   return at::zeros(size, at::TensorOptions().dtype(dtype).layout(layout).device(device).pinned_memory(pin_memory));
 }
 
+// repeat_interleave(repeats, output_size?): index i repeated repeats[i]
+// times. Without output_size the length is the sum of repeats, read back
+// (with the minimum, for PyTorch's negative-repeats check) in one transfer.
+at::Tensor repeat_interleave(const at::Tensor& repeats, std::optional<c10::SymInt> output_size) {
+  TORCH_CHECK(repeats.dim() == 1, "repeat_interleave only accept 1D vector as repeat");
+  TORCH_CHECK(repeats.scalar_type() == at::kLong || repeats.scalar_type() == at::kInt,
+              "repeats has to be Long or Int tensor");
+  int64_t total = 0;
+  if (repeats.numel() > 0) {
+    if (output_size) {
+      total = output_size->expect_int();
+    } else {
+      at::Tensor stats = at::stack({repeats.sum().to(at::kLong), repeats.min().to(at::kLong)}).cpu();
+      total = stats[0].item<int64_t>();
+      TORCH_CHECK(stats[1].item<int64_t>() >= 0, "repeats can not be negative");
+    }
+  }
+  at::Tensor positions = at::arange(total, repeats.options());
+  if (total == 0) return positions;
+  return at::searchsorted(repeats.cumsum(0), positions, /*out_int32=*/repeats.scalar_type() == at::kInt,
+                          /*right=*/true);
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("equal", equal);
   m.impl("_efficientzerotensor", efficient_zero_tensor);
+  m.impl("repeat_interleave.Tensor", repeat_interleave);
 }
 
 }  // namespace tpu::aten

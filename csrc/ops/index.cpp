@@ -393,34 +393,53 @@ Value selectedPositions(ir::Builder& b, const Value& flat_mask) {
 
 Value countTrue(ir::Builder& b, const Value& flat_mask) { return reduceSum(b, b.convert(flat_mask, DType::I64), {0}); }
 
+// Coordinates [n, rank] of the nonzero elements of x, in row-major order,
+// padded with rows of `numel`'s coordinates; and the mask.
+std::pair<Value, Value> nonzeroCoords(ir::Builder& b, const Value& x) {
+  int64_t n = x.type.numel();
+  Value flat = b.reshape(x, {n});
+  Value mask = flat.dtype() == DType::Bool ? flat : b.compare(flat, b.constant(0.0, flat.dtype(), {n}), ir::Cmp::NE);
+  Value keys = selectedPositions(b, mask);
+  std::vector<Value> cols;
+  int64_t stride = 1;
+  std::vector<int64_t> strides(x.rank());
+  for (int d = x.rank() - 1; d >= 0; --d) {
+    strides[d] = stride;
+    stride *= x.shape()[d];
+  }
+  for (int d = 0; d < x.rank(); ++d) {
+    Value q = b.binary("divide", keys, b.constantInt(strides[d], DType::I64, {n}));
+    Value r = b.binary("remainder", q, b.constantInt(std::max<int64_t>(x.shape()[d], 1), DType::I64, {n}));
+    cols.push_back(b.reshape(r, {n, 1}));
+  }
+  Value out = cols.empty() ? b.constantInt(0, DType::I64, {n, 0}) : b.concatenate(cols, 1);
+  return {out, mask};
+}
+
 // nonzero(self) -> [count, rank] int64 (data-dependent length)
 Registrar reg_nonzero(
     "nonzero",
     [](Ctx& c) {
-      Value x = c.tensor(0);
-      ir::Builder& b = c.b;
-      int64_t n = x.type.numel();
-      Value flat = b.reshape(x, {n});
-      Value mask = b.compare(flat, b.constant(0.0, flat.dtype(), {n}), ir::Cmp::NE);
-      if (flat.dtype() == DType::Bool) mask = flat;
-      Value keys = selectedPositions(b, mask);
-      std::vector<Value> cols;
-      int64_t stride = 1;
-      std::vector<int64_t> strides(x.rank());
-      for (int d = x.rank() - 1; d >= 0; --d) {
-        strides[d] = stride;
-        stride *= x.shape()[d];
-      }
-      for (int d = 0; d < x.rank(); ++d) {
-        Value q = b.binary("divide", keys, b.constantInt(strides[d], DType::I64, {n}));
-        Value r = b.binary("remainder", q, b.constantInt(std::max<int64_t>(x.shape()[d], 1), DType::I64, {n}));
-        cols.push_back(b.reshape(r, {n, 1}));
-      }
-      Value out = cols.empty() ? b.constantInt(0, DType::I64, {n, 0}) : b.concatenate(cols, 1);
-      c.setDynamicLength(countTrue(b, mask));
+      auto [out, mask] = nonzeroCoords(c.b, c.tensor(0));
+      c.setDynamicLength(countTrue(c.b, mask));
       return std::vector<Value>{out};
     },
     {}, true);
+
+// nonzero_static(self, *, size, fill_value) -> [size, rank]: the first `size`
+// nonzero coordinates, the rest filled.
+Registrar reg_nonzero_static("nonzero_static", [](Ctx& c) {
+  ir::Builder& b = c.b;
+  Value x = c.tensor(0);
+  int64_t size = c.i64(1), fill = c.i64Or(2, -1), rank = x.rank(), n = x.type.numel();
+  if (n == 0 || size == 0) return std::vector<Value>{b.constantInt(fill, DType::I64, {size, rank})};
+  auto [out, mask] = nonzeroCoords(b, x);
+  Value rows = b.iota(Type{DType::I64, {n, rank}}, 0);
+  Value valid = b.compare(rows, b.broadcastTo(countTrue(b, mask), {n, rank}), ir::Cmp::LT);
+  out = b.select(valid, out, b.constantInt(fill, DType::I64, {n, rank}));
+  if (size <= n) return std::vector<Value>{b.slice(out, {0, 0}, {size, rank}, {1, 1})};
+  return std::vector<Value>{b.pad(out, b.constantInt(fill, DType::I64), {0, 0}, {size - n, 0}, {0, 0})};
+});
 
 // masked_select(self, mask) -> 1-d (data-dependent length)
 Registrar reg_masked_select(

@@ -899,5 +899,63 @@ Registrar reg_histc("histc", [](Ctx& c) {
   return std::vector<Value>{b.convert(counts, x.dtype())};
 });
 
+// mode(self, dim, keepdim) -> (values, indices): the most frequent value
+// (ties: the smallest), and the last index where it occurs, as on the CPU.
+Registrar reg_mode("mode", [](Ctx& c) {
+  ir::Builder& b = c.b;
+  Value x = c.tensor(0);
+  if (ir::isComplex(x.dtype())) throw ir::Unsupported("complex mode");
+  if (x.rank() == 0) return std::vector<Value>{x, b.constantInt(0, DType::I64)};
+  int64_t dim = wrapDim(c.i64Or(1, -1), x.rank());
+  bool keep = c.flagOr(2, false);
+  int r = x.rank();
+  int64_t n = x.shape()[dim];
+  if (x.type.numel() == 0) throw ir::Unsupported("mode of an empty tensor");
+  // Move dim last: v [..., n].
+  std::vector<int64_t> perm;
+  for (int i = 0; i < r; ++i)
+    if (i != dim) perm.push_back(i);
+  perm.push_back(dim);
+  Value v = b.transpose(x, perm);
+  Shape s = v.shape();
+  Shape s2 = s;
+  s2.push_back(n);  // [..., n (i), n (j)]
+  std::vector<int64_t> lead_i, lead_j;
+  for (int i = 0; i < r; ++i) {
+    lead_i.push_back(i);
+    lead_j.push_back(i < r - 1 ? i : r);
+  }
+  Value vi = b.broadcastInDim(v, s2, lead_i), vj = b.broadcastInDim(v, s2, lead_j);
+  Value eq = b.compare(vi, vj, ir::Cmp::EQ);
+  Value counts = reduceSum(b, b.convert(eq, DType::I64), {r});  // [..., n]
+  // Order by (count desc, value asc); the first is the mode.
+  bool is_bool = x.dtype() == DType::Bool;
+  Value key = is_bool ? b.convert(v, DType::U8) : v;
+  auto sorted = b.sort({counts, key}, r - 1, true, [](ir::Builder& bb, const std::vector<Value>& a) {
+    Value more = bb.compare(a[0], a[1], ir::Cmp::GT), same = bb.compare(a[0], a[1], ir::Cmp::EQ);
+    return std::vector<Value>{bb.binary("or", more, bb.binary("and", same, bb.compare(a[2], a[3], ir::Cmp::LT)))};
+  });
+  Shape start(r, 0), lim = s, one(r, 1);
+  lim[r - 1] = 1;
+  Value best = b.slice(sorted[1], start, lim, one);  // [..., 1]
+  if (is_bool) best = b.convert(best, DType::Bool);
+  Value hit = b.compare(v,
+                        b.broadcastInDim(b.reshape(best, Shape(s.begin(), s.end() - 1)), s,
+                                         [&] {
+                                           std::vector<int64_t> d;
+                                           for (int i = 0; i < r - 1; ++i) d.push_back(i);
+                                           return d;
+                                         }()),
+                        ir::Cmp::EQ);
+  Value pos = b.select(hit, b.iota(Type{DType::I64, s}, r - 1), b.constantInt(-1, DType::I64, s));
+  Value idx = reduceMax(b, pos, {static_cast<int64_t>(r - 1)});
+  Value val = b.reshape(best, idx.shape());
+  if (keep) {
+    val = keepDims(b, val, x.shape(), {dim});
+    idx = keepDims(b, idx, x.shape(), {dim});
+  }
+  return std::vector<Value>{val, idx};
+});
+
 }  // namespace
 }  // namespace tpu::ops
