@@ -297,6 +297,80 @@ Registrar reg_ul1b("upsample_linear1d_backward", [](Ctx& c) { return linearBackw
 Registrar reg_ub2b("upsample_bilinear2d_backward", [](Ctx& c) { return linearBackward(c, 2); });
 Registrar reg_ut3b("upsample_trilinear3d_backward", [](Ctx& c) { return linearBackward(c, 3); });
 
+// --------------------------------------------------------------- bicubic
+
+// Weights [out, in] of bicubic interpolation along one dim: 4 taps around
+// the source position (clamped at the borders) with Keys' cubic, A = -0.75.
+Value bicubicWeights(ir::Builder& b, int64_t in, int64_t out, bool align, std::optional<double> scale, DType acc) {
+  double sc = pixelScale(in, out, align, scale);
+  Value o = b.iota(Type{acc, {out}}, 0);
+  Value kk = b.constant(sc, acc, {out});
+  // Unlike linear, the source position is not clamped at 0.
+  Value src =
+      align ? mul(b, o, kk) : sub(b, mul(b, add(b, o, b.constant(0.5, acc, {out})), kk), b.constant(0.5, acc, {out}));
+  Value fl = b.unary("floor", src);
+  Value t = sub(b, src, fl);
+  Value i0 = b.convert(fl, DType::I32);
+  const double A = -0.75;
+  auto cst = [&](double v) { return b.constant(v, acc, {out}); };
+  // |x| <= 1: ((A + 2) x - (A + 3)) x^2 + 1;  1 < |x| < 2: ((A x - 5A) x + 8A) x - 4A
+  auto near = [&](const Value& x) {
+    return add(b, mul(b, mul(b, sub(b, mul(b, cst(A + 2), x), cst(A + 3)), x), x), cst(1));
+  };
+  auto far = [&](const Value& x) {
+    return sub(b, mul(b, add(b, mul(b, sub(b, mul(b, cst(A), x), cst(5 * A)), x), cst(8 * A)), x), cst(4 * A));
+  };
+  Value one = cst(1);
+  Value w[4] = {far(add(b, t, one)), near(t), near(sub(b, one, t)), far(sub(b, cst(2), t))};
+  Value m;
+  for (int k = 0; k < 4; ++k) {
+    Value idx = add(b, i0, b.constantInt(k - 1, DType::I32, {out}));
+    idx = b.clamp(b.constantInt(0, DType::I32, {out}), idx, b.constantInt(in - 1, DType::I32, {out}));
+    Value term = oneHot(b, idx, in, acc, &w[k]);
+    m = m.valid() ? add(b, m, term) : term;
+  }
+  return m;
+}
+
+// upsample_bicubic2d(self, output_size, align_corners, scales_h, scales_w)
+Registrar reg_bicubic("upsample_bicubic2d", [](Ctx& c) {
+  Value x = c.tensor(0);
+  DType out = outType(c, x.dtype());
+  if (!ir::isFloat(out)) throw ir::Unsupported("bicubic upsampling of integers");
+  // The CPU kernel rounds its intermediate sums in the low-precision type
+  // (up to 1 bf16 ulp apart from an f32 computation): the fallback matches it.
+  if (out == DType::BF16 || out == DType::F16) throw ir::Unsupported("low-precision bicubic");
+  DType acc = accOf(out);
+  Shape os = outSpatial(c, 2);
+  bool align = c.flag(2);
+  auto scales = scalesAt(c, 3, 2);
+  ir::Builder& b = c.b;
+  Value y = b.convert(x, acc);
+  for (int i = 0; i < 2; ++i) {
+    int64_t d = x.rank() - 2 + i;
+    Value w = bicubicWeights(b, x.shape()[d], os[i], align, scales[i], acc);
+    y = applyWeightsT(b, y, d, b.transpose(w, {1, 0}));
+  }
+  return std::vector<Value>{b.convert(y, out)};
+});
+
+// upsample_bicubic2d_backward(grad_output, output_size, input_size, align_corners, scales_h, scales_w)
+Registrar reg_bicubic_backward("upsample_bicubic2d_backward", [](Ctx& c) {
+  Value g = c.tensor(0);
+  Shape in = c.ints(2);
+  bool align = c.flag(3);
+  DType out = outType(c, g.dtype());
+  DType acc = accOf(out);
+  auto scales = scalesAt(c, 4, 2);
+  ir::Builder& b = c.b;
+  Value gg = b.convert(g, acc);
+  for (int i = 0; i < 2; ++i) {
+    int64_t d = g.rank() - 2 + i;
+    gg = applyWeightsT(b, gg, d, bicubicWeights(b, in[d], g.shape()[d], align, scales[i], acc));
+  }
+  return std::vector<Value>{b.convert(gg, out)};
+});
+
 // --------------------------------------------------------------- adaptive max pooling
 
 // Gathers the adaptive windows of dim d: (.., I, ..) -> (.., O, K, ..), with
