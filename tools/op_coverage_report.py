@@ -272,6 +272,16 @@ def write_md(path, meta, by_variant):
                 w(f"  - {c}: `{msg}`{extra}")
         w("")
 
+    overrides = [(v, c, e["tolerance_override"]) for v, cols in by_variant.items() for c, e in cols.items()
+                 if e.get("tolerance_override")]
+    w(f"## Tolerance overrides ({len(overrides)})")
+    w("")
+    w("Units compared at a wider tolerance than PyTorch's default (table: `tools/opinfo_tolerances.py`).")
+    w("")
+    for v, c, why in overrides:
+        w(f"- {v} ({c}): {why}")
+    w("")
+
     skips = failures(by_variant, "skip")
     w(f"## Skips ({len(skips)})")
     w("")

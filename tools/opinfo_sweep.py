@@ -50,6 +50,8 @@ import tempfile
 import time
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import opinfo_tolerances  # noqa: E402
 
 DTYPE_NAMES = ("float32", "bfloat16", "int64", "bool")
 FWD_STATUSES = ("native_pass", "fallback_pass", "mismatch", "error", "crash", "skip")
@@ -235,7 +237,7 @@ def _fetch(obj, devices):
     return _map(obj, one)
 
 
-def _compare(ref, out, meta_only, path="out"):
+def _compare(ref, out, meta_only, path="out", tol=None):
     import math
 
     import torch
@@ -248,8 +250,9 @@ def _compare(ref, out, meta_only, path="out"):
                 raise Mismatch(f"{path}: expected {tuple(ref.shape)} {ref.dtype}, "
                                f"got {tuple(out.shape)} {out.dtype}")
             return
+        kw = {"atol": tol["atol"], "rtol": tol["rtol"]} if tol and ref.is_floating_point() else {}
         try:
-            torch.testing.assert_close(out, ref, equal_nan=True)
+            torch.testing.assert_close(out, ref, equal_nan=True, **kw)
         except AssertionError as e:
             raise Mismatch(f"{path}: {_short(e)}") from None
         return
@@ -259,13 +262,13 @@ def _compare(ref, out, meta_only, path="out"):
                            f"{type(out).__name__}"
                            + (f" of {len(out)}" if isinstance(out, (list, tuple)) else ""))
         for i, (r, o) in enumerate(zip(ref, out)):
-            _compare(r, o, meta_only, f"{path}[{i}]")
+            _compare(r, o, meta_only, f"{path}[{i}]", tol)
         return
     if isinstance(ref, dict):
         if not isinstance(out, dict) or set(out) != set(ref):
             raise Mismatch(f"{path}: dict keys differ")
         for k in ref:
-            _compare(ref[k], out[k], meta_only, f"{path}[{k!r}]")
+            _compare(ref[k], out[k], meta_only, f"{path}[{k!r}]", tol)
         return
     if isinstance(ref, float) and isinstance(out, float) and math.isnan(ref) and math.isnan(out):
         return
@@ -301,6 +304,12 @@ def _loose_close(ref, out, dtype_name):
         return True
     except Exception:  # noqa: BLE001
         return False
+
+
+def _note_override(result, variant, unit):
+    tol = opinfo_tolerances.lookup(variant, unit)
+    if tol:
+        result["tolerance_override"] = f"atol={tol['atol']}, rtol={tol['rtol']}: {tol['reason']}"
 
 
 def _fallbacks():
@@ -448,7 +457,8 @@ def run_forward(op, dtype_name, max_samples, meta_only, strict_check, send_progr
             outcomes.append(("mismatch", "result tensor is on the cpu, not on tpu"))
         else:
             try:
-                _compare(ref, out, meta_only or _random_sample(variant, sample))
+                _compare(ref, out, meta_only or _random_sample(variant, sample),
+                         tol=opinfo_tolerances.lookup(variant, dtype_name))
                 outcomes.append(("pass", ""))
             except Mismatch as e:
                 if variant in TIE_OPS and _tie_equivalent(variant, sample, ref, out):
@@ -462,6 +472,7 @@ def run_forward(op, dtype_name, max_samples, meta_only, strict_check, send_progr
     fallbacks = _fallbacks()
     status, msg, counts = _aggregate(outcomes, "", fallbacks)
     result = {"status": status, "message": msg, "samples": counts, "fallbacks": fallbacks}
+    _note_override(result, variant, dtype_name)
     if notes:
         result["notes"] = sorted(notes)
     if status == "skip":
@@ -558,7 +569,8 @@ def run_grad(op, max_samples, meta_only, send_progress):
             outcomes.append(("mismatch", "gradient is on the cpu, not on tpu"))
         else:
             try:
-                _compare(ref, out, meta_only or _random_sample(variant, sample), "grad")
+                _compare(ref, out, meta_only or _random_sample(variant, sample), "grad",
+                         tol=opinfo_tolerances.lookup(variant, "grad"))
                 outcomes.append(("pass", ""))
             except Mismatch as e:
                 outcomes.append(("mismatch", str(e)))
@@ -567,6 +579,7 @@ def run_grad(op, max_samples, meta_only, send_progress):
     fallbacks = _fallbacks()
     status, msg, counts = _aggregate(outcomes, "grad_", fallbacks)
     result = {"status": status, "message": msg, "samples": counts, "fallbacks": fallbacks}
+    _note_override(result, variant, "grad")
     if status == "grad_mismatch" and loose:
         result["loose_close"] = all(loose)
     return result
@@ -881,6 +894,7 @@ def sweep(units, workers=1, timeout=60.0, recycle=150, log_dir=None, partial_pat
     if snapshot:  # workers restarted later run this version of the harness too
         script = os.path.join(own_tmp, os.path.basename(__file__))
         shutil.copy(os.path.abspath(__file__), script)
+        shutil.copy(opinfo_tolerances.__file__, own_tmp)
     results = _load_partial(partial_path) if partial_path else {}
     todo = [u for u in units if unit_key(u["variant"], u["dtype"], u["kind"]) not in results]
     total = len(results) + len(todo)

@@ -361,8 +361,36 @@ Registrar reg_convolution_overrideable("convolution_overrideable", convolution);
 Registrar reg_convolution("convolution", convolution);
 Registrar reg_convolution2("_convolution", convolution);
 
+// Weight gradient of conv(x, w) given the output gradient g:
+// grad_w[o, i, k] = sum_{n, p} g[n, o, p] * x_pad[n, i, p*s + k*d]. The batch
+// dim plays the contracted feature, the channels the batch.
+Value convWeightGrad(ir::Builder& b, const Value& x, const Value& g, const Shape& w_shape,
+                     const std::vector<int64_t>& stride, const std::vector<int64_t>& padding,
+                     const std::vector<int64_t>& dilation, int64_t groups, DType acc) {
+  int nsp = x.rank() - 2;
+  ir::Builder::ConvDims dn = convDims(nsp);
+  dn.in_batch = 1;
+  dn.in_feature = 0;
+  dn.k_in = 0;
+  dn.k_out = 1;
+  dn.out_batch = 1;
+  dn.out_feature = 0;
+  std::vector<std::pair<int64_t, int64_t>> pad;
+  for (int i = 0; i < nsp; ++i) {
+    int64_t k = w_shape[2 + i];
+    int64_t in = x.shape()[2 + i];
+    int64_t o = g.shape()[2 + i];
+    int64_t hi = (k - 1) * dilation[i] + (o - 1) * stride[i] + 1 - in - padding[i];
+    pad.push_back({padding[i], hi});
+  }
+  return b.convolution(x, g, dn, dilation, pad, Shape(nsp, 1), stride, 1, groups, acc);
+}
+
 // convolution_backward_overrideable(grad, input, weight, stride, padding, dilation, transposed, output_padding,
 //                                   groups, mask) -> (grad_input, grad_weight, grad_bias)
+// A transposed convolution is the adjoint of conv(., w): its input gradient
+// is that convolution of the output gradient, and its weight gradient is
+// conv's weight gradient with the roles of input and output swapped.
 std::vector<Value> convolutionBackward(Ctx& c, size_t mask_idx, size_t first) {
   Value g = c.tensor(0), x = c.tensor(1), w = c.tensor(2);
   int nsp = x.rank() - 2;
@@ -371,44 +399,33 @@ std::vector<Value> convolutionBackward(Ctx& c, size_t mask_idx, size_t first) {
   bool transposed = c.flag(first + 3);
   int64_t groups = c.i64(first + 5);
   auto mask = c.arg(mask_idx).ints;
-  if (transposed) throw ir::Unsupported("backward of a transposed convolution");
   ir::Builder& b = c.b;
   DType acc = accOf(x.dtype());
   Value gg = b.convert(g, acc), xx = b.convert(x, acc), ww = b.convert(w, acc);
   std::vector<Value> res(3);
   if (mask.empty() || mask[0]) {
-    // Input gradient: a transposed convolution of the output gradient.
-    std::vector<int64_t> out_pad(nsp);
-    for (int i = 0; i < nsp; ++i) {
-      int64_t k = w.shape()[2 + i];
-      int64_t full = (g.shape()[2 + i] - 1) * stride[i] - 2 * padding[i] + dilation[i] * (k - 1) + 1;
-      out_pad[i] = x.shape()[2 + i] - full;
+    Value gi;
+    if (transposed) {
+      gi = convForward(b, gg, ww, stride, padding, dilation, false, {}, groups, acc);
+      // output_padding may reach past a stride (when dilation is larger):
+      // those output positions came from no input.
+      if (gi.shape() != x.shape()) gi = b.slice(gi, Shape(gi.rank(), 0), x.shape(), Shape(gi.rank(), 1));
+    } else {
+      std::vector<int64_t> out_pad(nsp);
+      for (int i = 0; i < nsp; ++i) {
+        int64_t k = w.shape()[2 + i];
+        int64_t full = (g.shape()[2 + i] - 1) * stride[i] - 2 * padding[i] + dilation[i] * (k - 1) + 1;
+        out_pad[i] = x.shape()[2 + i] - full;
+      }
+      // conv_transpose takes its weight as [in = Cout, out/g = Cin/g, k]: the
+      // forward weight's own layout.
+      gi = convForward(b, gg, ww, stride, padding, dilation, true, out_pad, groups, acc);
     }
-    // conv_transpose(grad, w) is the adjoint of conv(x, w): a transposed
-    // convolution takes its weight as [in = Cout, out/g = Cin/g, k], which is
-    // the forward weight's own layout.
-    Value gi = convForward(b, gg, ww, stride, padding, dilation, true, out_pad, groups, acc);
     res[0] = b.convert(gi, x.dtype());
   }
   if (mask.size() > 1 && mask[1]) {
-    // grad_w[o, i, k] = sum_{n, p} g[n, o, p] * x_pad[n, i, p*s + k*d]
-    // The batch dim plays the contracted feature, the channels the batch.
-    ir::Builder::ConvDims dn = convDims(nsp);
-    dn.in_batch = 1;
-    dn.in_feature = 0;
-    dn.k_in = 0;
-    dn.k_out = 1;
-    dn.out_batch = 1;
-    dn.out_feature = 0;
-    std::vector<std::pair<int64_t, int64_t>> pad;
-    for (int i = 0; i < nsp; ++i) {
-      int64_t k = w.shape()[2 + i];
-      int64_t in = x.shape()[2 + i];
-      int64_t o = g.shape()[2 + i];
-      int64_t hi = (k - 1) * dilation[i] + (o - 1) * stride[i] + 1 - in - padding[i];
-      pad.push_back({padding[i], hi});
-    }
-    Value gw = b.convolution(xx, gg, dn, dilation, pad, Shape(nsp, 1), stride, 1, groups, acc);
+    Value gw = transposed ? convWeightGrad(b, gg, xx, w.shape(), stride, padding, dilation, groups, acc)
+                          : convWeightGrad(b, xx, gg, w.shape(), stride, padding, dilation, groups, acc);
     res[1] = b.convert(gw, w.dtype());
   }
   if (mask.size() > 2 && mask[2]) {
