@@ -688,6 +688,62 @@ Registrar reg_adaptive_avg_pool2d_backward("_adaptive_avg_pool2d_backward",
 Registrar reg_adaptive_avg_pool3d_backward("_adaptive_avg_pool3d_backward",
                                            [](Ctx& c) { return adaptiveAvg(c, 3, true); });
 
+// --------------------------------------------------------------- group norm
+
+// native_group_norm(input, weight?, bias?, N, C, HxW, group, eps) -> (out, mean, rstd)
+Registrar reg_native_group_norm("native_group_norm", [](Ctx& c) {
+  ir::Builder& b = c.b;
+  Value x = c.tensor(0);
+  int64_t n = c.i64(3), ch = c.i64(4), hw = c.i64(5), g = c.i64(6);
+  double eps = c.f64(7);
+  if (g <= 0 || ch % g != 0 || n * ch * hw != x.type.numel() || x.type.numel() == 0)
+    throw ir::Unsupported("group_norm shapes");
+  DType acc = accOf(x.dtype());
+  int64_t d = ch / g * hw;
+  Value xx = b.reshape(b.convert(x, acc), {n, g, d});
+  Value mean = div(b, reduceSum(b, xx, {2}), b.constant(double(d), acc, {n, g}));
+  Value xc = sub(b, xx, b.broadcastInDim(mean, {n, g, d}, {0, 1}));
+  Value var = div(b, reduceSum(b, mul(b, xc, xc), {2}), b.constant(double(d), acc, {n, g}));
+  Value rstd = b.unary("rsqrt", add(b, var, b.constant(eps, acc, {n, g})));
+  Value y = b.reshape(mul(b, xc, b.broadcastInDim(rstd, {n, g, d}, {0, 1})), {n, ch, hw});
+  if (auto w = c.optTensor(1)) y = mul(b, y, b.broadcastInDim(b.convert(*w, acc), {n, ch, hw}, {1}));
+  if (auto bias = c.optTensor(2)) y = add(b, y, b.broadcastInDim(b.convert(*bias, acc), {n, ch, hw}, {1}));
+  DType st = c.hasExpected() && c.expected().size() > 1 ? c.expectedAt(1).dtype : x.dtype();
+  return std::vector<Value>{b.convert(b.reshape(y, x.shape()), x.dtype()), b.convert(mean, st), b.convert(rstd, st)};
+});
+
+// native_group_norm_backward(grad_out, input, mean, rstd, weight?, N, C, HxW, group, output_mask)
+//   -> (grad_input, grad_weight, grad_bias)
+Registrar reg_native_group_norm_backward("native_group_norm_backward", [](Ctx& c) {
+  ir::Builder& b = c.b;
+  Value dy = c.tensor(0), x = c.tensor(1), mean = c.tensor(2), rstd = c.tensor(3);
+  auto w = c.optTensor(4);
+  int64_t n = c.i64(5), ch = c.i64(6), hw = c.i64(7), g = c.i64(8);
+  auto mask = c.arg(9).ints;
+  if (g <= 0 || ch % g != 0 || n * ch * hw != x.type.numel() || x.type.numel() == 0)
+    throw ir::Unsupported("group_norm backward shapes");
+  DType acc = accOf(x.dtype());
+  int64_t cg = ch / g, d = cg * hw;
+  Shape s4{n, g, cg, hw};
+  Value xx = b.reshape(b.convert(x, acc), s4), gy = b.reshape(b.convert(dy, acc), s4);
+  Value m = b.broadcastInDim(b.convert(mean, acc), s4, {0, 1}), r = b.broadcastInDim(b.convert(rstd, acc), s4, {0, 1});
+  Value xhat = mul(b, sub(b, xx, m), r);
+  std::vector<Value> res(3);
+  if (mask.empty() || mask[0]) {
+    // dx = rstd * (gw - mean(gw) - xhat * mean(gw * xhat)) over each group, gw = dy * weight.
+    Value gw = w ? mul(b, gy, b.broadcastInDim(b.reshape(b.convert(*w, acc), {g, cg}), s4, {1, 2})) : gy;
+    Value inv_d = b.constant(1.0 / double(d), acc, {n, g});
+    Value m1 = b.broadcastInDim(mul(b, reduceSum(b, gw, {2, 3}), inv_d), s4, {0, 1});
+    Value m2 = b.broadcastInDim(mul(b, reduceSum(b, mul(b, gw, xhat), {2, 3}), inv_d), s4, {0, 1});
+    Value dx = mul(b, r, sub(b, sub(b, gw, m1), mul(b, xhat, m2)));
+    res[0] = b.convert(b.reshape(dx, x.shape()), x.dtype());
+  }
+  DType wt = w ? w->dtype() : x.dtype();
+  if (mask.size() > 1 && mask[1]) res[1] = b.convert(b.reshape(reduceSum(b, mul(b, gy, xhat), {0, 3}), {ch}), wt);
+  if (mask.size() > 2 && mask[2]) res[2] = b.convert(b.reshape(reduceSum(b, gy, {0, 3}), {ch}), wt);
+  return res;
+});
+
 // --------------------------------------------------------------- losses
 
 // Per-sample pieces of nll_loss: the one-hot of the (valid) targets and each
