@@ -80,7 +80,10 @@ Value diagOf(Builder& b, const Value& x) {
 // ---------------------------------------------------------------- Cholesky
 
 // The factor of the lower (or upper) triangle of `a`, zero in the other one.
-Value choleskyFactor(Builder& b, const Value& a, bool upper) { return tri(b, b.cholesky(a, !upper), 0, !upper); }
+Value choleskyFactor(Builder& b, const Value& a, bool upper) {
+  if (a.type.numel() == 0) return a;
+  return tri(b, b.cholesky(a, !upper), 0, !upper);
+}
 
 // LAPACK's potrf info: the 1-based order of the first leading minor of the
 // symmetric matrix read from `a`'s lower triangle that is not positive
@@ -90,6 +93,7 @@ Value choleskyFactor(Builder& b, const Value& a, bool upper) { return tri(b, b.c
 Value choleskyInfo(Builder& b, const Value& a, const Value& factor) {
   const Shape batch = batchOf(a);
   const int64_t n = a.shape().back(), bs = product(batch);
+  if (n == 0 || bs == 0) return i32(b, 0, batch);
   Value fd = diagOf(b, factor);
   Value bad = b.unary("not", b.compare(fd, b.zeros(fd.type), Cmp::GT));
   std::vector<int64_t> all;
@@ -124,6 +128,7 @@ Value choleskyInfo(Builder& b, const Value& a, const Value& factor) {
 
 // Solves (F F^H) x = rhs for a lower factor, (F^H F) x = rhs for an upper one.
 Value choleskySolve(Builder& b, const Value& factor, const Value& rhs, bool upper) {
+  if (factor.type.numel() == 0 || rhs.type.numel() == 0) return b.zeros(rhs.type);
   Value f = tri(b, factor, 0, !upper);
   Value y = b.triangularSolve(f, rhs, true, !upper, false, upper);
   return b.triangularSolve(f, y, true, !upper, false, !upper);
@@ -165,8 +170,9 @@ Registrar reg_linalg_solve_triangular("linalg_solve_triangular", [](Ctx& c) {
   requireLinalgType(a);
   bool upper = c.flag(2), left = c.flagOr(3, true), unit = c.flagOr(4, false);
   Shape batch = broadcastShapes(batchOf(a), batchOf(rhs));
-  Value aa = tri(c.b, toBatch(c.b, a, batch), 0, !upper);
-  return std::vector<Value>{c.b.triangularSolve(aa, toBatch(c.b, rhs, batch), left, !upper, unit, false)};
+  Value aa = tri(c.b, toBatch(c.b, a, batch), 0, !upper), bb = toBatch(c.b, rhs, batch);
+  if (aa.type.numel() == 0 || bb.type.numel() == 0) return std::vector<Value>{c.b.zeros(bb.type)};
+  return std::vector<Value>{c.b.triangularSolve(aa, bb, left, !upper, unit, false)};
 });
 
 // triangular_solve(B, A, upper, transpose, unitriangular) -> (X, A broadcast)
@@ -175,8 +181,10 @@ Registrar reg_triangular_solve("triangular_solve", [](Ctx& c) {
   requireLinalgType(a);
   bool upper = c.flagOr(2, true), trans = c.flagOr(3, false), unit = c.flagOr(4, false);
   Shape batch = broadcastShapes(batchOf(a), batchOf(rhs));
-  Value ab = toBatch(c.b, a, batch);
-  Value x = c.b.triangularSolve(tri(c.b, ab, 0, !upper), toBatch(c.b, rhs, batch), true, !upper, unit, trans);
+  Value ab = toBatch(c.b, a, batch), bb = toBatch(c.b, rhs, batch);
+  Value x = ab.type.numel() == 0 || bb.type.numel() == 0
+                ? c.b.zeros(bb.type)
+                : c.b.triangularSolve(tri(c.b, ab, 0, !upper), bb, true, !upper, unit, trans);
   return std::vector<Value>{x, ab};
 });
 
@@ -291,6 +299,7 @@ Value permMatrix(Builder& b, const Value& perm, DType t) {
 
 // Solves A x = rhs (or A^T x = rhs) with A = P L U; all [B, ...].
 Value luSolve(Builder& b, const Value& lu, const Value& perm, const Value& rhs, bool adjoint) {
+  if (lu.type.numel() == 0 || rhs.type.numel() == 0) return b.zeros(rhs.type);
   Value L = tri(b, lu, -1, true), U = tri(b, lu, 0, false);
   if (!adjoint) {
     Value y = b.triangularSolve(L, takeRows(b, rhs, perm), true, true, true, false);
@@ -399,9 +408,10 @@ Registrar reg_linalg_lu_solve("linalg_lu_solve", [](Ctx& c) {
   return std::vector<Value>{luSolveOp(c.b, lu, c.tensor(1), rhs, c.flagOr(3, true), c.flagOr(4, false))};
 });
 
-// The CPU factors A^T when A is contiguous (it is then column-major for
-// LAPACK) and solves with the adjoint; the backward formulas make the same
-// choice from A's layout, so the LU we return must be of the same matrix.
+// det and slogdet on the CPU factor A^T when A is contiguous (it is then
+// column-major for LAPACK); their backward formulas make the same choice
+// from A's layout, so the LU we return must be of the same matrix. (solve
+// factors A itself in torch 2.13, whatever the layout.)
 bool factorsTranspose(const Ctx& c, size_t i) { return c.arg(i).contiguous; }
 
 // _linalg_solve_ex(A, B, *, left, check_errors) -> (result, LU, pivots, info)
@@ -409,12 +419,12 @@ Registrar reg_linalg_solve_ex("_linalg_solve_ex", [](Ctx& c) {
   Value a = c.tensor(0), rhs = c.tensor(1);
   requireLinalgType(a);
   if (c.flagOr(3, false)) throw ir::Unsupported("check_errors raises on the host");
-  bool left = c.flagOr(2, true), use_t = factorsTranspose(c, 0);
-  Factored f = factorOp(c.b, use_t ? mT(c.b, a) : a);
+  bool left = c.flagOr(2, true);
+  Factored f = factorOp(c.b, a);
   // A vector B: [n] or A's batch shape + [n].
   bool vec = rhs.rank() == 1 || (rhs.rank() == a.rank() - 1 && rhs.shape() == batchOf(a, 1));
   Value bm = vec ? c.b.reshape(rhs, concat(rhs.shape(), {1})) : rhs;
-  Value x = luSolveOp(c.b, f.lu, f.piv, c.b.convert(bm, a.dtype()), left, use_t);
+  Value x = luSolveOp(c.b, f.lu, f.piv, c.b.convert(bm, a.dtype()), left, false);
   if (vec) x = c.b.reshape(x, batchOf(x, 1));
   return std::vector<Value>{x, f.lu, f.piv, f.info};
 });
@@ -424,9 +434,8 @@ Registrar reg_linalg_inv_ex("linalg_inv_ex", [](Ctx& c) {
   Value a = c.tensor(0);
   requireLinalgType(a);
   if (c.flagOr(1, false)) throw ir::Unsupported("check_errors raises on the host");
-  bool use_t = factorsTranspose(c, 0);
-  Factored f = factorOp(c.b, use_t ? mT(c.b, a) : a);
-  Value x = luSolveOp(c.b, f.lu, f.piv, eye(c.b, a.dtype(), a.shape()), true, use_t);
+  Factored f = factorOp(c.b, a);
+  Value x = luSolveOp(c.b, f.lu, f.piv, eye(c.b, a.dtype(), a.shape()), true, false);
   return std::vector<Value>{x, f.info};
 });
 
