@@ -240,14 +240,20 @@ Factored luFactor(Builder& b, const Value& a) {
     Value d = bb.dynamicSlice(A, {zero, j, j}, {bs, 1, 1});
     Value dz = bb.compare(d, bb.zeros(d.type), Cmp::EQ);
     Value dsafe = bb.select(dz, bb.constant(1.0, t, {bs, 1, 1}), d);
-    Value l = div(bb, bb.dynamicSlice(A, {zero, zero, j}, {bs, m, 1}), bb.broadcastTo(dsafe, {bs, m, 1}));
+    Value a = bb.dynamicSlice(A, {zero, zero, j}, {bs, m, 1});
     Value u = bb.dynamicSlice(A, {zero, j, zero}, {bs, 1, n});
-    Value lf = bb.broadcastTo(l, full), uf = bb.broadcastTo(u, full);
+    Value lf = bb.broadcastTo(div(bb, a, bb.broadcastTo(dsafe, {bs, m, 1})), full);
+    // The update divides the product, (a[i, j] u[c]) / d, rather than
+    // scaling first: proportional rows or columns of small integers then
+    // cancel exactly (a singular matrix gets a zero pivot and det 0, as on
+    // the CPU), where l * u may be contracted into an inexact fused
+    // multiply-add.
+    Value upd = div(bb, mul(bb, bb.broadcastTo(a, full), bb.broadcastTo(u, full)), bb.broadcastTo(dsafe, full));
     Value R = bb.iota({DType::I32, full}, 1), C = bb.iota({DType::I32, full}, 2), jf = bb.broadcastTo(j, full);
     Value below = bb.compare(R, jf, Cmp::GT);
     Value right = bb.binary("and", below, bb.compare(C, jf, Cmp::GT));
     Value oncol = bb.binary("and", below, bb.compare(C, jf, Cmp::EQ));
-    A = bb.select(right, sub(bb, A, mul(bb, lf, uf)), bb.select(oncol, lf, A));
+    A = bb.select(right, sub(bb, A, upd), bb.select(oncol, lf, A));
     Value first = bb.binary("and", bb.compare(info, i32(bb, 0, {bs}), Cmp::EQ), bb.reshape(dz, {bs}));
     info = bb.select(first, bb.binary("add", jb, i32(bb, 1, {bs})), info);
     return std::vector<Value>{bb.binary("add", j, i32(bb, 1)), A, piv, info};
