@@ -218,7 +218,9 @@ Factored luFactor(Builder& b, const Value& a) {
     return std::vector<Value>{bb.compare(st[0], i32(bb, k), Cmp::LT)};
   };
   auto body = [=](Builder& bb, const std::vector<Value>& st) {
-    Value j = st[0], A = st[1], piv = st[2], info = st[3];
+    Value j = st[0], piv = st[2], info = st[3];
+    // The previous step's update (see below).
+    Value A = sub(bb, st[1], st[4]);
     Value zero = i32(bb, 0);
     const Shape bm{bs, m}, full{bs, m, n};
     Value rows = bb.iota({DType::I32, bm}, 1);
@@ -242,24 +244,32 @@ Factored luFactor(Builder& b, const Value& a) {
     Value dsafe = bb.select(dz, bb.constant(1.0, t, {bs, 1, 1}), d);
     Value a = bb.dynamicSlice(A, {zero, zero, j}, {bs, m, 1});
     Value u = bb.dynamicSlice(A, {zero, j, zero}, {bs, 1, n});
-    Value lf = bb.broadcastTo(div(bb, a, bb.broadcastTo(dsafe, {bs, m, 1})), full);
-    // The update divides the product, (a[i, j] u[c]) / d, rather than
-    // scaling first: proportional rows or columns of small integers then
-    // cancel exactly (a singular matrix gets a zero pivot and det 0, as on
-    // the CPU), where l * u may be contracted into an inexact fused
-    // multiply-add.
-    Value upd = div(bb, mul(bb, bb.broadcastTo(a, full), bb.broadcastTo(u, full)), bb.broadcastTo(dsafe, full));
+    // Scale by the reciprocal (by the pivot itself when that would
+    // overflow) and update with the rounded product l * u, as getrf does.
+    // The product is subtracted at the start of the next iteration (or
+    // after the loop): a loop boundary keeps XLA from contracting the two
+    // into a fused multiply-add, which rounds differently from the CPU's
+    // LAPACK (there, e.g., a singular matrix with proportional rows gets an
+    // exact zero pivot and det 0).
+    Value sfmin = bb.constant(t == DType::F64 ? 2.2250738585072014e-308 : 1.17549435e-38, t, {bs, 1, 1});
+    Value big = bb.compare(bb.unary("abs", dsafe), sfmin, Cmp::GE);
+    Value dm = bb.broadcastTo(dsafe, {bs, m, 1});
+    Value recip = bb.broadcastTo(div(bb, bb.constant(1.0, t, {bs, 1, 1}), dsafe), {bs, m, 1});
+    Value l = bb.select(bb.broadcastTo(big, {bs, m, 1}), mul(bb, a, recip), div(bb, a, dm));
+    Value lf = bb.broadcastTo(l, full);
+    Value prod = mul(bb, lf, bb.broadcastTo(u, full));
     Value R = bb.iota({DType::I32, full}, 1), C = bb.iota({DType::I32, full}, 2), jf = bb.broadcastTo(j, full);
     Value below = bb.compare(R, jf, Cmp::GT);
     Value right = bb.binary("and", below, bb.compare(C, jf, Cmp::GT));
     Value oncol = bb.binary("and", below, bb.compare(C, jf, Cmp::EQ));
-    A = bb.select(right, sub(bb, A, upd), bb.select(oncol, lf, A));
+    Value pending = bb.select(right, prod, bb.zeros(prod.type));
+    A = bb.select(oncol, lf, A);
     Value first = bb.binary("and", bb.compare(info, i32(bb, 0, {bs}), Cmp::EQ), bb.reshape(dz, {bs}));
     info = bb.select(first, bb.binary("add", jb, i32(bb, 1, {bs})), info);
-    return std::vector<Value>{bb.binary("add", j, i32(bb, 1)), A, piv, info};
+    return std::vector<Value>{bb.binary("add", j, i32(bb, 1)), A, piv, info, pending};
   };
-  auto r = b.whileLoop({i32(b, 0), a, piv0, info0}, cond, body);
-  return {r[1], r[2], r[3]};
+  auto r = b.whileLoop({i32(b, 0), a, piv0, info0, b.zeros(a.type)}, cond, body);
+  return {sub(b, r[1], r[4]), r[2], r[3]};
 }
 
 // The row permutation of an LU: perm [B, m] (i32) with LU = A[perm], i.e.
