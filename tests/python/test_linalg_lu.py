@@ -8,9 +8,6 @@ import torch
 
 import torch_tpu
 
-DTYPES = [torch.float32, torch.float64]
-
-
 @pytest.fixture(autouse=True)
 def _no_fallback():
     torch_tpu.set_fallback("error")
@@ -54,8 +51,7 @@ def check(fn, *args, **tol):
 # ------------------------------------------------------------------ Cholesky
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("upper", [False, True])
+@pytest.mark.parametrize("dtype,upper", [(torch.float32, False), (torch.float64, True)])
 def test_cholesky_ex(dtype, upper):
     check(lambda a: torch.linalg.cholesky_ex(a, upper=upper), spd(2, 3, 5, 5, dtype=dtype))
 
@@ -97,13 +93,10 @@ def test_old_cholesky():
 def test_cholesky_solve_and_inverse(upper):
     f = torch.linalg.cholesky(spd(2, 4, 4), upper=upper)
     check(lambda b, l: torch.cholesky_solve(b, l, upper=upper), rand(3, 1, 4, 2, seed=1), f)
-    check(lambda l: torch.cholesky_inverse(l, upper=upper), f[0])
     check(lambda l: torch.cholesky_inverse(l, upper=upper), f)
 
 
-@pytest.mark.parametrize("left", [True, False])
-@pytest.mark.parametrize("upper", [True, False])
-@pytest.mark.parametrize("unit", [False, True])
+@pytest.mark.parametrize("left,upper,unit", [(True, True, False), (False, False, True), (True, False, True)])
 def test_solve_triangular(left, upper, unit):
     a = well_conditioned(2, 1, 4, 4)  # the other triangle must be ignored
     b = rand(3, 4, 2, seed=1) if left else rand(3, 2, 4, seed=1)
@@ -119,8 +112,10 @@ def test_triangular_solve(transpose):
 # ------------------------------------------------------------------ LU
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("shape", [(4, 4), (2, 3, 6, 6), (5, 3), (2, 3, 5)])
+@pytest.mark.parametrize(
+    "dtype,shape",
+    [(torch.float32, (2, 3, 6, 6)), (torch.float32, (5, 3)), (torch.float32, (2, 3, 5)), (torch.float64, (4, 4))],
+)
 def test_lu_factor_matches_lapack_pivots(dtype, shape):
     a = rand(*shape, dtype=dtype)
     ref, out = torch.linalg.lu_factor_ex(a), torch.linalg.lu_factor_ex(tpu(a))
@@ -150,16 +145,15 @@ def test_lu_and_unpack(shape):
     check(lambda x, p: torch.lu_unpack(x, p, unpack_pivots=False)[1:], LU, piv)
 
 
-@pytest.mark.parametrize("left", [True, False])
-@pytest.mark.parametrize("adjoint", [False, True])
+@pytest.mark.parametrize("left,adjoint", [(True, False), (True, True), (False, True)])
 def test_lu_solve(left, adjoint):
     LU, piv = torch.linalg.lu_factor(well_conditioned(2, 1, 4, 4))
     b = rand(3, 4, 2, seed=1) if left else rand(3, 2, 4, seed=1)
     check(lambda x, p, y: torch.linalg.lu_solve(x, p, y, left=left, adjoint=adjoint), LU, piv, b)
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-def test_solve(dtype):
+def test_solve():
+    dtype = torch.float32
     a = well_conditioned(3, 5, 5, dtype=dtype)
     check(torch.linalg.solve, a, rand(3, 5, 2, dtype=dtype, seed=1))
     check(torch.linalg.solve, a, rand(3, 5, dtype=dtype, seed=1))  # vector rhs
@@ -168,8 +162,14 @@ def test_solve(dtype):
     check(torch.linalg.solve_ex, a, rand(3, 5, 2, dtype=dtype, seed=1))
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-def test_inv_det_slogdet(dtype):
+def test_float64():
+    a = rand(2, 4, 4, dtype=torch.float64)
+    check(torch.linalg.det, a)
+    check(torch.linalg.solve, a, rand(2, 4, 2, dtype=torch.float64, seed=1))
+
+
+def test_inv_det_slogdet():
+    dtype = torch.float32
     a = rand(2, 3, 4, 4, dtype=dtype)
     check(torch.linalg.inv_ex, a)
     check(torch.linalg.det, a)
