@@ -425,6 +425,7 @@ Lowered lowerOp(const c10::OperatorHandle& op, const std::vector<IValue>& args, 
       } else {
         a.kind = ops::Arg::Kind::Tensor;
         a.value = tensorParam(t, {InputSource::Kind::Tensor, static_cast<int>(i)});
+        a.contiguous = t.is_contiguous();
       }
     } else if (v.isTensorList() || (v.isList() && v.toList().elementType()->kind() == c10::TypeKind::OptionalType)) {
       a.kind = ops::Arg::Kind::TensorList;

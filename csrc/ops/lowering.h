@@ -52,6 +52,9 @@ struct Arg {
   // A Scalar whose value is part of the program (see Lowering::const_scalars).
   std::optional<double> const_value;
   bool scalar_is_float = false;  // Scalar kinds: float vs int/bool (type promotion)
+  // Tensor: whether the input is contiguous (a few linalg kernels choose by it,
+  // and their backward formulas rely on the same choice).
+  bool contiguous = true;
 };
 
 class Ctx;
