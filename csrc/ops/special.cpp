@@ -421,22 +421,61 @@ Value igammacFraction(ir::Builder& b, const Value& a, const Value& x) {
   return out[6];
 }
 
+Value erfcxPos(ir::Builder& b, const Value& ax);
+
+// Temme's uniform asymptotic expansion (two terms) for large a:
+// Q = erfc(y)/2 + R, P = erfc(-y)/2 - R, y = eta sqrt(a/2),
+// R = exp(-y^2) (c0(eta) + c1(eta)/a) / sqrt(2 pi a),
+// eta^2 / 2 = mu - log(1 + mu), mu = x/a - 1. Relative error below 1e-7
+// for a > kTemmeMinA at every x.
+const double kTemmeMinA = 500;
+
+std::pair<Value, Value> igammaTemme(ir::Builder& b, const Value& a, const Value& x) {
+  Value one = k(b, 1, a);
+  Value mu = div(b, sub(b, x, a), a);
+  Value half_eta2 = b.binary("maximum", sub(b, mu, b.unary("log_plus_one", mu)), k(b, 0, a));
+  Value eta = mul(b, b.unary("sign", mu), b.unary("sqrt", mul(b, half_eta2, k(b, 2, a))));
+  // c0 and c1 cancel badly near mu = 0: their Taylor series there.
+  Value near = lt(b, b.unary("abs", mu), 0.01);
+  Value ms = b.select(near, one, mu), es = b.select(near, one, eta);
+  Value ims = div(b, one, ms), ies = div(b, one, es);
+  Value c0 = sub(b, ims, ies);
+  Value c1 = sub(b, sub(b, sub(b, mul(b, mul(b, ies, ies), ies), mul(b, mul(b, ims, ims), ims)), mul(b, ims, ims)),
+                 mul(b, ims, k(b, 1.0 / 12, a)));
+  c0 = b.select(near, poly(b, eta, {1.0 / 864, -2.0 / 135, 1.0 / 12, -1.0 / 3}), c0);
+  c1 = b.select(near, poly(b, eta, {1.0 / 378, -1.0 / 288, -1.0 / 540}), c1);
+  Value r = div(b, add(b, c0, div(b, c1, a)), b.unary("sqrt", mul(b, a, k(b, 2 * M_PI, a))));
+  Value y = mul(b, eta, b.unary("sqrt", mul(b, a, k(b, 0.5, a))));
+  Value ey2 = b.unary("exponential", neg(b, mul(b, y, y)));
+  // The small one of P and Q directly, the other as its complement.
+  Value small =
+      mul(b, ey2, add(b, mul(b, erfcxPos(b, b.unary("abs", y)), k(b, 0.5, a)), b.select(lt(b, y, 0), neg(b, r), r)));
+  Value upper = b.compare(y, k(b, 0, y), ir::Cmp::GE);
+  return {b.select(upper, sub(b, one, small), small), b.select(upper, small, sub(b, one, small))};
+}
+
 // {P, Q} for positive finite a and x (other elements give garbage).
 std::pair<Value, Value> incompleteGamma(ir::Builder& b, const Value& a, const Value& x) {
   Value ok = b.binary("and", b.binary("and", b.unary("is_finite", a), b.unary("is_finite", x)),
                       b.binary("and", b.compare(a, k(b, 0, a), ir::Cmp::GT), b.compare(x, k(b, 0, x), ir::Cmp::GT)));
-  Value use_series = b.binary("and", ok, b.compare(x, add(b, a, k(b, 1, a)), ir::Cmp::LT));
-  Value use_cf = b.binary("and", ok, b.unary("not", use_series));
-  // Inputs of the other branch become ones that finish at once.
+  Value temme = b.binary("and", ok, b.compare(a, k(b, kTemmeMinA, a), ir::Cmp::GT));
+  Value loops = b.binary("and", ok, b.unary("not", temme));
+  Value use_series = b.binary("and", loops, b.compare(x, add(b, a, k(b, 1, a)), ir::Cmp::LT));
+  Value use_cf = b.binary("and", loops, b.unary("not", use_series));
+  // Inputs of the other branches become ones that finish at once.
   Value one = k(b, 1, a);
   Value sa = b.select(use_series, a, one), sx = b.select(use_series, x, k(b, 0, x));
   Value ca = b.select(use_cf, a, one), cx = b.select(use_cf, x, k(b, 1e300, x));
-  Value logpre_s =
-      sub(b, sub(b, mul(b, sa, b.unary("log", b.select(use_series, sx, one))), sx), lgamma(b, add(b, sa, one)));
+  // One log-gamma serves both branches: Gamma(a + 1) (series) or Gamma(a).
+  Value lg = lgamma(b, b.select(use_series, add(b, a, one), ca));
+  Value logpre_s = sub(b, sub(b, mul(b, sa, b.unary("log", b.select(use_series, sx, one))), sx), lg);
   Value p = mul(b, igammaSeries(b, sa, sx), b.unary("exponential", logpre_s));
-  Value logpre_c = sub(b, sub(b, mul(b, ca, b.unary("log", cx)), cx), lgamma(b, ca));
+  Value logpre_c = sub(b, sub(b, mul(b, ca, b.unary("log", cx)), cx), lg);
   Value q = mul(b, igammacFraction(b, ca, cx), b.unary("exponential", logpre_c));
-  return {b.select(use_series, p, sub(b, one, q)), b.select(use_series, sub(b, one, p), q)};
+  Value big = k(b, 2 * kTemmeMinA, a);
+  auto tpq = igammaTemme(b, b.select(temme, a, big), b.select(temme, x, big));
+  Value rp = b.select(use_series, p, sub(b, one, q)), rq = b.select(use_series, sub(b, one, p), q);
+  return {b.select(temme, tpq.first, rp), b.select(temme, tpq.second, rq)};
 }
 
 // PyTorch's order of special cases; `upper` selects Q.
