@@ -322,6 +322,13 @@ Value besselI(ir::Builder& b, const Value& x, int nu) {
   return r;
 }
 
+// The special_* Bessel functions have no half-precision CPU kernels (the CPU
+// raises): leave those to the fallback so the error is the same.
+void noHalf(const Ctx& c) {
+  DType out = outType(c, floatOf(c.tensor(0).dtype()));
+  if (out == DType::F16 || out == DType::BF16) throw ir::Unsupported("no half-precision kernel");
+}
+
 Registrar reg_i0("i0",
                  [](Ctx& c) { return floatUnary(c, [](ir::Builder& b, const Value& x) { return besselI(b, x, 0); }); });
 Registrar reg_special_i0e("special_i0e", [](Ctx& c) {
@@ -331,13 +338,224 @@ Registrar reg_special_i1("special_i1", [](Ctx& c) {
   return floatUnary(c, [](ir::Builder& b, const Value& x) { return besselI(b, x, 1); });
 });
 Registrar reg_special_mbi0("special_modified_bessel_i0", [](Ctx& c) {
+  noHalf(c);
   return floatUnary(c, [](ir::Builder& b, const Value& x) { return besselI(b, x, 0); });
 });
 Registrar reg_special_mbi1("special_modified_bessel_i1", [](Ctx& c) {
+  noHalf(c);
   return floatUnary(c, [](ir::Builder& b, const Value& x) { return besselI(b, x, 1); });
 });
 Registrar reg_special_i1e("special_i1e", [](Ctx& c) {
   return floatUnary(c, [](ir::Builder& b, const Value& x) { return besselIe(b, x, 1); });
+});
+
+// --- regularized incomplete gamma P(a, x) (igamma) and Q(a, x) (igammac),
+// in float64: the power series of P for x < a + 1, the continued fraction
+// of Q (modified Lentz) above, each a while loop until every element has
+// converged.
+
+const int kIgammaMaxIter = 5000;
+
+std::vector<int64_t> allDims(const Value& v) {
+  std::vector<int64_t> d(v.rank());
+  for (int i = 0; i < v.rank(); ++i) d[i] = i;
+  return d;
+}
+
+// Runs `step` (state -> state, its last entry the per-element done mask)
+// until every element is done or the iteration limit is hit.
+std::vector<Value> untilDone(ir::Builder& b, std::vector<Value> init, const ir::Builder::BodyFn& step) {
+  init.insert(init.begin(), b.constantInt(0, DType::I64));
+  auto out = b.whileLoop(
+      init,
+      [](ir::Builder& bb, const std::vector<Value>& st) {
+        Value more = bb.compare(st[0], bb.constantInt(kIgammaMaxIter, DType::I64), ir::Cmp::LT);
+        Value pending = reduceMax(bb, bb.unary("not", st.back()), allDims(st.back()));
+        return std::vector<Value>{bb.binary("and", more, pending)};
+      },
+      [&](ir::Builder& bb, const std::vector<Value>& st) {
+        std::vector<Value> next = step(bb, std::vector<Value>(st.begin() + 1, st.end()));
+        next.insert(next.begin(), bb.binary("add", st[0], bb.constantInt(1, DType::I64)));
+        return next;
+      });
+  out.erase(out.begin());
+  return out;
+}
+
+// sum_n x^n / ((a+1)...(a+n)); P = that * x^a e^-x / Gamma(a+1).
+Value igammaSeries(ir::Builder& b, const Value& a, const Value& x) {
+  Value one = k(b, 1, a);
+  Value done0 = b.compare(x, k(b, 0, x), ir::Cmp::EQ);
+  auto out = untilDone(b, {a, x, a, one, one, done0}, [](ir::Builder& bb, const std::vector<Value>& st) {
+    const Value &aa = st[0], &xx = st[1], &ap = st[2], &term = st[3], &sum = st[4], &done = st[5];
+    Value ap2 = add(bb, ap, k(bb, 1, ap));
+    Value t2 = div(bb, mul(bb, term, xx), ap2);
+    Value s2 = add(bb, sum, t2);
+    Value conv = bb.compare(bb.unary("abs", t2), mul(bb, bb.unary("abs", s2), k(bb, 1e-17, s2)), ir::Cmp::LE);
+    return std::vector<Value>{aa,
+                              xx,
+                              bb.select(done, ap, ap2),
+                              bb.select(done, term, t2),
+                              bb.select(done, sum, s2),
+                              bb.binary("or", done, conv)};
+  });
+  return out[4];
+}
+
+// The continued fraction of Gamma(a) e^x x^-a Q(a, x), x >= a + 1.
+Value igammacFraction(ir::Builder& b, const Value& a, const Value& x) {
+  const double tiny = 1e-300;
+  Value bb0 = add(b, sub(b, x, a), k(b, 1, x));
+  Value c0 = k(b, 1.0 / tiny, x);
+  Value d0 = div(b, k(b, 1, x), bb0);
+  Value i0 = k(b, 0, x);
+  Value done0 = b.compare(x, x, ir::Cmp::NE);
+  auto out = untilDone(b, {a, x, i0, bb0, c0, d0, d0, done0}, [tiny](ir::Builder& bb, const std::vector<Value>& st) {
+    const Value &aa = st[0], &xx = st[1], &i = st[2], &bv = st[3], &c = st[4], &d = st[5], &h = st[6], &done = st[7];
+    Value i2 = add(bb, i, k(bb, 1, i));
+    Value an = mul(bb, bb.unary("negate", i2), sub(bb, i2, aa));
+    Value b2 = add(bb, bv, k(bb, 2, bv));
+    auto guard = [&](const Value& v) {
+      return bb.select(bb.compare(bb.unary("abs", v), k(bb, tiny, v), ir::Cmp::LT), k(bb, tiny, v), v);
+    };
+    Value d2 = div(bb, k(bb, 1, d), guard(add(bb, mul(bb, an, d), b2)));
+    Value c2 = guard(add(bb, b2, div(bb, an, c)));
+    Value del = mul(bb, d2, c2);
+    Value h2 = mul(bb, h, del);
+    Value conv = bb.compare(bb.unary("abs", sub(bb, del, k(bb, 1, del))), k(bb, 1e-16, del), ir::Cmp::LE);
+    auto keep = [&](const Value& old, const Value& nw) { return bb.select(done, old, nw); };
+    return std::vector<Value>{aa,          xx,          keep(i, i2), keep(bv, b2),
+                              keep(c, c2), keep(d, d2), keep(h, h2), bb.binary("or", done, conv)};
+  });
+  return out[6];
+}
+
+Value erfcxPos(ir::Builder& b, const Value& ax);
+
+// Temme's uniform asymptotic expansion (two terms) for large a:
+// Q = erfc(y)/2 + R, P = erfc(-y)/2 - R, y = eta sqrt(a/2),
+// R = exp(-y^2) (c0(eta) + c1(eta)/a) / sqrt(2 pi a),
+// eta^2 / 2 = mu - log(1 + mu), mu = x/a - 1. Relative error below 1e-7
+// for a > kTemmeMinA at every x.
+const double kTemmeMinA = 500;
+
+std::pair<Value, Value> igammaTemme(ir::Builder& b, const Value& a, const Value& x) {
+  Value one = k(b, 1, a);
+  Value mu = div(b, sub(b, x, a), a);
+  Value half_eta2 = b.binary("maximum", sub(b, mu, b.unary("log_plus_one", mu)), k(b, 0, a));
+  Value eta = mul(b, b.unary("sign", mu), b.unary("sqrt", mul(b, half_eta2, k(b, 2, a))));
+  // c0 and c1 cancel badly near mu = 0: their Taylor series there.
+  Value near = lt(b, b.unary("abs", mu), 0.01);
+  Value ms = b.select(near, one, mu), es = b.select(near, one, eta);
+  Value ims = div(b, one, ms), ies = div(b, one, es);
+  Value c0 = sub(b, ims, ies);
+  Value c1 = sub(b, sub(b, sub(b, mul(b, mul(b, ies, ies), ies), mul(b, mul(b, ims, ims), ims)), mul(b, ims, ims)),
+                 mul(b, ims, k(b, 1.0 / 12, a)));
+  c0 = b.select(near, poly(b, eta, {1.0 / 864, -2.0 / 135, 1.0 / 12, -1.0 / 3}), c0);
+  c1 = b.select(near, poly(b, eta, {1.0 / 378, -1.0 / 288, -1.0 / 540}), c1);
+  Value r = div(b, add(b, c0, div(b, c1, a)), b.unary("sqrt", mul(b, a, k(b, 2 * M_PI, a))));
+  Value y = mul(b, eta, b.unary("sqrt", mul(b, a, k(b, 0.5, a))));
+  Value ey2 = b.unary("exponential", neg(b, mul(b, y, y)));
+  // The small one of P and Q directly, the other as its complement.
+  Value small =
+      mul(b, ey2, add(b, mul(b, erfcxPos(b, b.unary("abs", y)), k(b, 0.5, a)), b.select(lt(b, y, 0), neg(b, r), r)));
+  Value upper = b.compare(y, k(b, 0, y), ir::Cmp::GE);
+  return {b.select(upper, sub(b, one, small), small), b.select(upper, small, sub(b, one, small))};
+}
+
+// {P, Q} for positive finite a and x (other elements give garbage).
+std::pair<Value, Value> incompleteGamma(ir::Builder& b, const Value& a, const Value& x) {
+  Value ok = b.binary("and", b.binary("and", b.unary("is_finite", a), b.unary("is_finite", x)),
+                      b.binary("and", b.compare(a, k(b, 0, a), ir::Cmp::GT), b.compare(x, k(b, 0, x), ir::Cmp::GT)));
+  Value temme = b.binary("and", ok, b.compare(a, k(b, kTemmeMinA, a), ir::Cmp::GT));
+  Value loops = b.binary("and", ok, b.unary("not", temme));
+  Value use_series = b.binary("and", loops, b.compare(x, add(b, a, k(b, 1, a)), ir::Cmp::LT));
+  Value use_cf = b.binary("and", loops, b.unary("not", use_series));
+  // Inputs of the other branches become ones that finish at once.
+  Value one = k(b, 1, a);
+  Value sa = b.select(use_series, a, one), sx = b.select(use_series, x, k(b, 0, x));
+  Value ca = b.select(use_cf, a, one), cx = b.select(use_cf, x, k(b, 1e300, x));
+  // One log-gamma serves both branches: Gamma(a + 1) (series) or Gamma(a).
+  Value lg = lgamma(b, b.select(use_series, add(b, a, one), ca));
+  Value logpre_s = sub(b, sub(b, mul(b, sa, b.unary("log", b.select(use_series, sx, one))), sx), lg);
+  Value p = mul(b, igammaSeries(b, sa, sx), b.unary("exponential", logpre_s));
+  Value logpre_c = sub(b, sub(b, mul(b, ca, b.unary("log", cx)), cx), lg);
+  Value q = mul(b, igammacFraction(b, ca, cx), b.unary("exponential", logpre_c));
+  Value big = k(b, 2 * kTemmeMinA, a);
+  auto tpq = igammaTemme(b, b.select(temme, a, big), b.select(temme, x, big));
+  Value rp = b.select(use_series, p, sub(b, one, q)), rq = b.select(use_series, sub(b, one, p), q);
+  return {b.select(temme, tpq.first, rp), b.select(temme, tpq.second, rq)};
+}
+
+// PyTorch's order of special cases; `upper` selects Q.
+Value igammaOp(ir::Builder& b, const Value& a, const Value& x, bool upper) {
+  auto pq = incompleteGamma(b, a, x);
+  Value r = upper ? pq.second : pq.first;
+  double at_zero_x = upper ? 1 : 0, at_inf = upper ? 0 : 1;
+  Value nan = k(b, NAN, a);
+  Value xinf = b.compare(x, k(b, INFINITY, x), ir::Cmp::EQ);
+  r = b.select(b.binary("or", b.compare(a, a, ir::Cmp::NE), b.compare(x, x, ir::Cmp::NE)), nan, r);
+  r = b.select(xinf, k(b, at_inf, x), r);
+  r = b.select(b.compare(a, k(b, INFINITY, a), ir::Cmp::EQ), b.select(xinf, nan, k(b, at_zero_x, a)), r);
+  r = b.select(b.compare(x, k(b, 0, x), ir::Cmp::EQ), k(b, at_zero_x, x), r);
+  r = b.select(b.compare(a, k(b, 0, a), ir::Cmp::EQ),
+               b.select(b.compare(x, k(b, 0, x), ir::Cmp::GT), k(b, at_inf, a), nan), r);
+  Value neg = b.binary("or", lt(b, a, 0), lt(b, x, 0));
+  return b.select(neg, nan, r);
+}
+
+std::vector<Value> igammaLowering(Ctx& c, bool upper) {
+  DType t = resultType(c, {0, 1});
+  DType out = outType(c, floatOf(t));
+  if (!ir::isFloat(out)) throw ir::Unsupported("igamma: not a float");
+  ir::Builder& b = c.b;
+  auto vs = broadcastAll(b, {b.convert(c.tensor(0), DType::F64), b.convert(c.tensor(1), DType::F64)});
+  return {b.convert(igammaOp(b, vs[0], vs[1], upper), out)};
+}
+
+Registrar reg_igamma("igamma", [](Ctx& c) { return igammaLowering(c, false); });
+Registrar reg_igammac("igammac", [](Ctx& c) { return igammaLowering(c, true); });
+
+// --- frexp: mantissa in [0.5, 1) with x's sign and an int32 exponent,
+// all from the bits (the CPU plugin flushes subnormal arithmetic to zero);
+// 0, inf and nan give (x, 0) like the C library.
+Registrar reg_frexp("frexp", [](Ctx& c) {
+  Value x0 = c.tensor(0);
+  if (!ir::isFloat(x0.dtype())) throw ir::Unsupported("frexp: not a float");
+  DType out = c.hasExpected() ? c.expectedAt(0).dtype : x0.dtype();
+  ir::Builder& b = c.b;
+  bool f64 = x0.dtype() == DType::F64;
+  DType ft = f64 ? DType::F64 : DType::F32, it = f64 ? DType::I64 : DType::I32;
+  int width = f64 ? 64 : 32, mbits = f64 ? 52 : 23;
+  int64_t emask = f64 ? 0x7ff : 0xff, bias = f64 ? 1022 : 126;
+  Value x = b.convert(x0, ft);
+  Shape sh = x.shape();
+  auto ic = [&](int64_t v) { return b.constantInt(v, it, sh); };
+  auto band = [&](const Value& p, const Value& q) { return b.binary("and", p, q); };
+  auto bor = [&](const Value& p, const Value& q) { return b.binary("or", p, q); };
+  Value bits = b.bitcast(x, Type{it, sh});
+  Value frac_mask = sub(b, b.binary("shift_left", ic(1), ic(mbits)), ic(1));
+  Value sign = band(bits, b.binary("shift_left", ic(1), ic(width - 1)));
+  Value field = band(b.binary("shift_right_logical", bits, ic(mbits)), ic(emask));
+  Value frac = band(bits, frac_mask);
+  // Normal numbers: replace the exponent field by the bias.
+  Value e_norm = sub(b, field, ic(bias));
+  Value m_norm = bor(bor(sign, frac), b.binary("shift_left", ic(bias), ic(mbits)));
+  // Subnormals: shift the leading one of the fraction up to the hidden bit.
+  Value clz = b.unary("count_leading_zeros", frac);
+  Value lead = sub(b, ic(width - 1), clz);  // position of the leading one
+  Value e_sub = sub(b, lead, ic(bias + mbits - 1));
+  Value shifted = band(b.binary("shift_left", frac, sub(b, ic(mbits), lead)), frac_mask);
+  Value m_sub = bor(bor(sign, shifted), b.binary("shift_left", ic(bias), ic(mbits)));
+  Value is_sub = band(b.compare(field, ic(0), ir::Cmp::EQ), b.compare(frac, ic(0), ir::Cmp::NE));
+  Value m = b.bitcast(b.select(is_sub, m_sub, m_norm), x.type);
+  Value e = b.select(is_sub, e_sub, e_norm);
+  // Zeros, inf and nan.
+  Value special = bor(b.compare(field, ic(emask), ir::Cmp::EQ),
+                      band(b.compare(field, ic(0), ir::Cmp::EQ), b.compare(frac, ic(0), ir::Cmp::EQ)));
+  m = b.select(special, x, m);
+  e = b.select(special, ic(0), e);
+  return std::vector<Value>{b.convert(m, out), b.convert(e, DType::I32)};
 });
 
 // --- normal distribution helpers
