@@ -73,8 +73,9 @@ std::vector<Tap> taps(ir::Builder& b, const Value& grid, int64_t h, int64_t w, i
   Value x0 = b.unary("floor", x), y0 = b.unary("floor", y);
   Value one = b.constant(1.0, acc, s);
   Value x1 = add(b, x0, one), y1 = add(b, y0, one);
+  // The CPU kernel's formulas (they round alike in low precision).
   Value fx = sub(b, x, x0), fy = sub(b, y, y0);
-  Value ex = sub(b, one, fx), ey = sub(b, one, fy);
+  Value ex = sub(b, x1, x), ey = sub(b, y1, y);
   return {tap(x0, y0, mul(b, ex, ey)), tap(x1, y0, mul(b, fx, ey)), tap(x0, y1, mul(b, ex, fy)),
           tap(x1, y1, mul(b, fx, fy))};
 }
@@ -89,7 +90,8 @@ Registrar reg_grid_sampler_2d("grid_sampler_2d", [](Ctx& c) {
   int64_t n = x.shape()[0], ch = x.shape()[1], h = x.shape()[2], w = x.shape()[3];
   int64_t ho = grid.shape()[1], wo = grid.shape()[2], p = ho * wo;
   DType out = outType(c, x.dtype());
-  DType acc = accOf(out);
+  // The CPU computes low-precision sampling in that precision, op by op.
+  DType acc = out;
   if (x.type.numel() == 0 || p == 0) return std::vector<Value>{b.zeros(Type{out, {n, ch, ho, wo}})};
   Value xx = b.reshape(b.convert(x, acc), {n, ch, h * w});
   ir::Builder::GatherDims dn;
