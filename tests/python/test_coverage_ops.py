@@ -1,0 +1,191 @@
+"""Ops added for OpInfo coverage (unique, mode, distances, sampling, unpooling, random
+distributions, group norm, transposed-convolution gradients) against the CPU, with the
+CPU fallback forbidden; and their failure paths."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import torch_tpu
+
+
+@pytest.fixture(autouse=True)
+def _no_fallback():
+    torch_tpu.set_fallback("error")
+    yield
+    torch_tpu.set_fallback("warn")
+
+
+def tpu(t):
+    return t.to("tpu")
+
+
+def close(out, ref, **tol):
+    if isinstance(ref, (tuple, list)):
+        for o, r in zip(out, ref):
+            close(o, r, **tol)
+        return
+    assert out.device.type == "tpu"
+    torch.testing.assert_close(out.cpu(), ref, equal_nan=True, **tol)
+
+
+def test_unique_family_lengths_come_from_the_device():
+    x = torch.tensor([3.0, 1.0, float("nan"), 3.0, 2.0, float("nan"), 1.0])
+    for sorted_ in (True, False):
+        close(torch._unique2(tpu(x), sorted=sorted_, return_inverse=True, return_counts=True),
+              torch._unique2(x, sorted=sorted_, return_inverse=True, return_counts=True))
+    close(torch.unique(tpu(x > 2)), torch.unique(x > 2))
+    y = torch.tensor([1, 1, 2, 2, 3, 1, 1, 2])
+    close(torch.unique_consecutive(tpu(y), return_inverse=True, return_counts=True),
+          torch.unique_consecutive(y, return_inverse=True, return_counts=True))
+    empty = torch.tensor([], dtype=torch.int64)
+    close(torch.unique(tpu(empty), return_counts=True), torch.unique(empty, return_counts=True))
+
+
+def test_nonzero_static_pads_and_truncates():
+    x = torch.tensor([[0, 1, 0], [2, 0, 3]])
+    for size in (2, 5):
+        close(torch.nonzero_static(tpu(x), size=size, fill_value=-7),
+              torch.nonzero_static(x, size=size, fill_value=-7))
+
+
+def test_repeat_interleave_and_its_negative_repeats_error():
+    r = torch.tensor([2, 0, 3])
+    close(torch.repeat_interleave(tpu(r)), torch.repeat_interleave(r))
+    x = torch.arange(6.0).reshape(3, 2)
+    close(tpu(x).repeat_interleave(tpu(r), dim=0), x.repeat_interleave(r, dim=0))
+    with pytest.raises(RuntimeError, match="negative"):
+        torch.repeat_interleave(tpu(torch.tensor([1, -1])))
+
+
+def test_mode_picks_the_smallest_most_frequent_value():
+    x = torch.tensor([[1.0, 2, 2, 3], [3, 3, 1, 1], [5, 4, 4, 5]])
+    close(torch.mode(tpu(x), 1), torch.mode(x, 1))
+    close(torch.mode(tpu(x), 0, keepdim=True), torch.mode(x, 0, keepdim=True))
+
+
+def test_equal_compares_on_the_device_and_rejects_mixed_devices():
+    a = torch.tensor([1.0, 2.0])
+    assert torch.equal(tpu(a), tpu(a.long()))
+    assert not torch.equal(tpu(a), tpu(torch.tensor([1.0, 3.0])))
+    assert not torch.equal(tpu(a), tpu(a[:1]))
+    assert not torch.equal(tpu(torch.tensor([float("nan")])), tpu(torch.tensor([float("nan")])))
+    with pytest.raises(RuntimeError, match="same device"):
+        torch.equal(tpu(a), a)
+
+
+@pytest.mark.parametrize("p", [0.0, 1.0, 2.0, 3.5, float("inf")])
+def test_cdist_and_pdist_with_gradients(p):
+    g = torch.Generator().manual_seed(0)
+    x1 = torch.randn(2, 4, 3, generator=g)
+    x2 = torch.randn(2, 5, 3, generator=g)
+    close(torch.cdist(tpu(x1), tpu(x2), p=p), torch.cdist(x1, x2, p=p))
+    a, b = x1.clone().requires_grad_(), tpu(x1).requires_grad_()
+    torch.cdist(a, x2, p=p).sum().backward()
+    torch.cdist(b, tpu(x2), p=p).sum().backward()
+    close(b.grad, a.grad, atol=1e-5, rtol=1e-4)
+    m = torch.randn(5, 3, generator=g)
+    a, b = m.clone().requires_grad_(), tpu(m).requires_grad_()
+    F.pdist(a, p=p).sum().backward()
+    F.pdist(b, p=p).sum().backward()
+    close(F.pdist(tpu(m), p=p), F.pdist(m, p=p))
+    close(b.grad, a.grad, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("padding_mode", ["zeros", "border", "reflection"])
+@pytest.mark.parametrize("mode", ["bilinear", "nearest"])
+def test_grid_sample_values_and_gradients(mode, padding_mode):
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(2, 3, 5, 6, generator=g)
+    grid = torch.rand(2, 4, 7, 2, generator=g) * 2.4 - 1.2  # some points outside
+    for align in (False, True):
+        a, ga = x.clone().requires_grad_(), grid.clone().requires_grad_()
+        b, gb = tpu(x).requires_grad_(), tpu(grid).requires_grad_()
+        ra = F.grid_sample(a, ga, mode=mode, padding_mode=padding_mode, align_corners=align)
+        rb = F.grid_sample(b, gb, mode=mode, padding_mode=padding_mode, align_corners=align)
+        close(rb, ra.detach())
+        (ra * ra).sum().backward()
+        (rb * rb).sum().backward()
+        close(b.grad, a.grad, atol=1e-5, rtol=1e-4)
+        close(gb.grad, ga.grad, atol=1e-4, rtol=1e-4)
+
+
+def test_max_unpool_and_its_out_of_range_index_error():
+    x = torch.randn(1, 2, 4, 4)
+    out, idx = F.max_pool2d(x, 2, return_indices=True)
+    close(F.max_unpool2d(tpu(out), tpu(idx), 2), F.max_unpool2d(out, idx, 2))
+    bad = idx.clone()
+    bad[0, 0, 0, 0] = 99
+    with pytest.raises(IndexError, match="max_unpool2d"):
+        F.max_unpool2d(tpu(out), tpu(bad), 2).cpu()
+
+
+def test_bicubic_and_adaptive_pool3d_with_gradients():
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(1, 2, 5, 6, generator=g)
+    for align in (False, True):
+        a, b = x.clone().requires_grad_(), tpu(x).requires_grad_()
+        ra = F.interpolate(a, size=(7, 4), mode="bicubic", align_corners=align)
+        rb = F.interpolate(b, size=(7, 4), mode="bicubic", align_corners=align)
+        close(rb, ra.detach())
+        ra.square().sum().backward()
+        rb.square().sum().backward()
+        close(b.grad, a.grad, atol=1e-5, rtol=1e-4)
+    v = torch.randn(2, 3, 5, 6, 7, generator=g)
+    close(F.adaptive_avg_pool3d(tpu(v), (2, 3, 4)), F.adaptive_avg_pool3d(v, (2, 3, 4)))
+
+
+def test_group_norm_and_transposed_conv_gradients():
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(2, 6, 4, 5, generator=g)
+    gn_cpu = torch.nn.GroupNorm(3, 6)
+    gn_tpu = torch.nn.GroupNorm(3, 6).to("tpu")
+    gn_tpu.load_state_dict(gn_cpu.state_dict())
+    a, b = x.clone().requires_grad_(), tpu(x).requires_grad_()
+    gn_cpu(a).square().sum().backward()
+    gn_tpu(b).square().sum().backward()
+    close(b.grad, a.grad, atol=1e-4, rtol=1e-4)
+    close(gn_tpu.weight.grad, gn_cpu.weight.grad, atol=1e-4, rtol=1e-4)
+    w = torch.randn(6, 2, 3, 3, generator=g)
+    a, b = x.clone().requires_grad_(), tpu(x).requires_grad_()
+    wa, wb = w.clone().requires_grad_(), tpu(w).requires_grad_()
+    F.conv_transpose2d(a, wa, stride=2, padding=1, output_padding=1, groups=2).square().sum().backward()
+    F.conv_transpose2d(b, wb, stride=2, padding=1, output_padding=1, groups=2).square().sum().backward()
+    close(b.grad, a.grad, atol=1e-4, rtol=1e-4)
+    close(wb.grad, wa.grad, atol=1e-4, rtol=1e-4)
+
+
+def test_random_distributions_have_the_right_moments():
+    torch.manual_seed(0)
+    x = torch.empty(200_000, device="tpu")
+    assert abs(x.cauchy_(1.0, 2.0).cpu().median().item() - 1.0) < 0.05
+    logs = x.log_normal_(0.5, 0.25).cpu().log()
+    assert abs(logs.mean().item() - 0.5) < 0.01 and abs(logs.std().item() - 0.25) < 0.01
+    geo = x.geometric_(0.3).cpu()
+    assert geo.min().item() == 1 and abs(geo.mean().item() - 1 / 0.3) < 0.05
+    p = torch.tensor([0.1, 0.0, 0.6, 0.3], device="tpu")
+    freq = torch.bincount(torch.multinomial(p, 100_000, replacement=True).cpu(), minlength=4) / 1e5
+    torch.testing.assert_close(freq, p.cpu(), atol=0.01, rtol=0)
+    draws = torch.multinomial(p.expand(1000, 4).contiguous(), 3).cpu()
+    assert (draws != 1).all()  # a zero-probability category is never drawn without replacement
+    assert all(len(set(r.tolist())) == 3 for r in draws)
+    a = torch.randn(1000, device="tpu")
+    noise = torch.empty(1000, device="tpu")
+    out = torch.ops.aten.rrelu_with_noise(a, noise, 0.1, 0.3, True)
+    neg = a.cpu() < 0
+    assert noise.cpu()[neg].min() >= 0.1 and noise.cpu()[neg].max() <= 0.3
+    assert (noise.cpu()[~neg] == 1).all()
+    torch.testing.assert_close(out.cpu(), a.cpu() * noise.cpu())
+
+
+def test_eval_batch_norm_statistics_are_empty_like_the_cpu():
+    x, rm, rv = torch.randn(3, 2, 4), torch.zeros(2), torch.ones(2)
+    ref = torch.native_batch_norm(x, None, None, rm, rv, False, 0.1, 1e-5)
+    out = torch.native_batch_norm(tpu(x), None, None, tpu(rm), tpu(rv), False, 0.1, 1e-5)
+    assert [t.shape for t in out] == [t.shape for t in ref]
+    close(out[0], ref[0])
+
+
+def test_sum_with_dim_none_keeps_dims():
+    m = torch.ones(2, 3, 4, dtype=torch.bool)
+    close(torch.sum(tpu(m), dim=None, keepdim=True), torch.sum(m, dim=None, keepdim=True))
