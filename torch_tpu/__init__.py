@@ -103,6 +103,19 @@ def set_fallback(policy: str) -> None:
     _C._set_fallback_error(policy == "error")
 
 
+@contextlib.contextmanager
+def lowerings_disabled(*names: str):
+    """Runs the named ATen ops (base names, e.g. "linalg_det") through the CPU fallback
+    inside the block: to check whether a lowering is behind a wrong result, or to test
+    the fallback path. TORCH_TPU_DISABLE_LOWERINGS=a,b does the same for a whole run."""
+    old = _C._disabled_lowerings()
+    _C._set_disabled_lowerings(sorted(set(old) | set(names)))
+    try:
+        yield
+    finally:
+        _C._set_disabled_lowerings(old)
+
+
 def sync(device=None) -> None:
     """Waits until every program launched on the device has finished."""
     _device_module.synchronize(device)

@@ -1,5 +1,7 @@
 // The tpu device in PyTorch: allocator, device guard, hooks, generator, and
 // the tensor <-> device-array helpers every other aten/ file uses.
+#include <unordered_set>
+#include <mutex>
 #include <ATen/detail/PrivateUse1HooksInterface.h>
 #include <ATen/native/Resize.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
@@ -119,6 +121,42 @@ bool fallbackIsError() {
   return v == 1;
 }
 void setFallbackError(bool on) { g_fallback_error = on ? 1 : 0; }
+
+namespace {
+std::mutex g_disabled_mu;
+std::shared_ptr<const std::unordered_set<std::string>> g_disabled;  // null until first use
+std::shared_ptr<const std::unordered_set<std::string>> disabledSet() {
+  std::lock_guard<std::mutex> lock(g_disabled_mu);
+  if (!g_disabled) {
+    auto s = std::make_shared<std::unordered_set<std::string>>();
+    if (const char* e = std::getenv("TORCH_TPU_DISABLE_LOWERINGS")) {
+      std::string v(e);
+      size_t start = 0;
+      while (start <= v.size()) {
+        size_t end = v.find(',', start);
+        if (end == std::string::npos) end = v.size();
+        if (end > start) s->insert(v.substr(start, end - start));
+        start = end + 1;
+      }
+    }
+    g_disabled = std::move(s);
+  }
+  return g_disabled;
+}
+}  // namespace
+bool loweringDisabled(const std::string& base) {
+  auto s = disabledSet();
+  return !s->empty() && s->count(base) > 0;
+}
+void setDisabledLowerings(std::vector<std::string> names) {
+  auto s = std::make_shared<std::unordered_set<std::string>>(names.begin(), names.end());
+  std::lock_guard<std::mutex> lock(g_disabled_mu);
+  g_disabled = std::move(s);
+}
+std::vector<std::string> disabledLowerings() {
+  auto s = disabledSet();
+  return {s->begin(), s->end()};
+}
 
 // ---------------------------------------------------------------- devices
 

@@ -1074,9 +1074,9 @@ void boxedKernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   if (full.rfind("aten::", 0) != 0) return cpuFallback(op, stack, "");
   std::string base = full.substr(6);
   if (base.size() > 1 && base.back() == '_' && base.rfind("__", 0) != 0) base.pop_back();
-  const ops::Lowering* low = ops::findLowering(base, schema.overload_name());
+  const ops::Lowering* low = loweringDisabled(base) ? nullptr : ops::findLowering(base, schema.overload_name());
   bool foreach_expand = false;
-  if (!low && base.rfind("_foreach_", 0) == 0) {
+  if (!low && base.rfind("_foreach_", 0) == 0 && !loweringDisabled(base)) {
     low = ops::findLowering(base.substr(9), "");
     foreach_expand = low != nullptr;
   }

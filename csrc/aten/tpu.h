@@ -71,4 +71,11 @@ const at::Generator& defaultGenerator(c10::DeviceIndex device);
 bool fallbackIsError();
 void setFallbackError(bool on);
 
+// Lowerings turned off by name (ATen base names, e.g. "linalg_det"): those ops
+// run through the CPU fallback. For bisecting a suspected wrong lowering and
+// for tests of the fallback path. TORCH_TPU_DISABLE_LOWERINGS=a,b sets it.
+bool loweringDisabled(const std::string& base);
+void setDisabledLowerings(std::vector<std::string> names);
+std::vector<std::string> disabledLowerings();
+
 }  // namespace tpu::aten

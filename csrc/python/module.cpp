@@ -131,6 +131,8 @@ PYBIND11_MODULE(_C, m) {
     runtime::Fusion::get().flush(d);
   });
   m.def("_set_fallback_error", [](bool on) { aten::setFallbackError(on); });
+  m.def("_set_disabled_lowerings", [](std::vector<std::string> names) { aten::setDisabledLowerings(std::move(names)); });
+  m.def("_disabled_lowerings", [] { return aten::disabledLowerings(); });
   m.def("_fallback_is_error", []() { return aten::fallbackIsError(); });
   m.def("_metrics", &metricsDict);
   m.def("_metrics_report", []() { return runtime::metrics().report(); });

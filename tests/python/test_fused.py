@@ -94,7 +94,8 @@ def test_fallback_op_in_the_middle_of_a_graph():
         x = torch.randn(4, 3, device="tpu")
         y = x * 2
         eye = torch.eye(3, device="tpu") * 4
-        z = torch.linalg.inv(y[:3] + eye)  # no lowering: runs on the CPU, the graph materialises first
+        with torch_tpu.lowerings_disabled("linalg_inv_ex"):  # on the CPU: the graph materialises first
+            z = torch.linalg.inv(y[:3] + eye)
         w = (z + 1).sum()
         ref = (torch.linalg.inv(x.cpu()[:3] * 2 + torch.eye(3) * 4) + 1).sum()
         torch.testing.assert_close(w.cpu(), ref)

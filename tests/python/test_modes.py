@@ -122,18 +122,22 @@ def test_fallback_is_counted_warned_once_and_can_be_forbidden():
     torch_tpu.reset_metrics()
     x = torch.randn(4, 3, device="tpu")
     y = torch.randn(4, 3, device="tpu")
-    sq = x[:3] + y[:3]  # linalg_det has no lowering (LU)
-    with pytest.warns(UserWarning, match="linalg_det"):
-        r = torch.linalg.det(sq)
-    torch.testing.assert_close(r.cpu(), torch.linalg.det(sq.cpu()))
-    assert r.device.type == "tpu"
-    assert any("linalg_det" in k for k in torch_tpu.metrics()["fallbacks"])
-    torch_tpu.set_fallback("error")
-    try:
-        with pytest.raises(RuntimeError, match="TORCH_TPU_FALLBACK=error"):
-            torch.linalg.det(sq)
-    finally:
-        torch_tpu.set_fallback("warn")
+    sq = x[:3] + y[:3]
+    with torch_tpu.lowerings_disabled("_linalg_det"):  # no other test falls back on it
+        with pytest.warns(UserWarning, match="_linalg_det"):
+            r = torch.linalg.det(sq)
+        torch.testing.assert_close(r.cpu(), torch.linalg.det(sq.cpu()))
+        assert r.device.type == "tpu"
+        assert any("_linalg_det" in k for k in torch_tpu.metrics()["fallbacks"])
+        torch_tpu.set_fallback("error")
+        try:
+            with pytest.raises(RuntimeError, match="TORCH_TPU_FALLBACK=error"):
+                torch.linalg.det(sq)
+        finally:
+            torch_tpu.set_fallback("warn")
+    torch_tpu.reset_metrics()
+    torch.linalg.det(sq)  # lowered again outside the block
+    assert not torch_tpu.metrics()["fallbacks"]
 
 
 def test_pytorch_backend_autoload_imports_torch_tpu():
@@ -154,3 +158,15 @@ def test_import_torch_tpu_before_torch():
         print("ok")
     """)
     assert r.returncode == 0 and "ok" in r.stdout, r.stderr[-2000:]
+
+
+def test_disable_lowerings_env_sends_the_op_to_the_cpu():
+    r = run_py("""
+        import torch, torch_tpu
+        x = torch.ones(3, device="tpu")
+        y = (x * 2 + 1).cpu()
+        assert y.tolist() == [3.0, 3.0, 3.0]
+        print(sorted(torch_tpu.metrics()["fallbacks"]))
+    """, TORCH_TPU_DISABLE_LOWERINGS="add,foo")
+    assert r.returncode == 0, r.stderr
+    assert "aten::add" in r.stdout and "aten::mul" not in r.stdout, r.stdout
