@@ -1049,6 +1049,32 @@ void runFused(const c10::OperatorHandle& op, torch::jit::Stack* stack, std::vect
   if (graph.noteOp(key)) graph.materialize();
 }
 
+// PyTorch lets some ops (copies, matrix products) see tensors with a lazy
+// conj/neg bit; lowerings read raw memory, so read-only arguments with a bit
+// are materialized first (copyInto applies the bit on the device).
+void resolveMathBits(const c10::FunctionSchema& schema, std::vector<IValue>& args) {
+  auto resolve = [](const at::Tensor& t) {
+    if (!t.defined() || t.device().type() != kTpu || (!t.is_conj() && !t.is_neg())) return t;
+    at::Tensor r = emptyTpu(t.sizes(), t.scalar_type(), t.device().index());
+    copyInto(r, t);
+    return r;
+  };
+  for (size_t i = 0; i < args.size() && i < schema.arguments().size(); ++i) {
+    const auto& a = schema.arguments()[i];
+    if (a.alias_info() && a.alias_info()->isWrite()) continue;
+    if (args[i].isTensor()) {
+      args[i] = resolve(args[i].toTensor());
+    } else if (args[i].isTensorList()) {
+      bool any = false;
+      for (const at::Tensor& t : args[i].toTensorList()) any |= t.defined() && (t.is_conj() || t.is_neg());
+      if (!any) continue;
+      c10::List<at::Tensor> list;  // a new list: the caller's stays as it was
+      for (const at::Tensor& t : args[i].toTensorList()) list.push_back(resolve(t));
+      args[i] = IValue(list);
+    }
+  }
+}
+
 void boxedKernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const auto& schema = op.schema();
   const std::string& full = schema.name();
@@ -1072,6 +1098,7 @@ void boxedKernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
       base == "_unsafe_index_put")
     moveIndicesToDevice(stack, n);
   std::vector<IValue> args(stack->end() - n, stack->end());
+  resolveMathBits(schema, args);
   c10::DeviceIndex dev = findDevice(op, args);
   for (const auto& v : args) {  // unsupported dtypes go to the CPU
     if (v.isTensor() && v.toTensor().defined() && !supported(v.toTensor().scalar_type()))
