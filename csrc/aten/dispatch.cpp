@@ -347,7 +347,7 @@ std::string signature(const c10::OperatorHandle& op, const std::vector<IValue>& 
       bool is_const = std::find(low->const_scalars.begin(), low->const_scalars.end(), static_cast<int>(i)) !=
                       low->const_scalars.end();
       k += v.isDouble() ? "sd" : (v.isBool() ? "sb" : (v.isComplexDouble() ? "sc" : "si"));
-      if (is_const) {
+      if (is_const || v.isComplexDouble()) {  // complex scalars are program constants
         std::ostringstream os;
         os.precision(17);
         os << v;
@@ -382,7 +382,7 @@ struct Built {
 ir::DType scalarIrType(const IValue& v) {
   if (v.isDouble()) return ir::DType::F64;
   if (v.isBool()) return ir::DType::Bool;
-  if (v.isComplexDouble()) throw ir::Unsupported("complex scalars");
+  if (v.isComplexDouble()) return ir::DType::C64;
   return ir::DType::I64;
 }
 
@@ -442,7 +442,13 @@ Lowered lowerOp(const c10::OperatorHandle& op, const std::vector<IValue>& args, 
       bool is_const = std::find(low->const_scalars.begin(), low->const_scalars.end(), static_cast<int>(i)) !=
                       low->const_scalars.end();
       ir::DType st = scalarIrType(v);
-      if (is_const) {
+      if (v.isComplexDouble()) {
+        // A constant of the program (the signature holds its value): scalar
+        // inputs travel as f64/i64/i1 only. complex64, like the device.
+        auto z = v.toComplexDouble();
+        a.scalar_is_float = true;
+        a.value = b.complex(b.constant(z.real(), ir::DType::F32), b.constant(z.imag(), ir::DType::F32));
+      } else if (is_const) {
         a.const_value = v.isDouble() ? v.toDouble() : (v.isBool() ? double(v.toBool()) : double(v.toInt()));
         a.value = v.isInt() ? b.constantInt(v.toInt(), st) : b.constant(*a.const_value, st);
       } else {
@@ -453,6 +459,7 @@ Lowered lowerOp(const c10::OperatorHandle& op, const std::vector<IValue>& args, 
       a.kind = ops::Arg::Kind::ScalarList;
       auto lst = v.toList();
       for (size_t j = 0; j < lst.size(); ++j) {
+        if (lst.get(j).isComplexDouble()) throw ir::Unsupported("complex scalar lists");
         ir::DType st = scalarIrType(lst.get(j));
         a.values.push_back(src.scalar(
             lst.get(j), st, {InputSource::Kind::ScalarListElem, static_cast<int>(i), static_cast<int>(j), st}));
