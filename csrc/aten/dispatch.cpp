@@ -379,6 +379,14 @@ struct Built {
   std::shared_ptr<Entry> entry;
 };
 
+// A Python complex number arrives as a wrapped complex128 CPU scalar: the
+// program takes it as complex64, the precision the device computes in.
+bool isComplexNumber(const at::Tensor& t) {
+  return t.defined() && t.device().is_cpu() && t.scalar_type() == at::kComplexDouble &&
+         t.unsafeGetTensorImpl()->is_wrapped_number();
+}
+ir::DType cpuScalarIr(const at::Tensor& t) { return isComplexNumber(t) ? ir::DType::C64 : toIr(t.scalar_type()); }
+
 ir::DType scalarIrType(const IValue& v) {
   if (v.isDouble()) return ir::DType::F64;
   if (v.isBool()) return ir::DType::Bool;
@@ -676,7 +684,7 @@ std::shared_ptr<Entry> build(const c10::OperatorHandle& op, const std::vector<IV
   ir::Builder b;
   Sources src;
   src.tensor = [&](const at::Tensor& t, InputSource is) {
-    ir::Type ty{toIr(t.scalar_type()), {t.numel()}};
+    ir::Type ty{cpuScalarIr(t), {t.numel()}};
     if (t.device().is_cpu()) {
       is.kind = InputSource::Kind::CpuScalar;
       is.dtype = ty.dtype;
@@ -772,6 +780,10 @@ at::Generator generatorFor(const std::vector<IValue>& args, c10::DeviceIndex d) 
 }
 
 runtime::BufferPtr cpuScalarBuffer(const at::Tensor& t, ir::DType dt, int device) {
+  if (ir::isComplex(dt)) {
+    at::Tensor z = t.to(at::kComplexFloat).contiguous();
+    return runtime::Runtime::get().upload(z.data_ptr(), ir::DType::C64, {}, device);
+  }
   if (ir::isFloat(dt)) return runtime::scalarBuffer(dt, t.item<double>(), device);
   return runtime::scalarBufferInt(dt, t.item<int64_t>(), device);
 }
@@ -1012,7 +1024,7 @@ void runFused(const c10::OperatorHandle& op, torch::jit::Stack* stack, std::vect
   Sources src;
   src.tensor = [&](const at::Tensor& t, InputSource) -> ir::Value {
     if (t.device().is_cpu()) {
-      ir::DType dt = toIr(t.scalar_type());
+      ir::DType dt = cpuScalarIr(t);
       return graph.scalar(cpuScalarBuffer(t, dt, dev), dt);
     }
     return graph.read(arrayOf(t), geometryOf(t));
@@ -1108,7 +1120,8 @@ void boxedKernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   resolveMathBits(schema, args);
   c10::DeviceIndex dev = findDevice(op, args);
   for (const auto& v : args) {  // unsupported dtypes go to the CPU
-    if (v.isTensor() && v.toTensor().defined() && !supported(v.toTensor().scalar_type()))
+    if (v.isTensor() && v.toTensor().defined() && !supported(v.toTensor().scalar_type()) &&
+        !isComplexNumber(v.toTensor()))
       return cpuFallback(op, stack, std::string("dtype ") + c10::toString(v.toTensor().scalar_type()));
   }
 

@@ -268,9 +268,9 @@ Registrar reg_multiply("multiply", [](Ctx& c) {
 std::vector<Value> divide(Ctx& c) {
   std::string mode = c.kind(2) == Arg::Kind::String ? c.str(2) : "";
   DType t = resultType(c, {0, 1});
-  DType out = outType(c, mode.empty() ? floatOf(t) : t);
+  DType out = outType(c, mode.empty() && !ir::isComplex(t) ? floatOf(t) : t);
   if (mode.empty() || ir::isFloat(t)) {
-    DType comp = accOf(mode.empty() ? floatOf(out) : out);
+    DType comp = ir::isComplex(out) ? out : accOf(mode.empty() ? floatOf(out) : out);
     auto vs = broadcastAll(c.b, {c.b.convert(c.tensor(0), comp), c.b.convert(c.tensor(1), comp)});
     Value q = div(c.b, vs[0], vs[1]);
     // trunc rounds the quotient to the result dtype first, as the CPU does.

@@ -131,6 +131,19 @@ def test_complex_scalar_constant():
     check(lambda t: torch.ops.aten.add.Scalar(t, 1j), c)
 
 
+@pytest.mark.parametrize("z", [1j, 2 - 3j])
+def test_python_complex_numbers(z):
+    # A Python complex arrives as a wrapped complex128 scalar; the device
+    # computes in complex64, PyTorch's promotion for float32 and complex.
+    x, c = make((4,)), make((4,), torch.complex64)
+    for a in (x, c):
+        check(lambda t: t * z, a)
+        check(lambda t: z - t, a)
+        check(lambda t: t / z, a)  # complex division keeps the imaginary part
+        check(lambda t: torch.exp(z * t), a)
+    check(lambda t, u: t / u, c, make((4,), torch.complex64, seed=3))
+
+
 def test_view_as_real_complex_share_storage():
     c = make((3, 4), torch.complex64)
     t = c.to("tpu")
