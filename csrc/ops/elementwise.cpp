@@ -154,7 +154,11 @@ UNARY_FLOAT(selu, mul(b, k(b, 1.0507009873554804934193349852946, x),
 UNARY_SAME(neg, un(b, "negate", x));
 UNARY_SAME(negative, un(b, "negate", x));
 UNARY_SAME(positive, x);
-UNARY_SAME(abs, x.dtype() == DType::Bool ? x : un(b, "abs", x));
+Registrar reg_abs("abs", [](Ctx& c) {
+  Value x = c.tensor(0);  // complex: |z| in float32, not |re z|
+  if (ir::isComplex(x.dtype())) return std::vector<Value>{c.b.convert(un(c.b, "abs", x), outType(c, DType::F32))};
+  return sameUnary(c, [](ir::Builder& b, const Value& x) { return x.dtype() == DType::Bool ? x : un(b, "abs", x); });
+});
 UNARY_SAME(sign, x.dtype() == DType::Bool ? x : un(b, "sign", x));
 UNARY_SAME(sgn, x.dtype() == DType::Bool ? x : un(b, "sign", x));
 UNARY_SAME(floor, ir::isFloat(x.dtype()) ? un(b, "floor", x) : x);

@@ -28,7 +28,7 @@ std::vector<Value> sumLike(Ctx& c, bool mean) {
   auto dims = reductionDims(d, x.rank());
   DType out = outType(c, sumType(x.dtype(), dt));
   DType acc = accOf(out);
-  if (mean && !ir::isFloat(acc)) throw ir::Unsupported("mean of an integer tensor");
+  if (mean && !ir::isFloat(acc) && !ir::isComplex(acc)) throw ir::Unsupported("mean of an integer tensor");
   Value r = reduceSum(c.b, c.b.convert(x, acc), dims);
   if (mean) {
     int64_t n = 1;
@@ -198,6 +198,9 @@ Registrar reg_std("std", [](Ctx& c) { return varStd(c, true, false); }, {2});
 Registrar reg_var_mean("var_mean", [](Ctx& c) { return varStd(c, false, true); }, {2});
 Registrar reg_std_mean("std_mean", [](Ctx& c) { return varStd(c, true, true); }, {2});
 
+// The norm of complex values is the norm of their moduli.
+Value realMagnitude(ir::Builder& b, const Value& x) { return ir::isComplex(x.dtype()) ? b.unary("abs", x) : x; }
+
 // linalg_vector_norm(self, ord, dim?, keepdim, *, dtype?)
 Value vectorNorm(ir::Builder& b, const Value& x, double ord, const std::vector<int64_t>& dims) {
   Value a = b.unary("abs", x);
@@ -219,7 +222,7 @@ Registrar reg_linalg_vector_norm("linalg_vector_norm",
                                    auto dims = reductionDims(c.optInts(2), x.rank());
                                    bool keep = c.flagOr(3, false);
                                    DType out = outType(c, c.optDType(4).value_or(floatOf(x.dtype())));
-                                   Value r = vectorNorm(c.b, c.b.convert(x, accOf(out)), ord, dims);
+                                   Value r = vectorNorm(c.b, c.b.convert(realMagnitude(c.b, x), accOf(out)), ord, dims);
                                    return std::vector<Value>{c.b.convert(finish(c.b, r, x.shape(), dims, keep), out)};
                                  },
                                  {1});
@@ -238,7 +241,7 @@ Registrar reg_norm_for_foreach("norm",
                                  } else {
                                    dims = reductionDims({}, x.rank());
                                  }
-                                 Value r = vectorNorm(c.b, c.b.convert(x, accOf(out)), ord, dims);
+                                 Value r = vectorNorm(c.b, c.b.convert(realMagnitude(c.b, x), accOf(out)), ord, dims);
                                  return std::vector<Value>{c.b.convert(finish(c.b, r, x.shape(), dims, keep), out)};
                                },
                                {1});

@@ -144,6 +144,19 @@ def test_python_complex_numbers(z):
     check(lambda t, u: t / u, c, make((4,), torch.complex64, seed=3))
 
 
+def test_complex_magnitude_phase_and_reductions():
+    # What follows an FFT: |z|, angle, means, norms, equality, vdot.
+    c, d = make((3, 5), torch.complex64), make((3, 5), torch.complex64, seed=1)
+    check(torch.abs, c)
+    check(torch.angle, c)
+    check(lambda t: t.mean(1), c)
+    check(lambda t: torch.linalg.vector_norm(t, 2, dim=1), c)
+    check(lambda t: torch.linalg.vector_norm(t, float("inf")), c)
+    check(lambda t: torch.linalg.norm(t), c)
+    check(lambda t, u: torch.eq(t, u) | (t != t.conj()), c, d)
+    check(lambda t, u: torch.vdot(t[0], u[0]), c, d)
+
+
 def test_view_as_real_complex_share_storage():
     c = make((3, 4), torch.complex64)
     t = c.to("tpu")
