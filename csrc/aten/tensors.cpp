@@ -120,6 +120,17 @@ at::Tensor view_as_complex(const at::Tensor& self) {
   return at::native::view_as_complex(self);
 }
 
+// torch.equal returns a bool: the comparison runs on the device and one
+// byte comes back (istft checks its window this way). Dtypes promote, as
+// on the CPU.
+bool equal(const at::Tensor& self, const at::Tensor& other) {
+  TORCH_CHECK(self.device() == other.device(), "Cannot compare two tensors on different devices. Got: ", self.device(),
+              " and ", other.device());
+  if (!self.is_same_size(other)) return false;
+  if (self.numel() == 0) return true;
+  return at::eq(self, other).all().item<bool>();
+}
+
 at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blocking) {
   copyInto(dst, self);
   return dst;
@@ -167,6 +178,7 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("unfold", at::native::unfold);
   m.impl("view_as_real", view_as_real);
   m.impl("view_as_complex", view_as_complex);
+  m.impl("equal", equal);
 }
 
 }  // namespace tpu::aten

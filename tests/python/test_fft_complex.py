@@ -78,6 +78,14 @@ def test_stft():
     check(lambda t: torch.stft(t, 8, return_complex=True, onesided=False), x, **TOL)
 
 
+def test_istft_roundtrip_and_equal():
+    x, w = make((2, 64)), torch.hann_window(16)
+    spec = torch.stft(x, 16, hop_length=4, window=w, return_complex=True)
+    check(lambda s, win: torch.istft(s, 16, hop_length=4, window=win), spec, w, **TOL)
+    t = torch.tensor([1.0, float("nan")]).to("tpu")
+    assert not torch.equal(t, t) and torch.equal(t[:1], t[:1].long()) and not torch.equal(t[:1], t)
+
+
 @pytest.mark.parametrize("name", ["fft", "rfft", "irfft", "hfft", "ihfft", "fft2", "rfftn"])
 def test_fft_grad(name):
     fn = getattr(torch.fft, name)
