@@ -63,6 +63,8 @@ def test_fft_nd_more_than_three_dims(name):
     x = make((2, 3, 2, 3, 4), torch.float32 if name.startswith(("rfft", "ihfft")) else torch.complex64)
     check(fn, x, **TOL)
     check(lambda t: fn(t, dim=(0, 2, 1, 4), norm="forward"), x, **TOL)
+    if name in ("fftn", "ifftn"):
+        check(lambda t: fn(t, dim=()), x)  # no dims: the identity
 
 
 def test_fft_onesided_false_full_spectrum():
