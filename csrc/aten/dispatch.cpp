@@ -379,11 +379,12 @@ struct Built {
   std::shared_ptr<Entry> entry;
 };
 
-// A Python complex number arrives as a wrapped complex128 CPU scalar: the
-// program takes it as complex64, the precision the device computes in.
+// A Python complex number arrives as a 0-d complex128 CPU tensor (wrapped,
+// or conj() of one in autograd): the program takes it as complex64, the
+// precision the device computes in. Where PyTorch's result would be
+// complex128 the expected types already send the op to the CPU.
 bool isComplexNumber(const at::Tensor& t) {
-  return t.defined() && t.device().is_cpu() && t.scalar_type() == at::kComplexDouble &&
-         t.unsafeGetTensorImpl()->is_wrapped_number();
+  return t.defined() && t.device().is_cpu() && t.scalar_type() == at::kComplexDouble && t.dim() == 0;
 }
 ir::DType cpuScalarIr(const at::Tensor& t) { return isComplexNumber(t) ? ir::DType::C64 : toIr(t.scalar_type()); }
 
@@ -781,7 +782,7 @@ at::Generator generatorFor(const std::vector<IValue>& args, c10::DeviceIndex d) 
 
 runtime::BufferPtr cpuScalarBuffer(const at::Tensor& t, ir::DType dt, int device) {
   if (ir::isComplex(dt)) {
-    at::Tensor z = t.to(at::kComplexFloat).contiguous();
+    at::Tensor z = t.resolve_conj().resolve_neg().to(at::kComplexFloat).contiguous();
     return runtime::Runtime::get().upload(z.data_ptr(), ir::DType::C64, {}, device);
   }
   if (ir::isFloat(dt)) return runtime::scalarBuffer(dt, t.item<double>(), device);
