@@ -460,7 +460,8 @@ Registrar reg_lerp("lerp", [](Ctx& c) {
   // PyTorch: weight < 0.5 ? start + w*d : end - (1-w)*d
   Value lo = add(b, vs[0], mul(b, vs[2], d));
   Value hi = sub(b, vs[1], mul(b, sub(b, k(b, 1, vs[2]), vs[2]), d));
-  Value r = b.select(b.compare(b.unary("abs", vs[2]), k(b, 0.5, vs[2]), ir::Cmp::LT), lo, hi);
+  Value aw = b.unary("abs", vs[2]);  // real, also for complex weights
+  Value r = b.select(b.compare(aw, k(b, 0.5, aw), ir::Cmp::LT), lo, hi);
   return std::vector<Value>{b.convert(r, out)};
 });
 

@@ -186,6 +186,7 @@ def test_complex_magnitude_phase_and_reductions():
     check(lambda t: torch.linalg.norm(t), c)
     check(lambda t, u: torch.eq(t, u) | (t != t.conj()), c, d)
     check(lambda t, u: torch.vdot(t[0], u[0]), c, d)
+    check(lambda t, u: torch.lerp(t, u, 0.7), c, d)
 
 
 def test_view_as_real_complex_share_storage():
