@@ -104,6 +104,7 @@ Value pyRemainder(ir::Builder& b, const Value& x, const Value& y) {
 Value roundHalfEven(ir::Builder& b, const Value& x) { return b.unary("round_nearest_even", x); }
 
 Value isnan(ir::Builder& b, const Value& x) {
+  if (ir::isComplex(x.dtype())) return b.binary("or", isnan(b, b.real(x)), isnan(b, b.imag(x)));
   if (!ir::isFloat(x.dtype())) return b.constantInt(0, DType::Bool, x.shape());
   return b.compare(x, x, ir::Cmp::NE);
 }
@@ -190,6 +191,10 @@ Registrar reg_logical_not("logical_not", [](Ctx& c) {
 Registrar reg_isnan("isnan", [](Ctx& c) { return std::vector<Value>{isnan(c.b, c.tensor(0))}; });
 Registrar reg_isinf("isinf", [](Ctx& c) {
   Value x = c.tensor(0);
+  if (ir::isComplex(x.dtype())) {  // either part infinite
+    Value ar = c.b.unary("abs", c.b.real(x)), ai = c.b.unary("abs", c.b.imag(x)), inf = k(c.b, INFINITY, ar);
+    return std::vector<Value>{c.b.binary("or", c.b.compare(ar, inf, ir::Cmp::EQ), c.b.compare(ai, inf, ir::Cmp::EQ))};
+  }
   if (!ir::isFloat(x.dtype())) return std::vector<Value>{c.b.constantInt(0, DType::Bool, x.shape())};
   Value a = c.b.unary("abs", x);
   return std::vector<Value>{c.b.compare(a, k(c.b, INFINITY, a), ir::Cmp::EQ)};

@@ -187,6 +187,10 @@ def test_complex_magnitude_phase_and_reductions():
     check(lambda t, u: torch.eq(t, u) | (t != t.conj()), c, d)
     check(lambda t, u: torch.vdot(t[0], u[0]), c, d)
     check(lambda t, u: torch.lerp(t, u, 0.7), c, d)
+    inf, nan = float("inf"), float("nan")
+    z = torch.tensor([complex(inf, 0), complex(0, -inf), complex(nan, inf), complex(1, 2), complex(1, nan)])
+    for f in (torch.isinf, torch.isnan, torch.isfinite):
+        check(f, z)
 
 
 def test_view_as_real_complex_share_storage():
