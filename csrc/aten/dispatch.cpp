@@ -386,6 +386,32 @@ struct Built {
 bool isComplexNumber(const at::Tensor& t) {
   return t.defined() && t.device().is_cpu() && t.scalar_type() == at::kComplexDouble && t.dim() == 0;
 }
+// Ops whose lowerings compute in the promoted (complex) type, so a complex
+// scalar keeps its imaginary part; elsewhere (linspace computes in float)
+// complex scalars still go to the CPU.
+bool complexScalarsAllowed(const std::string& base) {
+  static const std::set<std::string> ops = {"add",
+                                            "sub",
+                                            "rsub",
+                                            "mul",
+                                            "div",
+                                            "true_divide",
+                                            "divide",
+                                            "pow",
+                                            "fill",
+                                            "full",
+                                            "where",
+                                            "masked_fill",
+                                            "addcmul",
+                                            "addcdiv",
+                                            "lerp",
+                                            "eq",
+                                            "ne",
+                                            "index_put",
+                                            "_index_put_impl",
+                                            "copy"};
+  return ops.count(base) > 0;
+}
 ir::DType cpuScalarIr(const at::Tensor& t) { return isComplexNumber(t) ? ir::DType::C64 : toIr(t.scalar_type()); }
 
 ir::DType scalarIrType(const IValue& v) {
@@ -1120,10 +1146,12 @@ void boxedKernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   std::vector<IValue> args(stack->end() - n, stack->end());
   resolveMathBits(schema, args);
   c10::DeviceIndex dev = findDevice(op, args);
+  bool complex_ok = complexScalarsAllowed(base);
   for (const auto& v : args) {  // unsupported dtypes go to the CPU
     if (v.isTensor() && v.toTensor().defined() && !supported(v.toTensor().scalar_type()) &&
-        !isComplexNumber(v.toTensor()))
+        !(complex_ok && isComplexNumber(v.toTensor())))
       return cpuFallback(op, stack, std::string("dtype ") + c10::toString(v.toTensor().scalar_type()));
+    if (v.isComplexDouble() && !complex_ok) return cpuFallback(op, stack, "complex scalar");
   }
 
   std::string key = signature(op, args, low);

@@ -109,6 +109,21 @@ Value isnan(ir::Builder& b, const Value& x) {
   return b.compare(x, x, ir::Cmp::NE);
 }
 
+// Complex asinh on the closed first quadrant, where log(w + sqrt(w^2 + 1))
+// neither cancels nor meets a branch cut; odd and conjugate symmetry give
+// the rest (the signs of re z and im z carry over to the result's parts).
+Value complexAsinh(ir::Builder& b, const Value& z) {
+  Value re = b.real(z), im = b.imag(z), zero = b.zeros(re.type);
+  Value w = b.complex(b.unary("abs", re), b.unary("abs", im));
+  // log(w + sqrt(w^2 + 1)) as log1p(w + w^2 / (sqrt(w^2 + 1) + 1)): exact near 0.
+  Value w2 = mul(b, w, w);
+  Value r = b.unary("log_plus_one", add(b, w, div(b, w2, add(b, b.unary("sqrt", add(b, w2, k(b, 1, w))), k(b, 1, w)))));
+  Value rr = b.real(r), ri = b.imag(r);
+  rr = b.select(b.compare(re, zero, ir::Cmp::LT), b.unary("negate", rr), rr);
+  ri = b.select(b.compare(im, zero, ir::Cmp::LT), b.unary("negate", ri), ri);
+  return b.complex(rr, ri);
+}
+
 // --- registration helpers
 
 #define UNARY_FLOAT(name, body) \
@@ -134,10 +149,21 @@ UNARY_FLOAT(cosh, mul(b, k(b, 0.5, x), add(b, un(b, "exponential", x), un(b, "ex
 UNARY_FLOAT(asin, b.binary("atan2", x, un(b, "sqrt", sub(b, k(b, 1, x), mul(b, x, x)))));
 UNARY_FLOAT(acos, b.binary("atan2", un(b, "sqrt", sub(b, k(b, 1, x), mul(b, x, x))), x));
 UNARY_FLOAT(atan, b.binary("atan2", x, k(b, 1, x)));
-UNARY_FLOAT(asinh, mul(b, un(b, "sign", x),
-                       un(b, "log", add(b, un(b, "abs", x), un(b, "sqrt", add(b, mul(b, x, x), k(b, 1, x)))))));
-UNARY_FLOAT(acosh, un(b, "log", add(b, x, un(b, "sqrt", sub(b, mul(b, x, x), k(b, 1, x))))));
-UNARY_FLOAT(atanh, mul(b, k(b, 0.5, x), un(b, "log", div(b, add(b, k(b, 1, x), x), sub(b, k(b, 1, x), x)))));
+UNARY_FLOAT(asinh, ir::isComplex(x.dtype())
+                       ? complexAsinh(b, x)
+                       : mul(b, un(b, "sign", x),
+                             un(b, "log", add(b, un(b, "abs", x), un(b, "sqrt", add(b, mul(b, x, x), k(b, 1, x)))))));
+// Complex: sqrt(z+1) sqrt(z-1) keeps the principal branch (sqrt(z^2-1) does not).
+UNARY_FLOAT(acosh, un(b, "log",
+                      add(b, x,
+                          ir::isComplex(x.dtype())
+                              ? mul(b, un(b, "sqrt", add(b, x, k(b, 1, x))), un(b, "sqrt", sub(b, x, k(b, 1, x))))
+                              : un(b, "sqrt", sub(b, mul(b, x, x), k(b, 1, x))))));
+// Complex: (log1p(z) - log1p(-z)) / 2 puts the cuts (|re| > 1) where C99 does.
+UNARY_FLOAT(atanh,
+            ir::isComplex(x.dtype())
+                ? mul(b, k(b, 0.5, x), sub(b, un(b, "log_plus_one", x), un(b, "log_plus_one", un(b, "negate", x))))
+                : mul(b, k(b, 0.5, x), un(b, "log", div(b, add(b, k(b, 1, x), x), sub(b, k(b, 1, x), x)))));
 UNARY_FLOAT(sigmoid, sigmoid(b, x));
 UNARY_FLOAT(erf, erf(b, x));
 UNARY_FLOAT(erfc, sub(b, k(b, 1, x), erf(b, x)));

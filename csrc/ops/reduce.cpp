@@ -177,7 +177,9 @@ std::vector<Value> varStd(Ctx& c, bool take_sqrt, bool with_mean) {
   double corr = c.has(2) ? c.constScalar(2) : 1.0;
   bool keep = c.flagOr(3, false);
   DType out = outType(c, x.dtype());
-  DType acc = accOf(out);
+  // Complex: the mean is complex, the variance the mean of |x - mean|^2.
+  bool cplx = ir::isComplex(x.dtype());
+  DType acc = cplx ? x.dtype() : accOf(out);
   Value xx = c.b.convert(x, acc);
   int64_t n = 1;
   for (auto d : dims) n *= x.shape()[d];
@@ -185,12 +187,14 @@ std::vector<Value> varStd(Ctx& c, bool take_sqrt, bool with_mean) {
   Value mean = div(c.b, sum, full(c.b, static_cast<double>(n), sum));
   Value meank = keepDims(c.b, mean, x.shape(), dims);
   Value d = sub(c.b, xx, c.b.broadcastTo(meank, x.shape()));
-  Value ss = reduceSum(c.b, mul(c.b, d, d), dims);
-  Value denom = c.b.constant(std::max(0.0, static_cast<double>(n) - corr), acc, ss.shape());
+  Value sq = cplx ? add(c.b, mul(c.b, c.b.real(d), c.b.real(d)), mul(c.b, c.b.imag(d), c.b.imag(d))) : mul(c.b, d, d);
+  Value ss = reduceSum(c.b, sq, dims);
+  Value denom = c.b.constant(std::max(0.0, static_cast<double>(n) - corr), ss.dtype(), ss.shape());
   Value var = div(c.b, ss, denom);
   if (take_sqrt) var = c.b.unary("sqrt", var);
   std::vector<Value> r{c.b.convert(finish(c.b, var, x.shape(), dims, keep), out)};
-  if (with_mean) r.push_back(c.b.convert(keep ? meank : mean, out));
+  DType mean_out = c.hasExpected() && c.expected().size() > 1 ? c.expectedAt(1).dtype : out;
+  if (with_mean) r.push_back(c.b.convert(keep ? meank : mean, mean_out));
   return r;
 }
 Registrar reg_var("var", [](Ctx& c) { return varStd(c, false, false); }, {2});

@@ -193,6 +193,27 @@ def test_complex_magnitude_phase_and_reductions():
         check(f, z)
 
 
+def test_complex_var_std_and_inverse_hyperbolics():
+    c = make((4, 5), torch.complex64)
+    check(lambda t: torch.var(t, 1), c)
+    check(lambda t: torch.std_mean(t, 0, keepdim=True)[0], c)
+    check(lambda t: torch.var_mean(t, correction=0)[1], c)  # the mean stays complex
+    # Both sides of the branch cuts (re 0 / |re| > 1 / re < 1) and near 0.
+    z = torch.tensor([complex(a, b) for a in (-3, -0.5, 0, 1e-3, 0.5, 3) for b in (-2, -0.5, 0, 1e-3, 0.5, 2)])
+    for f in (torch.asinh, torch.acosh, torch.atanh):
+        check(f, z)
+
+
+def test_complex_scalars_only_where_lowerings_promote():
+    c = make((3,), torch.complex64)
+    check(lambda t: torch.lerp(t, 2 * t, 0.5 + 1j), c)
+    check(lambda t: t.masked_fill(t.real > 0, 2j), c)
+    check(lambda t: torch.addcdiv(t, t, t + 3, value=1j), c)
+    # linspace computes in float: a complex end point runs on the CPU.
+    with pytest.raises(RuntimeError, match="complex scalar"):
+        torch.linspace(0, 1 + 1j, 5, device="tpu")
+
+
 def test_view_as_real_complex_share_storage():
     c = make((3, 4), torch.complex64)
     t = c.to("tpu")
