@@ -372,6 +372,7 @@ Registrar reg_hypot("hypot", [](Ctx& c) {
   });
 });
 Registrar reg_logaddexp("logaddexp", [](Ctx& c) {
+  if (ir::isComplex(resultType(c, {0, 1}))) throw ir::Unsupported("complex logaddexp");
   return arith(c, [](ir::Builder& b, const Value& x, const Value& y) {
     Value m = b.binary("maximum", x, y);
     Value d = b.unary("negate", b.unary("abs", sub(b, x, y)));

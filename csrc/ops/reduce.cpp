@@ -21,7 +21,8 @@ Value finish(ir::Builder& b, const Value& r, const Shape& in, const std::vector<
 // sum(self, dim?, keepdim, dtype) and sum(self, dtype)
 std::vector<Value> sumLike(Ctx& c, bool mean) {
   Value x = c.tensor(0);
-  bool has_dims = c.kind(1) == Arg::Kind::IntList || c.kind(1) == Arg::Kind::Int;
+  // The .dim overloads (self, dim?, keepdim, *, dtype?): dim=None still keeps dims.
+  bool has_dims = c.size() >= 3 || c.kind(1) == Arg::Kind::IntList || c.kind(1) == Arg::Kind::Int;
   std::optional<std::vector<int64_t>> d = has_dims ? c.optInts(1) : std::nullopt;
   bool keep = has_dims ? c.flagOr(2, false) : false;
   std::optional<DType> dt = has_dims ? c.optDType(3) : c.optDType(1);
@@ -252,6 +253,7 @@ Registrar reg_norm_for_foreach("norm",
 
 Registrar reg_logsumexp("logsumexp", [](Ctx& c) {
   Value x = c.tensor(0);
+  if (ir::isComplex(x.dtype())) throw ir::Unsupported("complex logsumexp");
   auto dims = reductionDims(c.optInts(1), x.rank());
   bool keep = c.flagOr(2, false);
   DType out = outType(c, floatOf(x.dtype()));

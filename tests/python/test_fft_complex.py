@@ -204,6 +204,21 @@ def test_complex_var_std_and_inverse_hyperbolics():
         check(f, z)
 
 
+def test_complex_ops_without_a_complex_lowering_fall_back():
+    # A clear fallback (an error under TORCH_TPU_FALLBACK=error), not an IR
+    # failure or a silently real result.
+    c = make((3, 4), torch.complex64).to("tpu")
+    for f in (lambda t: torch.logsumexp(t, 0), lambda t: torch.logaddexp(t, t), lambda t: torch.renorm(t, 2, 0, 1.0)):
+        with pytest.raises(RuntimeError, match="has no tpu lowering"):
+            f(c)
+
+
+def test_sum_mean_dim_none_keepdim():
+    x = make((2, 3, 4))
+    check(lambda t: torch.sum(t, dim=None, keepdim=True), x)
+    check(lambda t: torch.mean(t, dim=None, keepdim=True, dtype=torch.float64), x)
+
+
 def test_complex_scalars_only_where_lowerings_promote():
     c = make((3,), torch.complex64)
     check(lambda t: torch.lerp(t, 2 * t, 0.5 + 1j), c)
