@@ -241,7 +241,6 @@ at::Tensor wrapBuffer(runtime::BufferPtr b, at::IntArrayRef sizes, at::ScalarTyp
 // ---------------------------------------------------------------- copies
 
 namespace {
-// Converts and broadcasts a dense buffer (cached per signature).
 // Physically applies a source's conjugate / negative bits (PyTorch's lazy
 // conj() and _neg_view()) to its elements, in the source dtype.
 ir::Value applyMathBits(ir::Builder& b, ir::Value x, bool conj, bool neg) {
@@ -250,6 +249,8 @@ ir::Value applyMathBits(ir::Builder& b, ir::Value x, bool conj, bool neg) {
   return x;
 }
 
+// Converts and broadcasts a dense buffer (cached per signature), applying
+// the conj/neg bits asked for.
 runtime::BufferPtr convertBuffer(const runtime::BufferPtr& b, ir::DType from, const std::vector<int64_t>& from_shape,
                                  ir::DType to, const std::vector<int64_t>& to_shape, int device, bool conj = false,
                                  bool neg = false) {
