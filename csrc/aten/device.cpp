@@ -279,13 +279,23 @@ at::Tensor wrapBuffer(runtime::BufferPtr b, at::IntArrayRef sizes, at::ScalarTyp
 // ---------------------------------------------------------------- copies
 
 namespace {
-// Converts and broadcasts a dense buffer (cached per signature).
+// Physically applies a source's conjugate / negative bits (PyTorch's lazy
+// conj() and _neg_view()) to its elements, in the source dtype.
+ir::Value applyMathBits(ir::Builder& b, ir::Value x, bool conj, bool neg) {
+  if (conj && ir::isComplex(x.dtype())) x = b.complex(b.real(x), b.unary("negate", b.imag(x)));
+  if (neg) x = b.unary("negate", x);
+  return x;
+}
+
+// Converts and broadcasts a dense buffer (cached per signature), applying
+// the conj/neg bits asked for.
 runtime::BufferPtr convertBuffer(const runtime::BufferPtr& b, ir::DType from, const std::vector<int64_t>& from_shape,
-                                 ir::DType to, const std::vector<int64_t>& to_shape, int device) {
+                                 ir::DType to, const std::vector<int64_t>& to_shape, int device, bool conj = false,
+                                 bool neg = false) {
   static std::mutex mu;
   static std::unordered_map<std::string, std::shared_ptr<runtime::Program>> cache;
   std::string key = std::to_string(int(from)) + ">" + std::to_string(int(to)) + ":" + ir::shapeStr(from_shape) + ">" +
-                    ir::shapeStr(to_shape);
+                    ir::shapeStr(to_shape) + (conj ? "c" : "") + (neg ? "n" : "");
   std::shared_ptr<runtime::Program> p;
   {
     std::lock_guard<std::mutex> g(mu);
@@ -299,7 +309,7 @@ runtime::BufferPtr convertBuffer(const runtime::BufferPtr& b, ir::DType from, co
     int64_t m = 1;
     for (auto d : to_shape) m *= d;
     ir::Value x = bl.reshape(bl.param({from, {n}}), from_shape);
-    x = bl.broadcastTo(bl.convert(x, to), to_shape);
+    x = bl.broadcastTo(bl.convert(applyMathBits(bl, x, conj, neg), to), to_shape);
     bl.output(bl.reshape(x, {m}));
     p = runtime::Runtime::get().compile(bl, "copy_");
     std::lock_guard<std::mutex> g(mu);
@@ -324,10 +334,16 @@ bool copyLazy(const at::Tensor& dst, const at::Tensor& src) {
   if (same) {
     v = graph.read(arrayOf(src), geometryOf(src));
   } else {
-    at::Tensor c = src.contiguous();
+    at::Tensor c = src.resolve_conj().resolve_neg();
+    if (dst.is_conj()) c = c.conj_physical();
+    if (dst.is_neg()) c = c.neg();
+    c = c.contiguous();
     auto buf = rt().upload(c.data_ptr(), toIr(c.scalar_type()), {c.numel()}, dst.device().index());
     v = b.reshape(graph.input(buf, {toIr(c.scalar_type()), {c.numel()}}), c.sizes().vec());
   }
+  // dst's bits mean its memory holds conj/neg of its value: a bit set on
+  // one side only is applied to the elements.
+  v = applyMathBits(b, v, same && src.is_conj() != dst.is_conj(), same && src.is_neg() != dst.is_neg());
   v = b.broadcastTo(b.convert(v, dd), dst.sizes().vec());
   graph.write(arrayOf(dst), geometryOf(dst), v);
   return true;
@@ -341,8 +357,9 @@ void copyInto(const at::Tensor& dst, const at::Tensor& src) {
     if (dst.device().type() == kTpu && src.device().type() == kTpu && dst.device() == src.device()) {
       runtime::BufferPtr b = readTensor(src);
       auto sd = toIr(src.scalar_type()), dd = toIr(dst.scalar_type());
-      if (sd != dd || src.sizes() != dst.sizes())
-        b = convertBuffer(b, sd, src.sizes().vec(), dd, dst.sizes().vec(), dst.device().index());
+      bool conj = src.is_conj() != dst.is_conj(), neg = src.is_neg() != dst.is_neg();
+      if (sd != dd || src.sizes() != dst.sizes() || conj || neg)
+        b = convertBuffer(b, sd, src.sizes().vec(), dd, dst.sizes().vec(), dst.device().index(), conj, neg);
       writeTensor(dst, b);
       return;
     }
@@ -350,7 +367,10 @@ void copyInto(const at::Tensor& dst, const at::Tensor& src) {
       // From the host (or another tpu device, through the host).
       at::Tensor host = src.device().type() == kTpu ? src.to(at::kCPU) : src;
       TORCH_CHECK(host.device().is_cpu(), "torch_tpu: cannot copy from ", src.device(), " to ", dst.device());
-      at::Tensor c = host.resolve_conj().resolve_neg().to(dst.scalar_type()).expand(dst.sizes()).contiguous();
+      at::Tensor c = host.resolve_conj().resolve_neg().to(dst.scalar_type());
+      if (dst.is_conj()) c = c.conj_physical();
+      if (dst.is_neg()) c = c.neg();
+      c = c.expand(dst.sizes()).contiguous();
       auto b = rt().upload(c.data_ptr(), toIr(dst.scalar_type()), {c.numel()}, dst.device().index());
       writeTensor(dst, b);
       return;
@@ -359,6 +379,9 @@ void copyInto(const at::Tensor& dst, const at::Tensor& src) {
     runtime::BufferPtr b = readTensor(src);
     at::Tensor host = at::empty(src.sizes(), src.options().device(at::kCPU).dtype(src.scalar_type()));
     if (host.numel() > 0) rt().download(*b, host.data_ptr(), host.nbytes());
+    // The download holds src's memory; its bits say what that memory means.
+    if (src.is_conj()) host = host.conj();
+    if (src.is_neg()) host = host._neg_view();
     dst.copy_(host);
   } catch (const c10::Error&) {
     throw;

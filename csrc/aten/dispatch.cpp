@@ -349,7 +349,7 @@ std::string signature(const c10::OperatorHandle& op, const std::vector<IValue>& 
       bool is_const = std::find(low->const_scalars.begin(), low->const_scalars.end(), static_cast<int>(i)) !=
                       low->const_scalars.end();
       k += v.isDouble() ? "sd" : (v.isBool() ? "sb" : (v.isComplexDouble() ? "sc" : "si"));
-      if (is_const) {
+      if (is_const || v.isComplexDouble()) {  // complex scalars are program constants
         std::ostringstream os;
         os.precision(17);
         os << v;
@@ -381,10 +381,45 @@ struct Built {
   std::shared_ptr<Entry> entry;
 };
 
+// A Python complex number arrives as a 0-d complex128 CPU tensor (wrapped,
+// or conj() of one in autograd): the program takes it as complex64, the
+// precision the device computes in. Where PyTorch's result would be
+// complex128 the expected types already send the op to the CPU.
+bool isComplexNumber(const at::Tensor& t) {
+  return t.defined() && t.device().is_cpu() && t.scalar_type() == at::kComplexDouble && t.dim() == 0;
+}
+// Ops whose lowerings compute in the promoted (complex) type, so a complex
+// scalar keeps its imaginary part; elsewhere (linspace computes in float)
+// complex scalars still go to the CPU.
+bool complexScalarsAllowed(const std::string& base) {
+  static const std::set<std::string> ops = {"add",
+                                            "sub",
+                                            "rsub",
+                                            "mul",
+                                            "div",
+                                            "true_divide",
+                                            "divide",
+                                            "pow",
+                                            "fill",
+                                            "full",
+                                            "where",
+                                            "masked_fill",
+                                            "addcmul",
+                                            "addcdiv",
+                                            "lerp",
+                                            "eq",
+                                            "ne",
+                                            "index_put",
+                                            "_index_put_impl",
+                                            "copy"};
+  return ops.count(base) > 0;
+}
+ir::DType cpuScalarIr(const at::Tensor& t) { return isComplexNumber(t) ? ir::DType::C64 : toIr(t.scalar_type()); }
+
 ir::DType scalarIrType(const IValue& v) {
   if (v.isDouble()) return ir::DType::F64;
   if (v.isBool()) return ir::DType::Bool;
-  if (v.isComplexDouble()) throw ir::Unsupported("complex scalars");
+  if (v.isComplexDouble()) return ir::DType::C64;
   return ir::DType::I64;
 }
 
@@ -445,7 +480,13 @@ Lowered lowerOp(const c10::OperatorHandle& op, const std::vector<IValue>& args, 
       bool is_const = std::find(low->const_scalars.begin(), low->const_scalars.end(), static_cast<int>(i)) !=
                       low->const_scalars.end();
       ir::DType st = scalarIrType(v);
-      if (is_const) {
+      if (v.isComplexDouble()) {
+        // A constant of the program (the signature holds its value): scalar
+        // inputs travel as f64/i64/i1 only. complex64, like the device.
+        auto z = v.toComplexDouble();
+        a.scalar_is_float = true;
+        a.value = b.complex(b.constant(z.real(), ir::DType::F32), b.constant(z.imag(), ir::DType::F32));
+      } else if (is_const) {
         a.const_value = v.isDouble() ? v.toDouble() : (v.isBool() ? double(v.toBool()) : double(v.toInt()));
         a.value = v.isInt() ? b.constantInt(v.toInt(), st) : b.constant(*a.const_value, st);
       } else {
@@ -456,6 +497,7 @@ Lowered lowerOp(const c10::OperatorHandle& op, const std::vector<IValue>& args, 
       a.kind = ops::Arg::Kind::ScalarList;
       auto lst = v.toList();
       for (size_t j = 0; j < lst.size(); ++j) {
+        if (lst.get(j).isComplexDouble()) throw ir::Unsupported("complex scalar lists");
         ir::DType st = scalarIrType(lst.get(j));
         a.values.push_back(src.scalar(
             lst.get(j), st, {InputSource::Kind::ScalarListElem, static_cast<int>(i), static_cast<int>(j), st}));
@@ -684,7 +726,7 @@ std::shared_ptr<Entry> build(const c10::OperatorHandle& op, const std::vector<IV
   ir::Builder b;
   Sources src;
   src.tensor = [&](const at::Tensor& t, InputSource is) {
-    ir::Type ty{toIr(t.scalar_type()), {t.numel()}};
+    ir::Type ty{cpuScalarIr(t), {t.numel()}};
     if (t.device().is_cpu()) {
       is.kind = InputSource::Kind::CpuScalar;
       is.dtype = ty.dtype;
@@ -781,6 +823,10 @@ at::Generator generatorFor(const std::vector<IValue>& args, c10::DeviceIndex d) 
 }
 
 runtime::BufferPtr cpuScalarBuffer(const at::Tensor& t, ir::DType dt, int device) {
+  if (ir::isComplex(dt)) {
+    at::Tensor z = t.resolve_conj().resolve_neg().to(at::kComplexFloat).contiguous();
+    return runtime::Runtime::get().upload(z.data_ptr(), ir::DType::C64, {}, device);
+  }
   if (ir::isFloat(dt)) return runtime::scalarBuffer(dt, t.item<double>(), device);
   return runtime::scalarBufferInt(dt, t.item<int64_t>(), device);
 }
@@ -1024,7 +1070,7 @@ void runFused(const c10::OperatorHandle& op, torch::jit::Stack* stack, std::vect
   Sources src;
   src.tensor = [&](const at::Tensor& t, InputSource) -> ir::Value {
     if (t.device().is_cpu()) {
-      ir::DType dt = toIr(t.scalar_type());
+      ir::DType dt = cpuScalarIr(t);
       return graph.scalar(cpuScalarBuffer(t, dt, dev), dt);
     }
     return graph.read(arrayOf(t), geometryOf(t));
@@ -1068,6 +1114,32 @@ void runFused(const c10::OperatorHandle& op, torch::jit::Stack* stack, std::vect
   if (graph.noteOp(key)) graph.materialize();
 }
 
+// PyTorch lets some ops (copies, matrix products) see tensors with a lazy
+// conj/neg bit; lowerings read raw memory, so read-only arguments with a bit
+// are materialized first (copyInto applies the bit on the device).
+void resolveMathBits(const c10::FunctionSchema& schema, std::vector<IValue>& args) {
+  auto resolve = [](const at::Tensor& t) {
+    if (!t.defined() || t.device().type() != kTpu || (!t.is_conj() && !t.is_neg())) return t;
+    at::Tensor r = emptyTpu(t.sizes(), t.scalar_type(), t.device().index());
+    copyInto(r, t);
+    return r;
+  };
+  for (size_t i = 0; i < args.size() && i < schema.arguments().size(); ++i) {
+    const auto& a = schema.arguments()[i];
+    if (a.alias_info() && a.alias_info()->isWrite()) continue;
+    if (args[i].isTensor()) {
+      args[i] = resolve(args[i].toTensor());
+    } else if (args[i].isTensorList()) {
+      bool any = false;
+      for (const at::Tensor& t : args[i].toTensorList()) any |= t.defined() && (t.is_conj() || t.is_neg());
+      if (!any) continue;
+      c10::List<at::Tensor> list;  // a new list: the caller's stays as it was
+      for (const at::Tensor& t : args[i].toTensorList()) list.push_back(resolve(t));
+      args[i] = IValue(list);
+    }
+  }
+}
+
 void boxedKernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const auto& schema = op.schema();
   const std::string& full = schema.name();
@@ -1091,10 +1163,14 @@ void boxedKernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
       base == "_unsafe_index_put")
     moveIndicesToDevice(stack, n);
   std::vector<IValue> args(stack->end() - n, stack->end());
+  resolveMathBits(schema, args);
   c10::DeviceIndex dev = findDevice(op, args);
+  bool complex_ok = complexScalarsAllowed(base);
   for (const auto& v : args) {  // unsupported dtypes go to the CPU
-    if (v.isTensor() && v.toTensor().defined() && !supported(v.toTensor().scalar_type()))
+    if (v.isTensor() && v.toTensor().defined() && !supported(v.toTensor().scalar_type()) &&
+        !(complex_ok && isComplexNumber(v.toTensor())))
       return cpuFallback(op, stack, std::string("dtype ") + c10::toString(v.toTensor().scalar_type()));
+    if (v.isComplexDouble() && !complex_ok) return cpuFallback(op, stack, "complex scalar");
   }
 
   std::string key = signature(op, args, low);

@@ -7,6 +7,8 @@
 #include <ATen/ops/_reshape_alias_native.h>
 #include <ATen/ops/as_strided_native.h>
 #include <ATen/ops/unfold_native.h>
+#include <ATen/ops/view_as_complex_native.h>
+#include <ATen/ops/view_as_real_native.h>
 #include <ATen/ops/view_native.h>
 #include <torch/library.h>
 
@@ -103,6 +105,32 @@ at::Tensor& set_empty(at::Tensor& self) {
   return set_storage(self, std::move(storage), 0, size, {});
 }
 
+// view_as_real / view_as_complex share the storage under another dtype;
+// reading the new view reinterprets the bytes on the device.
+at::Tensor view_as_real(const at::Tensor& self) {
+  TORCH_CHECK_TYPE(!self.is_complex() || supported(c10::toRealValueType(self.scalar_type())), "torch_tpu: dtype ",
+                   c10::toRealValueType(self.scalar_type()), " is not supported on tpu");
+  return at::native::view_as_real(self);
+}
+
+at::Tensor view_as_complex(const at::Tensor& self) {
+  auto t = self.scalar_type();
+  TORCH_CHECK_TYPE((t != at::kFloat && t != at::kDouble && t != at::kHalf) || supported(c10::toComplexType(t)),
+                   "torch_tpu: dtype ", c10::toComplexType(t), " is not supported on tpu (complex64 is)");
+  return at::native::view_as_complex(self);
+}
+
+// torch.equal returns a bool: the comparison runs on the device and one
+// byte comes back (istft checks its window this way). Dtypes promote, as
+// on the CPU.
+bool equal(const at::Tensor& self, const at::Tensor& other) {
+  TORCH_CHECK(self.device() == other.device(), "Cannot compare two tensors on different devices. Got: ", self.device(),
+              " and ", other.device());
+  if (!self.is_same_size(other)) return false;
+  if (self.numel() == 0) return true;
+  return at::eq(self, other).all().item<bool>();
+}
+
 at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blocking) {
   copyInto(dst, self);
   return dst;
@@ -148,6 +176,9 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("as_strided", at::native::as_strided_tensorimpl);
   m.impl("_reshape_alias", at::native::_reshape_alias);
   m.impl("unfold", at::native::unfold);
+  m.impl("view_as_real", view_as_real);
+  m.impl("view_as_complex", view_as_complex);
+  m.impl("equal", equal);
 }
 
 }  // namespace tpu::aten

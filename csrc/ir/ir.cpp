@@ -465,6 +465,7 @@ Value Builder::reverse(const Value& v, const std::vector<int64_t>& dims) {
 Value Builder::unary(const char* op, const Value& v) {
   Type t = v.type;
   if (std::strcmp(op, "is_finite") == 0) t.dtype = DType::Bool;
+  if (std::strcmp(op, "abs") == 0 && isComplex(t.dtype)) t.dtype = DType::F32;  // |z| is real
   Value r = fresh(t);
   emitLine(ref(r) + " = \"stablehlo." + op + "\"(" + ref(v) + ") : (" + v.type.str() + ") -> " + t.str());
   return r;
@@ -481,7 +482,8 @@ Value Builder::binary(const char* op, const Value& a, const Value& b) {
 Value Builder::compare(const Value& a, const Value& b, Cmp dir) {
   if (a.type != b.type) fail("compare on " + a.type.str() + " and " + b.type.str());
   Value r = fresh(Type{DType::Bool, a.shape()});
-  const char* ct = isFloat(a.dtype()) ? "FLOAT" : (isUnsigned(a.dtype()) ? "UNSIGNED" : "SIGNED");
+  const char* ct =
+      isFloat(a.dtype()) || isComplex(a.dtype()) ? "FLOAT" : (isUnsigned(a.dtype()) ? "UNSIGNED" : "SIGNED");
   emitLine(ref(r) + " = \"stablehlo.compare\"(" + ref(a) + ", " + ref(b) +
            ") {comparison_direction = #stablehlo<comparison_direction " + cmpName(dir) +
            ">, compare_type = #stablehlo<comparison_type " + ct + ">} : (" + a.type.str() + ", " + b.type.str() +

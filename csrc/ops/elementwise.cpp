@@ -104,8 +104,24 @@ Value pyRemainder(ir::Builder& b, const Value& x, const Value& y) {
 Value roundHalfEven(ir::Builder& b, const Value& x) { return b.unary("round_nearest_even", x); }
 
 Value isnan(ir::Builder& b, const Value& x) {
+  if (ir::isComplex(x.dtype())) return b.binary("or", isnan(b, b.real(x)), isnan(b, b.imag(x)));
   if (!ir::isFloat(x.dtype())) return b.constantInt(0, DType::Bool, x.shape());
   return b.compare(x, x, ir::Cmp::NE);
+}
+
+// Complex asinh on the closed first quadrant, where log(w + sqrt(w^2 + 1))
+// neither cancels nor meets a branch cut; odd and conjugate symmetry give
+// the rest (the signs of re z and im z carry over to the result's parts).
+Value complexAsinh(ir::Builder& b, const Value& z) {
+  Value re = b.real(z), im = b.imag(z), zero = b.zeros(re.type);
+  Value w = b.complex(b.unary("abs", re), b.unary("abs", im));
+  // log(w + sqrt(w^2 + 1)) as log1p(w + w^2 / (sqrt(w^2 + 1) + 1)): exact near 0.
+  Value w2 = mul(b, w, w);
+  Value r = b.unary("log_plus_one", add(b, w, div(b, w2, add(b, b.unary("sqrt", add(b, w2, k(b, 1, w))), k(b, 1, w)))));
+  Value rr = b.real(r), ri = b.imag(r);
+  rr = b.select(b.compare(re, zero, ir::Cmp::LT), b.unary("negate", rr), rr);
+  ri = b.select(b.compare(im, zero, ir::Cmp::LT), b.unary("negate", ri), ri);
+  return b.complex(rr, ri);
 }
 
 // --- registration helpers
@@ -133,10 +149,21 @@ UNARY_FLOAT(cosh, mul(b, k(b, 0.5, x), add(b, un(b, "exponential", x), un(b, "ex
 UNARY_FLOAT(asin, b.binary("atan2", x, un(b, "sqrt", sub(b, k(b, 1, x), mul(b, x, x)))));
 UNARY_FLOAT(acos, b.binary("atan2", un(b, "sqrt", sub(b, k(b, 1, x), mul(b, x, x))), x));
 UNARY_FLOAT(atan, b.binary("atan2", x, k(b, 1, x)));
-UNARY_FLOAT(asinh, mul(b, un(b, "sign", x),
-                       un(b, "log", add(b, un(b, "abs", x), un(b, "sqrt", add(b, mul(b, x, x), k(b, 1, x)))))));
-UNARY_FLOAT(acosh, un(b, "log", add(b, x, un(b, "sqrt", sub(b, mul(b, x, x), k(b, 1, x))))));
-UNARY_FLOAT(atanh, mul(b, k(b, 0.5, x), un(b, "log", div(b, add(b, k(b, 1, x), x), sub(b, k(b, 1, x), x)))));
+UNARY_FLOAT(asinh, ir::isComplex(x.dtype())
+                       ? complexAsinh(b, x)
+                       : mul(b, un(b, "sign", x),
+                             un(b, "log", add(b, un(b, "abs", x), un(b, "sqrt", add(b, mul(b, x, x), k(b, 1, x)))))));
+// Complex: sqrt(z+1) sqrt(z-1) keeps the principal branch (sqrt(z^2-1) does not).
+UNARY_FLOAT(acosh, un(b, "log",
+                      add(b, x,
+                          ir::isComplex(x.dtype())
+                              ? mul(b, un(b, "sqrt", add(b, x, k(b, 1, x))), un(b, "sqrt", sub(b, x, k(b, 1, x))))
+                              : un(b, "sqrt", sub(b, mul(b, x, x), k(b, 1, x))))));
+// Complex: (log1p(z) - log1p(-z)) / 2 puts the cuts (|re| > 1) where C99 does.
+UNARY_FLOAT(atanh,
+            ir::isComplex(x.dtype())
+                ? mul(b, k(b, 0.5, x), sub(b, un(b, "log_plus_one", x), un(b, "log_plus_one", un(b, "negate", x))))
+                : mul(b, k(b, 0.5, x), un(b, "log", div(b, add(b, k(b, 1, x), x), sub(b, k(b, 1, x), x)))));
 UNARY_FLOAT(sigmoid, sigmoid(b, x));
 UNARY_FLOAT(erf, erf(b, x));
 UNARY_FLOAT(erfc, sub(b, k(b, 1, x), erf(b, x)));
@@ -154,7 +181,11 @@ UNARY_FLOAT(selu, mul(b, k(b, 1.0507009873554804934193349852946, x),
 UNARY_SAME(neg, un(b, "negate", x));
 UNARY_SAME(negative, un(b, "negate", x));
 UNARY_SAME(positive, x);
-UNARY_SAME(abs, x.dtype() == DType::Bool ? x : un(b, "abs", x));
+Registrar reg_abs("abs", [](Ctx& c) {
+  Value x = c.tensor(0);  // complex: |z| in float32, not |re z|
+  if (ir::isComplex(x.dtype())) return std::vector<Value>{c.b.convert(un(c.b, "abs", x), outType(c, DType::F32))};
+  return sameUnary(c, [](ir::Builder& b, const Value& x) { return x.dtype() == DType::Bool ? x : un(b, "abs", x); });
+});
 UNARY_SAME(sign, x.dtype() == DType::Bool ? x : un(b, "sign", x));
 UNARY_SAME(sgn, x.dtype() == DType::Bool ? x : un(b, "sign", x));
 UNARY_SAME(floor, ir::isFloat(x.dtype()) ? un(b, "floor", x) : x);
@@ -186,6 +217,10 @@ Registrar reg_logical_not("logical_not", [](Ctx& c) {
 Registrar reg_isnan("isnan", [](Ctx& c) { return std::vector<Value>{isnan(c.b, c.tensor(0))}; });
 Registrar reg_isinf("isinf", [](Ctx& c) {
   Value x = c.tensor(0);
+  if (ir::isComplex(x.dtype())) {  // either part infinite
+    Value ar = c.b.unary("abs", c.b.real(x)), ai = c.b.unary("abs", c.b.imag(x)), inf = k(c.b, INFINITY, ar);
+    return std::vector<Value>{c.b.binary("or", c.b.compare(ar, inf, ir::Cmp::EQ), c.b.compare(ai, inf, ir::Cmp::EQ))};
+  }
   if (!ir::isFloat(x.dtype())) return std::vector<Value>{c.b.constantInt(0, DType::Bool, x.shape())};
   Value a = c.b.unary("abs", x);
   return std::vector<Value>{c.b.compare(a, k(c.b, INFINITY, a), ir::Cmp::EQ)};
@@ -268,9 +303,9 @@ Registrar reg_multiply("multiply", [](Ctx& c) {
 std::vector<Value> divide(Ctx& c) {
   std::string mode = c.kind(2) == Arg::Kind::String ? c.str(2) : "";
   DType t = resultType(c, {0, 1});
-  DType out = outType(c, mode.empty() ? floatOf(t) : t);
+  DType out = outType(c, mode.empty() && !ir::isComplex(t) ? floatOf(t) : t);
   if (mode.empty() || ir::isFloat(t)) {
-    DType comp = accOf(mode.empty() ? floatOf(out) : out);
+    DType comp = ir::isComplex(out) ? out : accOf(mode.empty() ? floatOf(out) : out);
     auto vs = broadcastAll(c.b, {c.b.convert(c.tensor(0), comp), c.b.convert(c.tensor(1), comp)});
     Value q = div(c.b, vs[0], vs[1]);
     // trunc rounds the quotient to the result dtype first, as the CPU does.
@@ -337,6 +372,7 @@ Registrar reg_hypot("hypot", [](Ctx& c) {
   });
 });
 Registrar reg_logaddexp("logaddexp", [](Ctx& c) {
+  if (ir::isComplex(resultType(c, {0, 1}))) throw ir::Unsupported("complex logaddexp");
   return arith(c, [](ir::Builder& b, const Value& x, const Value& y) {
     Value m = b.binary("maximum", x, y);
     Value d = b.unary("negate", b.unary("abs", sub(b, x, y)));
@@ -456,7 +492,8 @@ Registrar reg_lerp("lerp", [](Ctx& c) {
   // PyTorch: weight < 0.5 ? start + w*d : end - (1-w)*d
   Value lo = add(b, vs[0], mul(b, vs[2], d));
   Value hi = sub(b, vs[1], mul(b, sub(b, k(b, 1, vs[2]), vs[2]), d));
-  Value r = b.select(b.compare(b.unary("abs", vs[2]), k(b, 0.5, vs[2]), ir::Cmp::LT), lo, hi);
+  Value aw = b.unary("abs", vs[2]);  // real, also for complex weights
+  Value r = b.select(b.compare(aw, k(b, 0.5, aw), ir::Cmp::LT), lo, hi);
   return std::vector<Value>{b.convert(r, out)};
 });
 

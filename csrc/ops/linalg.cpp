@@ -20,7 +20,12 @@ Registrar reg_mm("mm", plainProduct);
 Registrar reg_bmm("bmm", plainProduct);
 Registrar reg_matmul("matmul", plainProduct);
 Registrar reg_dot("dot", plainProduct);
-Registrar reg_vdot("vdot", plainProduct);
+Registrar reg_vdot("vdot", [](Ctx& c) {  // conjugates its first argument
+  Value x = c.tensor(0), y = c.tensor(1);
+  if (ir::isComplex(x.dtype())) x = c.b.complex(c.b.real(x), c.b.unary("negate", c.b.imag(x)));
+  DType out = outType(c, ir::promote(x.dtype(), y.dtype()));
+  return std::vector<Value>{product(c.b, x, y, out)};
+});
 Registrar reg_mv("mv", plainProduct);
 Registrar reg_inner("inner", [](Ctx& c) {
   Value x = c.tensor(0), y = c.tensor(1);

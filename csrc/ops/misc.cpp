@@ -532,7 +532,8 @@ Registrar reg_renorm("renorm",
                        ir::Builder& b = c.b;
                        Value x = c.tensor(0);
                        double p = c.constScalar(1), maxnorm = c.constScalar(3);
-                       if (std::isnan(p) || p <= 0 || x.rank() == 0) throw ir::Unsupported("renorm arguments");
+                       if (std::isnan(p) || p <= 0 || x.rank() == 0 || ir::isComplex(x.dtype()))
+                         throw ir::Unsupported("renorm arguments");
                        int64_t dim = wrapDim(c.i64(2), x.rank());
                        DType acc = accOf(floatOf(x.dtype()));
                        Value xx = b.convert(x, acc);

@@ -29,7 +29,7 @@ std::vector<Value> sumLike(Ctx& c, bool mean) {
   auto dims = reductionDims(d, x.rank());
   DType out = outType(c, sumType(x.dtype(), dt));
   DType acc = accOf(out);
-  if (mean && !ir::isFloat(acc)) throw ir::Unsupported("mean of an integer tensor");
+  if (mean && !ir::isFloat(acc) && !ir::isComplex(acc)) throw ir::Unsupported("mean of an integer tensor");
   Value r = reduceSum(c.b, c.b.convert(x, acc), dims);
   if (mean) {
     int64_t n = 1;
@@ -178,7 +178,9 @@ std::vector<Value> varStd(Ctx& c, bool take_sqrt, bool with_mean) {
   double corr = c.has(2) ? c.constScalar(2) : 1.0;
   bool keep = c.flagOr(3, false);
   DType out = outType(c, x.dtype());
-  DType acc = accOf(out);
+  // Complex: the mean is complex, the variance the mean of |x - mean|^2.
+  bool cplx = ir::isComplex(x.dtype());
+  DType acc = cplx ? x.dtype() : accOf(out);
   Value xx = c.b.convert(x, acc);
   int64_t n = 1;
   for (auto d : dims) n *= x.shape()[d];
@@ -186,18 +188,23 @@ std::vector<Value> varStd(Ctx& c, bool take_sqrt, bool with_mean) {
   Value mean = div(c.b, sum, full(c.b, static_cast<double>(n), sum));
   Value meank = keepDims(c.b, mean, x.shape(), dims);
   Value d = sub(c.b, xx, c.b.broadcastTo(meank, x.shape()));
-  Value ss = reduceSum(c.b, mul(c.b, d, d), dims);
-  Value denom = c.b.constant(std::max(0.0, static_cast<double>(n) - corr), acc, ss.shape());
+  Value sq = cplx ? add(c.b, mul(c.b, c.b.real(d), c.b.real(d)), mul(c.b, c.b.imag(d), c.b.imag(d))) : mul(c.b, d, d);
+  Value ss = reduceSum(c.b, sq, dims);
+  Value denom = c.b.constant(std::max(0.0, static_cast<double>(n) - corr), ss.dtype(), ss.shape());
   Value var = div(c.b, ss, denom);
   if (take_sqrt) var = c.b.unary("sqrt", var);
   std::vector<Value> r{c.b.convert(finish(c.b, var, x.shape(), dims, keep), out)};
-  if (with_mean) r.push_back(c.b.convert(keep ? meank : mean, out));
+  DType mean_out = c.hasExpected() && c.expected().size() > 1 ? c.expectedAt(1).dtype : out;
+  if (with_mean) r.push_back(c.b.convert(keep ? meank : mean, mean_out));
   return r;
 }
 Registrar reg_var("var", [](Ctx& c) { return varStd(c, false, false); }, {2});
 Registrar reg_std("std", [](Ctx& c) { return varStd(c, true, false); }, {2});
 Registrar reg_var_mean("var_mean", [](Ctx& c) { return varStd(c, false, true); }, {2});
 Registrar reg_std_mean("std_mean", [](Ctx& c) { return varStd(c, true, true); }, {2});
+
+// The norm of complex values is the norm of their moduli.
+Value realMagnitude(ir::Builder& b, const Value& x) { return ir::isComplex(x.dtype()) ? b.unary("abs", x) : x; }
 
 // linalg_vector_norm(self, ord, dim?, keepdim, *, dtype?)
 Value vectorNorm(ir::Builder& b, const Value& x, double ord, const std::vector<int64_t>& dims) {
@@ -220,7 +227,7 @@ Registrar reg_linalg_vector_norm("linalg_vector_norm",
                                    auto dims = reductionDims(c.optInts(2), x.rank());
                                    bool keep = c.flagOr(3, false);
                                    DType out = outType(c, c.optDType(4).value_or(floatOf(x.dtype())));
-                                   Value r = vectorNorm(c.b, c.b.convert(x, accOf(out)), ord, dims);
+                                   Value r = vectorNorm(c.b, c.b.convert(realMagnitude(c.b, x), accOf(out)), ord, dims);
                                    return std::vector<Value>{c.b.convert(finish(c.b, r, x.shape(), dims, keep), out)};
                                  },
                                  {1});
@@ -239,13 +246,14 @@ Registrar reg_norm_for_foreach("norm",
                                  } else {
                                    dims = reductionDims({}, x.rank());
                                  }
-                                 Value r = vectorNorm(c.b, c.b.convert(x, accOf(out)), ord, dims);
+                                 Value r = vectorNorm(c.b, c.b.convert(realMagnitude(c.b, x), accOf(out)), ord, dims);
                                  return std::vector<Value>{c.b.convert(finish(c.b, r, x.shape(), dims, keep), out)};
                                },
                                {1});
 
 Registrar reg_logsumexp("logsumexp", [](Ctx& c) {
   Value x = c.tensor(0);
+  if (ir::isComplex(x.dtype())) throw ir::Unsupported("complex logsumexp");
   auto dims = reductionDims(c.optInts(1), x.rank());
   bool keep = c.flagOr(2, false);
   DType out = outType(c, floatOf(x.dtype()));

@@ -646,6 +646,8 @@ Registrar reg_heaviside("heaviside", [](Ctx& c) {
 });
 
 Registrar reg_angle("angle", [](Ctx& c) {
+  Value z = c.tensor(0);  // complex: atan2(im, re)
+  if (ir::isComplex(z.dtype())) return std::vector<Value>{c.b.binary("atan2", c.b.imag(z), c.b.real(z))};
   return floatUnary(c, [](ir::Builder& b, const Value& x) {
     Value r = b.select(lt(b, x, 0), k(b, M_PI, x), k(b, 0, x));
     return b.select(b.compare(x, x, ir::Cmp::NE), x, r);

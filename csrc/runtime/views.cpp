@@ -47,6 +47,22 @@ ir::Value reinterpret(ir::Builder& b, const ir::Value& v, ir::DType to) {
   if (from == to) return v;
   if (from == DType::Bool) return reinterpret(b, b.convert(v, DType::U8), to);
   if (to == DType::Bool) return b.convert(reinterpret(b, v, DType::U8), DType::Bool);
+  // bitcast_convert rejects complex types: a complex element is its (real,
+  // imag) f32 pair in memory, so go through that pair.
+  if (from == DType::C64) {
+    int64_t n = v.shape()[0];
+    ir::Value re = b.reshape(b.real(v), {n, 1}), im = b.reshape(b.imag(v), {n, 1});
+    return reinterpret(b, b.reshape(b.concatenate({re, im}, 1), {2 * n}), to);
+  }
+  if (to == DType::C64) {
+    ir::Value f = reinterpret(b, v, DType::F32);
+    int64_t m = f.shape()[0] / 2;
+    if (2 * m != f.shape()[0]) f = b.slice(f, {0}, {2 * m}, {1});
+    f = b.reshape(f, {m, 2});
+    ir::Value re = b.reshape(b.slice(f, {0, 0}, {m, 1}, {1, 1}), {m});
+    ir::Value im = b.reshape(b.slice(f, {0, 1}, {m, 2}, {1, 1}), {m});
+    return b.complex(re, im);
+  }
   size_t fs = ir::itemSize(from), ts = ir::itemSize(to);
   int64_t n = v.shape()[0];
   if (fs == ts) return b.bitcast(v, {to, {n}});

@@ -74,6 +74,22 @@ TEST(Views, ReinterpretBytesAsAnotherDtype) {
   EXPECT_EQ(out[1], 0x3F800000);
 }
 
+// complex64 <-> float bytes go through (real, imag) pairs: bitcast_convert
+// rejects complex types.
+TEST(Views, ReinterpretComplexAndBack) {
+  auto ap = filled(6);  // 0..5
+  auto c = runtime::readView(*ap, runtime::ViewGeometry{ir::DType::C64, {3}, {1}, 0});
+  EXPECT_EQ(host(c, 6), (std::vector<float>{0, 1, 2, 3, 4, 5}));  // (0+1j), (2+3j), (4+5j)
+  EXPECT_EQ(ap->dtype(), ir::DType::C64);
+  auto imag = runtime::readView(*ap, runtime::ViewGeometry{ir::DType::F32, {3}, {2}, 1});
+  EXPECT_EQ(host(imag, 3), (std::vector<float>{1, 3, 5}));
+  ensureTyped(*ap, ir::DType::C64);
+  auto bits = runtime::readView(*ap, runtime::ViewGeometry{ir::DType::I32, {2}, {1}, 0});
+  std::vector<int32_t> out(2);
+  runtime::Runtime::get().download(*bits, out.data(), 8);
+  EXPECT_EQ(out[1], 0x3F800000);
+}
+
 TEST(Memory, LimitRaisesOutOfMemory) {
   int64_t limit = runtime::Runtime::get().memoryLimit(0);
   EXPECT_THROW(runtime::DeviceArray(0, static_cast<size_t>(limit) + 1), runtime::OutOfMemory);

@@ -70,7 +70,7 @@ def test_equal_compares_on_the_device_and_rejects_mixed_devices():
     assert not torch.equal(tpu(a), tpu(torch.tensor([1.0, 3.0])))
     assert not torch.equal(tpu(a), tpu(a[:1]))
     assert not torch.equal(tpu(torch.tensor([float("nan")])), tpu(torch.tensor([float("nan")])))
-    with pytest.raises(RuntimeError, match="same device"):
+    with pytest.raises(RuntimeError, match="different devices"):
         torch.equal(tpu(a), a)
 
 
