@@ -150,6 +150,17 @@ Value rotateRows(Builder& b, const Value& x, const Value& c, const Value& s) {
   return b.concatenate({sub(b, mul(b, cb, p), mul(b, sb, q)), add(b, mul(b, sb, p), mul(b, cb, q))}, 1);
 }
 
+// x (B, r, k) @ y (B, k, c).
+Value batchedProduct(Builder& b, const Value& x, const Value& y) {
+  return b.dotGeneral(x, y, {0}, {0}, {2}, {1}, x.dtype());
+}
+
+// Rotations' rounding drifts the columns' lengths (a first-order error in
+// anything read from them): rescale each to unit length.
+Value normalizeColumns(Builder& b, const Value& v) {
+  return safeDiv(b, v, bcast(b, norm2(b, v, 1), v.shape(), {0, 2}));
+}
+
 // Sorts the columns of x (B, r, n) by `key` (B, n): stable, so equal keys
 // permute every matrix the same way.
 Value sortColumns(Builder& b, const Value& key, const Value& x, bool descending) {
@@ -295,7 +306,7 @@ Value completeBasis(Builder& b, const Value& u) {
 // ------------------------------------------------------------------ SVD
 
 struct SvdParts {
-  Value u, s, v;  // u (B, m, n), s (B, n) descending, v (B, n, n); u/v unset without want_uv
+  Value u, s, v;  // u (B, m, n), s (B, n) descending, v (B, n, n); u, v only with want_uv
 };
 
 // One-sided Jacobi on a (B, m, n), m >= n: right rotations V make the
@@ -305,12 +316,12 @@ SvdParts jacobiSvd(Builder& b, const Value& a, bool want_uv) {
   int64_t B = a.shape()[0], m = a.shape()[1], n = a.shape()[2];
   int64_t np = n + (n & 1), h = np / 2;
   Value scale = matrixScale(b, a);
-  Value g = div(b, a, bcast(b, scale, a.shape(), {0}));
+  Value g0 = div(b, a, bcast(b, scale, a.shape(), {0}));
   // An odd n gets a zero column: it never rotates (its dot products are 0).
-  if (np != n) g = b.pad(g, K(b, 0.0, t), {0, 0, 0}, {0, 0, 1}, {0, 0, 0});
+  Value g = np != n ? b.pad(g0, K(b, 0.0, t), {0, 0, 0}, {0, 0, 1}, {0, 0, 0}) : g0;
   double tol = std::max(1.0, std::sqrt(static_cast<double>(m))) * epsOf(t);
-  std::vector<Value> state{b.constantInt(0, DType::I64), K(b, 1.0, t), g};
-  if (want_uv) state.push_back(eye(b, t, B, np, np));
+  // V is always accumulated: the singular values are read from A V.
+  std::vector<Value> state{b.constantInt(0, DType::I64), K(b, 1.0, t), g, eye(b, t, B, np, np)};
   auto out = sweepUntilConverged(b, state, [=](Builder& bb, const std::vector<Value>& st) {
     std::vector<Value> inner(st.begin() + 2, st.end());
     inner.insert(inner.begin(), bb.constant(0.0, t));
@@ -324,7 +335,7 @@ SvdParts jacobiSvd(Builder& b, const Value& a, bool want_uv) {
       auto [c, sn] = jacobiRotation(b2, alpha, beta, gamma, rotate);
       std::vector<Value> next{b2.binary("maximum", s[0], maxAll(b2, rel)),
                               tournament(b2, rotateColumns(b2, G, c, sn), 2)};
-      if (s.size() > 2) next.push_back(tournament(b2, rotateColumns(b2, s[2], c, sn), 2));
+      next.push_back(tournament(b2, rotateColumns(b2, s[2], c, sn), 2));
       return next;
     });
     // Measure > tol means this sweep rotated: run another.
@@ -333,14 +344,17 @@ SvdParts jacobiSvd(Builder& b, const Value& a, bool want_uv) {
     next.insert(next.end(), r.begin() + 1, r.end());
     return next;
   });
-  // Whole sweeps restore the original column order; drop the padding.
-  g = sliceDim(b, out[2], 2, 0, n);
-  Value norms = norm2(b, g, 1);
+  // Whole sweeps restore the original column order; drop the padding. The
+  // singular values are the column norms of A V from the final (unit) V:
+  // accurate to second order in V's error, while the rotated G carries
+  // every rotation's rounding. U comes from the rotated G, whose columns
+  // the sweeps made orthogonal.
+  Value v = normalizeColumns(b, sliceDim(b, sliceDim(b, out[3], 2, 0, n), 1, 0, n));
+  Value norms = norm2(b, batchedProduct(b, g0, v), 1);
   SvdParts res;
   res.s = sortValues(b, mul(b, norms, bcast(b, scale, {B, n}, {0})), true);
   if (want_uv) {
-    Value u = safeDiv(b, g, bcast(b, norms, g.shape(), {0, 2}));
-    Value v = sliceDim(b, sliceDim(b, out[3], 2, 0, n), 1, 0, n);
+    Value u = normalizeColumns(b, sliceDim(b, out[2], 2, 0, n));
     res.u = sortColumns(b, norms, u, true);
     res.v = sortColumns(b, norms, v, true);
   }
@@ -451,15 +465,14 @@ std::pair<Value, Value> jacobiEigh(Builder& b, const Value& a, bool want_v) {
   DType t = a.dtype();
   int64_t B = a.shape()[0], n = a.shape()[1], np = n + (n & 1), h = np / 2;
   Value scale = matrixScale(b, a);
-  Value x = div(b, a, bcast(b, scale, a.shape(), {0}));
+  Value x0 = div(b, a, bcast(b, scale, a.shape(), {0}));
   // An odd n gets a zero row and column: decoupled, it never rotates.
-  if (np != n) x = b.pad(x, K(b, 0.0, t), {0, 0, 0}, {0, 1, 1}, {0, 0, 0});
+  Value x = np != n ? b.pad(x0, K(b, 0.0, t), {0, 0, 0}, {0, 1, 1}, {0, 0, 0}) : x0;
   // Off-diagonal entries below eps * |A|_F are negligible (LAPACK's
   // backward error is of that size too).
   Value fro = b.unary("sqrt", reduceSum(b, mul(b, x, x), {1, 2}));
   Value thr = mul(b, fro, K(b, epsOf(t), t, {B}));
-  std::vector<Value> state{b.constantInt(0, DType::I64), K(b, 1.0, t), x, thr};
-  if (want_v) state.push_back(eye(b, t, B, np, np));
+  std::vector<Value> state{b.constantInt(0, DType::I64), K(b, 1.0, t), x, thr, eye(b, t, B, np, np)};
   auto out = sweepUntilConverged(b, state, [=](Builder& bb, const std::vector<Value>& st) {
     std::vector<Value> inner(st.begin() + 2, st.end());
     inner.insert(inner.begin(), bb.constant(0.0, t));
@@ -484,19 +497,20 @@ std::pair<Value, Value> jacobiEigh(Builder& b, const Value& a, bool want_v) {
       X = b2.select(b2.binary("and", pair, rot2), full(b2, 0.0, X), X);
       Value any = maxAll(b2, b2.convert(rotate, t));
       std::vector<Value> next{b2.binary("maximum", s[0], any), tournament(b2, tournament(b2, X, 1), 2), T};
-      if (s.size() > 3) next.push_back(tournament(b2, rotateColumns(b2, s[3], c, sn), 2));
+      next.push_back(tournament(b2, rotateColumns(b2, s[3], c, sn), 2));
       return next;
     });
     std::vector<Value> next{bb.binary("add", st[0], bb.constantInt(1, DType::I64))};
     next.insert(next.end(), r.begin(), r.end());
     return next;
   });
-  Shape s3{B, np, np};
-  Value X = out[2];
-  Value w = sumDim(b, b.select(b.compare(iotaI(b, s3, 1), iotaI(b, s3, 2), Cmp::EQ), X, full(b, 0.0, X)), 2);
-  w = mul(b, sliceDim(b, w, 1, 0, n), bcast(b, scale, {B, n}, {0}));
-  Value v;
-  if (want_v) v = sortColumns(b, w, sliceDim(b, sliceDim(b, out[4], 2, 0, n), 1, 0, n), false);
+  // Eigenvalues as Rayleigh quotients v^T A v of the final vectors: second
+  // order in the vectors' error, unlike the diagonal, which carries the
+  // rounding of every rotation.
+  Value v = normalizeColumns(b, sliceDim(b, sliceDim(b, out[4], 2, 0, n), 1, 0, n));
+  Value w = sumDim(b, mul(b, v, batchedProduct(b, x0, v)), 1);
+  w = mul(b, w, bcast(b, scale, {B, n}, {0}));
+  if (want_v) v = sortColumns(b, w, v, false);
   return {sortValues(b, w, false), v};
 }
 
