@@ -390,6 +390,62 @@ std::vector<Value> linalgSvd(Ctx& c) {
 }
 Registrar reg_svd("_linalg_svd", linalgSvd);
 
+// linalg_lstsq(A, B, rcond=None, *, driver=None) -> (solution, residuals,
+// rank, singular_values). Every driver solves through the SVD: for full-rank
+// A that is the unique least-squares (m >= n) or minimum-norm (m < n)
+// solution LAPACK's QR-based drivers return; gelsd/gelss drop singular
+// values below rcond * s_max as LAPACK does, gelsy's rank is estimated the
+// same way. Outputs a driver does not compute are empty, as on the CPU.
+std::vector<Value> linalgLstsq(Ctx& c) {
+  Builder& b = c.b;
+  Value A = c.tensor(0), X = c.tensor(1);
+  DType t = checkReal(A, "lstsq");
+  if (X.dtype() != t) throw ir::Unsupported("lstsq with mixed dtypes");
+  std::string driver = c.has(3) ? c.str(3) : "gelsy";
+  int64_t m = A.shape()[A.rank() - 2], n = A.shape()[A.rank() - 1];
+  Shape a_lead(A.shape().begin(), A.shape().end() - 1);
+  bool vec = X.rank() == 1 || (X.rank() == A.rank() - 1 && X.shape() == a_lead);
+  if (vec) {
+    Shape s = X.shape();
+    s.push_back(1);
+    X = b.reshape(X, s);
+  }
+  Batched bt = batchOf(A, 2);
+  if (batchOf(X, 2).batch != bt.batch || X.shape()[X.rank() - 2] != m)
+    throw ir::Unsupported("lstsq with broadcast batch dims");
+  int64_t k = X.shape().back(), B = bt.count, r = std::min(m, n);
+  if (B == 0 || r == 0 || k == 0) throw ir::Unsupported("lstsq with empty inputs");
+  bool svd_driver = driver == "gelsd" || driver == "gelss";
+  // Those drivers return residuals only when every matrix has full rank: a
+  // data-dependent shape.
+  if (svd_driver && m > n) throw ir::Unsupported("lstsq residuals of " + driver);
+  double rcond = c.has(2) ? c.f64(2) : epsOf(t) * static_cast<double>(std::max(m, n));
+  Value a3 = b.reshape(A, {B, m, n}), x3 = b.reshape(X, {B, m, k});
+  bool wide = m < n;
+  SvdParts p = jacobiSvd(b, wide ? swapLast(b, a3) : a3, true);
+  Value U = wide ? p.v : p.u, V = wide ? p.u : p.v;  // (B, m, r), (B, n, r)
+  Value s = p.s;                                     // (B, r) descending
+  Value thr = driver == "gels" ? K(b, 0.0, t, {B, r})
+                               : bcast(b, mul(b, sliceDim(b, s, 1, 0, 1), K(b, rcond, t, {B, 1})), {B, r}, {0, 1});
+  Value keep = b.compare(s, thr, Cmp::GT);
+  Value sinv = b.select(keep, div(b, full(b, 1.0, s), b.select(keep, s, full(b, 1.0, s))), full(b, 0.0, s));
+  Value utb = b.dotGeneral(U, x3, {0}, {0}, {1}, {1}, t);  // (B, r, k)
+  utb = mul(b, utb, bcast(b, sinv, {B, r, k}, {0, 1}));
+  Value sol = batchedProduct(b, V, utb);  // (B, n, k)
+  Shape sol_shape = withBatch(bt.batch, {n, k});
+  if (vec) sol_shape.pop_back();
+  Value residuals = K(b, 0.0, t, {0});
+  if (driver == "gels" && m > n) {
+    Value e = sub(b, batchedProduct(b, a3, sol), x3);
+    residuals = b.reshape(sumDim(b, mul(b, e, e), 1), withBatch(bt.batch, {k}));
+  }
+  Value rank = b.constantInt(0, DType::I64, {0});
+  if (driver != "gels") rank = b.reshape(sumDim(b, b.convert(keep, DType::I64), 1), bt.batch);
+  Value sv = svd_driver ? b.reshape(s, withBatch(bt.batch, {r})) : K(b, 0.0, t, {0});
+  return {b.reshape(sol, sol_shape), residuals, rank, sv};
+}
+Registrar reg_lstsq("linalg_lstsq", linalgLstsq);
+
 // ------------------------------------------------------------------ QR ops
 
 // geqrf(self) -> (a, tau)
