@@ -595,3 +595,49 @@ Registrar reg_eigh("_linalg_eigh", [](Ctx& c) {
 
 }  // namespace
 }  // namespace tpu::ops
+
+namespace tpu::ops {
+namespace {
+
+// linalg_matrix_exp(A): scaling and squaring. Each matrix is scaled by 2^-s
+// so that its 1-norm is at most 2, a degree-18 Taylor polynomial (Horner)
+// approximates exp to far below float32 rounding (2^19/19! ~ 4e-12), and s
+// squarings undo the scaling; s differs per matrix, so the squaring loop
+// runs to the largest and each matrix stops at its own s.
+Registrar reg_matrix_exp("linalg_matrix_exp", [](Ctx& c) {
+  Builder& b = c.b;
+  Value A = c.tensor(0);
+  DType t = checkReal(A, "matrix_exp");
+  if (A.type.numel() == 0) return std::vector<Value>{A};
+  Batched bt = batchOf(A, 2);
+  int64_t B = bt.count, n = A.shape().back();
+  Value a = b.reshape(A, {B, n, n});
+  Value norm1 = reduceMax(b, sumDim(b, b.unary("abs", a), 1), {1});  // (B)
+  Value s = b.unary("ceil", div(b, b.unary("log", div(b, norm1, full(b, 2.0, norm1))), full(b, std::log(2.0), norm1)));
+  // NaN fails the comparison and stays unscaled; inf is capped.
+  s = b.select(b.compare(s, full(b, 0.0, s), Cmp::GT), b.binary("minimum", s, full(b, 100.0, s)), full(b, 0.0, s));
+  // 2^-s built from its exponent bits: exact, unlike exp(-s log 2).
+  bool f64 = t == DType::F64;
+  DType bits = f64 ? DType::I64 : DType::I32;
+  Value si = b.convert(s, bits);
+  Value expo = b.binary("subtract", b.constantInt(f64 ? 1023 : 127, bits, {B}), si);
+  Value pow2 = b.bitcast(b.binary("shift_left", expo, b.constantInt(f64 ? 52 : 23, bits, {B})), Type{t, {B}});
+  Value scaled = mul(b, a, bcast(b, pow2, {B, n, n}, {0}));
+  Value I = eye(b, t, B, n, n);
+  Value e = I;
+  for (int k = 18; k >= 1; --k) e = add(b, I, mul(b, batchedProduct(b, scaled, e), K(b, 1.0 / k, t, {B, n, n})));
+  Value smax = reduceMax(b, si, {0});
+  auto r = b.whileLoop(
+      {b.constantInt(0, bits), e, si, smax},
+      [](Builder& bb, const std::vector<Value>& st) { return std::vector<Value>{bb.compare(st[0], st[3], Cmp::LT)}; },
+      [=](Builder& bb, const std::vector<Value>& st) {
+        Value sq = batchedProduct(bb, st[1], st[1]);
+        Value more = bcast(bb, bb.compare(bb.broadcastTo(st[0], {B}), st[2], Cmp::LT), {B, n, n}, {0});
+        return std::vector<Value>{bb.binary("add", st[0], bb.constantInt(1, bits)), bb.select(more, sq, st[1]), st[2],
+                                  st[3]};
+      });
+  return std::vector<Value>{b.reshape(r[1], A.shape())};
+});
+
+}  // namespace
+}  // namespace tpu::ops

@@ -142,3 +142,15 @@ def test_bad_inputs_raise_like_the_cpu():
             fn(a.to("tpu"))
     with pytest.raises(RuntimeError):
         torch.linalg.svd(rand(3).to("tpu"))
+
+
+def test_matrix_exp():
+    a = rand(2, 4, 4, seed=13) * torch.tensor([0.01, 1.0]).view(2, 1, 1)
+    close(torch.linalg.matrix_exp(a), torch.linalg.matrix_exp(a.to("tpu")))
+    # Large norms (several squarings): against float64, since the CPU's
+    # float32 result itself drifts by more than the float32 tolerance there.
+    a = rand(3, 5, 5, seed=14) * 8
+    ref = torch.linalg.matrix_exp(a.double())
+    out = torch.linalg.matrix_exp(a.to("tpu")).cpu().double()
+    scale = ref.abs().amax(dim=(-2, -1), keepdim=True)
+    assert ((out - ref).abs() / scale).max().item() < 1e-6
