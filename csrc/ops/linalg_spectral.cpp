@@ -305,6 +305,45 @@ Value completeBasis(Builder& b, const Value& u) {
 
 // ------------------------------------------------------------------ SVD
 
+// Sorts `x` (B, n) by `key` (B, n) like sortColumns.
+Value sortColumnsKeyed(Builder& b, const Value& key, const Value& x, bool descending) {
+  return b.sort({key, x}, 1, true, [descending](Builder& bb, const std::vector<Value>& a) {
+    return std::vector<Value>{bb.compare(a[0], a[1], descending ? Cmp::GT : Cmp::LT)};
+  })[1];
+}
+
+// Makes the columns of u (B, m, n) orthonormal when they are not quite:
+// zero columns (a rank-deficient A) or columns of negligible singular
+// values, whose directions are rounding noise. Householder QR orthogonalizes
+// them in order (columns of large singular values first, so those barely
+// move), R's diagonal signs keep the orientation, and a zero column gets a
+// unit vector orthogonal to the others. The loop runs once, and only when
+// some matrix's U^T U is off the identity by more than `tol`.
+Value orthonormalizeColumns(Builder& b, const Value& u, double tol) {
+  int64_t B = u.shape()[0], n = u.shape()[2];
+  DType t = u.dtype();
+  Value gram = b.dotGeneral(u, u, {0}, {0}, {1}, {1}, t);
+  Value off = maxAll(b, b.unary("abs", sub(b, gram, eye(b, t, B, n, n))));
+  auto r = b.whileLoop(
+      {b.constantInt(0, DType::I64), u, off},
+      [tol](Builder& bb, const std::vector<Value>& st) {
+        Value first = bb.compare(st[0], bb.constantInt(0, DType::I64), Cmp::EQ);
+        return std::vector<Value>{bb.binary("and", first, bb.compare(st[2], bb.constant(tol, st[2].dtype()), Cmp::GT))};
+      },
+      [n, B](Builder& bb, const std::vector<Value>& st) {
+        auto [a, tau] = geqrf(bb, st[1]);
+        Value q = householderProduct(bb, a, tau, n);
+        Shape s3{B, n, n};
+        Value top = sliceDim(bb, a, 1, 0, n);  // R's diagonal, (B, n)
+        Value d =
+            sumDim(bb, bb.select(bb.compare(iotaI(bb, s3, 1), iotaI(bb, s3, 2), Cmp::EQ), top, full(bb, 0.0, top)), 1);
+        Value sgn = bb.select(bb.compare(d, full(bb, 0.0, d), Cmp::LT), full(bb, -1.0, d), full(bb, 1.0, d));
+        q = mul(bb, q, bcast(bb, sgn, q.shape(), {0, 2}));
+        return std::vector<Value>{bb.constantInt(1, DType::I64), q, st[2]};
+      });
+  return r[1];
+}
+
 struct SvdParts {
   Value u, s, v;  // u (B, m, n), s (B, n) descending, v (B, n, n); u, v only with want_uv
 };
@@ -352,11 +391,21 @@ SvdParts jacobiSvd(Builder& b, const Value& a, bool want_uv) {
   Value v = normalizeColumns(b, sliceDim(b, sliceDim(b, out[3], 2, 0, n), 1, 0, n));
   Value norms = norm2(b, batchedProduct(b, g0, v), 1);
   SvdParts res;
-  res.s = sortValues(b, mul(b, norms, bcast(b, scale, {B, n}, {0})), true);
+  Value s = mul(b, norms, bcast(b, scale, {B, n}, {0}));
+  if (!want_uv) res.s = sortValues(b, s, true);
+  double noise = static_cast<double>(std::max(m, n)) * epsOf(t);
   if (want_uv) {
-    Value u = normalizeColumns(b, sliceDim(b, out[2], 2, 0, n));
-    res.u = sortColumns(b, norms, u, true);
-    res.v = sortColumns(b, norms, v, true);
+    // Columns of G at rounding-noise level carry no direction: zero them
+    // and sort them last, for orthonormalizeColumns to replace.
+    Value g = sliceDim(b, out[2], 2, 0, n);
+    Value gn = norm2(b, g, 1);
+    Value floor = mul(b, bcast(b, reduceMax(b, gn, {1}), {B, n}, {0}), K(b, noise, t, {B, n}));
+    Value null = b.compare(gn, floor, Cmp::LE);
+    Value key = b.select(null, K(b, -1.0, t, {B, n}), norms);
+    Value u = b.select(bcast(b, null, g.shape(), {0, 2}), full(b, 0.0, g), normalizeColumns(b, g));
+    res.u = orthonormalizeColumns(b, sortColumns(b, key, u, true), noise * 8);
+    res.v = sortColumns(b, key, v, true);
+    res.s = sortColumnsKeyed(b, key, s, true);
   }
   return res;
 }

@@ -56,6 +56,16 @@ def test_svdvals_and_friends():
     close(torch.linalg.pinv(s), torch.linalg.pinv(s.to("tpu")), rtol=1e-4, atol=1e-4)
 
 
+def test_svd_rank_deficient_bases_stay_orthonormal():
+    # Zero and noise-level singular values: U still orthonormal, A rebuilt.
+    a = torch.stack([torch.zeros(6, 4), rand(6, 2, seed=15) @ rand(2, 4, seed=16)])
+    u, s, vh = (x.cpu() for x in torch.linalg.svd(a.to("tpu"), full_matrices=True))
+    torch.testing.assert_close(s, torch.linalg.svdvals(a), **TOL)
+    torch.testing.assert_close(u.mT @ u, torch.eye(6).expand(2, 6, 6), rtol=0, atol=1e-5)
+    torch.testing.assert_close(vh @ vh.mT, torch.eye(4).expand(2, 4, 4), rtol=0, atol=1e-5)
+    torch.testing.assert_close((u[..., :4] * s.unsqueeze(-2)) @ vh, a, rtol=0, atol=1e-5)
+
+
 @pytest.mark.parametrize("shape", [(0, 3), (3, 0), (0, 3, 2)])
 def test_svd_empty(shape):
     a = torch.zeros(shape)
