@@ -150,9 +150,11 @@ Value rotateRows(Builder& b, const Value& x, const Value& c, const Value& s) {
   return b.concatenate({sub(b, mul(b, cb, p), mul(b, sb, q)), add(b, mul(b, sb, p), mul(b, cb, q))}, 1);
 }
 
-// x (B, r, k) @ y (B, k, c).
+// x (B, r, k) @ y (B, k, c) at full float32 precision: these products feed
+// singular values, eigenvalues and reflector updates, which a bf16/tf32
+// default on an accelerator would ruin.
 Value batchedProduct(Builder& b, const Value& x, const Value& y) {
-  return b.dotGeneral(x, y, {0}, {0}, {2}, {1}, x.dtype());
+  return b.dotGeneral(x, y, {0}, {0}, {2}, {1}, x.dtype(), "HIGHEST");
 }
 
 // Rotations' rounding drifts the columns' lengths (a first-order error in
@@ -322,7 +324,7 @@ Value sortColumnsKeyed(Builder& b, const Value& key, const Value& x, bool descen
 Value orthonormalizeColumns(Builder& b, const Value& u, double tol) {
   int64_t B = u.shape()[0], n = u.shape()[2];
   DType t = u.dtype();
-  Value gram = b.dotGeneral(u, u, {0}, {0}, {1}, {1}, t);
+  Value gram = b.dotGeneral(u, u, {0}, {0}, {1}, {1}, t, "HIGHEST");
   Value off = maxAll(b, b.unary("abs", sub(b, gram, eye(b, t, B, n, n))));
   auto r = b.whileLoop(
       {b.constantInt(0, DType::I64), u, off},
@@ -478,7 +480,7 @@ std::vector<Value> linalgLstsq(Ctx& c) {
                                : bcast(b, mul(b, sliceDim(b, s, 1, 0, 1), K(b, rcond, t, {B, 1})), {B, r}, {0, 1});
   Value keep = b.compare(s, thr, Cmp::GT);
   Value sinv = b.select(keep, div(b, full(b, 1.0, s), b.select(keep, s, full(b, 1.0, s))), full(b, 0.0, s));
-  Value utb = b.dotGeneral(U, x3, {0}, {0}, {1}, {1}, t);  // (B, r, k)
+  Value utb = b.dotGeneral(U, x3, {0}, {0}, {1}, {1}, t, "HIGHEST");  // (B, r, k)
   utb = mul(b, utb, bcast(b, sinv, {B, r, k}, {0, 1}));
   Value sol = batchedProduct(b, V, utb);  // (B, n, k)
   Shape sol_shape = withBatch(bt.batch, {n, k});
