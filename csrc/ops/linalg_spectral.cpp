@@ -465,10 +465,23 @@ std::vector<Value> linalgLstsq(Ctx& c) {
   if (batchOf(X, 2).batch != bt.batch || X.shape()[X.rank() - 2] != m)
     throw ir::Unsupported("lstsq with broadcast batch dims");
   int64_t k = X.shape().back(), B = bt.count, r = std::min(m, n);
-  if (B == 0 || r == 0 || k == 0) throw ir::Unsupported("lstsq with empty inputs");
   bool svd_driver = driver == "gelsd" || driver == "gelss";
-  // Those drivers return residuals only when every matrix has full rank: a
-  // data-dependent shape.
+  Shape sol_shape = withBatch(bt.batch, {n, k});
+  if (vec) sol_shape.pop_back();
+  if (B == 0 || r == 0 || k == 0) {  // nothing to solve: a zero solution
+    // As on the CPU: gels reports zero residuals for an empty A, the SVD
+    // drivers |B|^2 (an empty A has full rank).
+    Value residuals = K(b, 0.0, t, {0});
+    if (m > n && driver != "gelsy") {
+      residuals = sumDim(b, mul(b, X, X), X.rank() - 2);
+      if (driver == "gels") residuals = full(b, 0.0, residuals);
+    }
+    Value rank = driver == "gels" ? b.constantInt(0, DType::I64, {0}) : b.constantInt(0, DType::I64, bt.batch);
+    Value sv = svd_driver ? K(b, 0.0, t, withBatch(bt.batch, {r})) : K(b, 0.0, t, {0});
+    return {K(b, 0.0, t, sol_shape), residuals, rank, sv};
+  }
+  // The SVD drivers return residuals only when every matrix has full rank:
+  // a data-dependent shape.
   if (svd_driver && m > n) throw ir::Unsupported("lstsq residuals of " + driver);
   double rcond = c.has(2) ? c.f64(2) : epsOf(t) * static_cast<double>(std::max(m, n));
   Value a3 = b.reshape(A, {B, m, n}), x3 = b.reshape(X, {B, m, k});
@@ -483,8 +496,6 @@ std::vector<Value> linalgLstsq(Ctx& c) {
   Value utb = b.dotGeneral(U, x3, {0}, {0}, {1}, {1}, t, "HIGHEST");  // (B, r, k)
   utb = mul(b, utb, bcast(b, sinv, {B, r, k}, {0, 1}));
   Value sol = batchedProduct(b, V, utb);  // (B, n, k)
-  Shape sol_shape = withBatch(bt.batch, {n, k});
-  if (vec) sol_shape.pop_back();
   Value residuals = K(b, 0.0, t, {0});
   if (driver == "gels" && m > n) {
     Value e = sub(b, batchedProduct(b, a3, sol), x3);

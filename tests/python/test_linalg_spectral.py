@@ -133,6 +133,17 @@ def test_lstsq(driver, m, n):
         close(r, o, rtol=1e-4, atol=1e-5)
 
 
+def test_lstsq_empty():
+    for driver in ("gels", "gelsy", "gelsd"):
+        for sa, sb in (((3, 0), (3, 2)), ((0, 3), (0, 2)), ((2, 0, 3, 2), (2, 0, 3, 2))):
+            a, b = torch.randn(sa), torch.randn(sb)
+            ref = torch.linalg.lstsq(a, b, driver=driver)
+            out = torch.linalg.lstsq(a.to("tpu"), b.to("tpu"), driver=driver)
+            for r, o in zip(ref, out):
+                assert r.shape == o.shape and r.dtype == o.dtype
+                close(r, o)
+
+
 def test_gradients():
     a = rand(4, 3, seed=12)
     at = a.to("tpu").requires_grad_()
