@@ -418,6 +418,11 @@ std::vector<Value> linalgSvd(Ctx& c) {
   Value A = c.tensor(0);
   DType t = checkReal(A, "svd");
   bool full_m = c.flagOr(1, false), uv = c.flagOr(2, true);
+  // PyTorch accepts a driver only for cuSOLVER; the CPU raises, and so do we.
+  if (c.has(3))
+    throw std::runtime_error(
+        "torch.linalg.svd: keyword argument `driver=` is only supported on CUDA inputs with "
+        "cuSOLVER backend.");
   Batched bt = batchOf(A, 2);
   int64_t B = bt.count, m = A.shape()[A.rank() - 2], n = A.shape()[A.rank() - 1], k = std::min(m, n);
   auto zerosOf = [&](size_t i) { return b.zeros(c.expectedAt(i)); };

@@ -163,6 +163,8 @@ def test_bad_inputs_raise_like_the_cpu():
             fn(a.to("tpu"))
     with pytest.raises(RuntimeError):
         torch.linalg.svd(rand(3).to("tpu"))
+    with pytest.raises(RuntimeError, match="driver"):  # cuSOLVER only, as on the CPU
+        torch.linalg.svd(rand(3, 3).to("tpu"), driver="gesvd")
 
 
 def test_matrix_exp():
