@@ -3,7 +3,8 @@
 // eigendecomposition by two-sided Jacobi, both with a parallel
 // (round-robin) pair ordering so that each step rotates n/2 disjoint pairs
 // with elementwise ops only; Householder QR (geqrf, orgqr, ormqr) with
-// LAPACK's sign convention so Q and R match the CPU's.
+// LAPACK's sign convention so Q and R match the CPU's; least squares
+// through the SVD; the matrix exponential by scaling and squaring.
 #include <algorithm>
 #include <cmath>
 
@@ -88,7 +89,6 @@ Value hypot(Builder& b, const Value& x, const Value& y) {
 Value norm2(Builder& b, const Value& v, int64_t d) {
   Value a = b.unary("abs", v);
   Value mx = reduceMax(b, a, {d});
-  Shape rs = v.shape();
   std::vector<int64_t> keep;
   for (int i = 0; i < v.rank(); ++i)
     if (i != d) keep.push_back(i);
@@ -151,8 +151,8 @@ Value rotateRows(Builder& b, const Value& x, const Value& c, const Value& s) {
 }
 
 // x (B, r, k) @ y (B, k, c) at full float32 precision: these products feed
-// singular values, eigenvalues and reflector updates, which a bf16/tf32
-// default on an accelerator would ruin.
+// singular values, eigenvalues, least-squares solutions and matrix
+// exponentials, which a bf16/tf32 default on an accelerator would ruin.
 Value batchedProduct(Builder& b, const Value& x, const Value& y) {
   return b.dotGeneral(x, y, {0}, {0}, {2}, {1}, x.dtype(), "HIGHEST");
 }
@@ -168,6 +168,12 @@ Value normalizeColumns(Builder& b, const Value& v) {
 Value sortColumns(Builder& b, const Value& key, const Value& x, bool descending) {
   Value kb = bcast(b, key, x.shape(), {0, 2});
   return b.sort({kb, x}, 2, true, [descending](Builder& bb, const std::vector<Value>& a) {
+    return std::vector<Value>{bb.compare(a[0], a[1], descending ? Cmp::GT : Cmp::LT)};
+  })[1];
+}
+// Sorts `x` (B, n) by `key` (B, n), permuting like sortColumns.
+Value sortByKey(Builder& b, const Value& key, const Value& x, bool descending) {
+  return b.sort({key, x}, 1, true, [descending](Builder& bb, const std::vector<Value>& a) {
     return std::vector<Value>{bb.compare(a[0], a[1], descending ? Cmp::GT : Cmp::LT)};
   })[1];
 }
@@ -307,13 +313,6 @@ Value completeBasis(Builder& b, const Value& u) {
 
 // ------------------------------------------------------------------ SVD
 
-// Sorts `x` (B, n) by `key` (B, n) like sortColumns.
-Value sortColumnsKeyed(Builder& b, const Value& key, const Value& x, bool descending) {
-  return b.sort({key, x}, 1, true, [descending](Builder& bb, const std::vector<Value>& a) {
-    return std::vector<Value>{bb.compare(a[0], a[1], descending ? Cmp::GT : Cmp::LT)};
-  })[1];
-}
-
 // Makes the columns of u (B, m, n) orthonormal when they are not quite:
 // zero columns (a rank-deficient A) or columns of negligible singular
 // values, whose directions are rounding noise. Householder QR orthogonalizes
@@ -351,7 +350,7 @@ struct SvdParts {
 };
 
 // One-sided Jacobi on a (B, m, n), m >= n: right rotations V make the
-// columns of G = A V orthogonal; then s = |g_j|, u_j = g_j / s_j.
+// columns of G = A V orthogonal; then s_j = |A v_j| and u_j = g_j / |g_j|.
 SvdParts jacobiSvd(Builder& b, const Value& a, bool want_uv) {
   DType t = a.dtype();
   int64_t B = a.shape()[0], m = a.shape()[1], n = a.shape()[2];
@@ -394,9 +393,10 @@ SvdParts jacobiSvd(Builder& b, const Value& a, bool want_uv) {
   Value norms = norm2(b, batchedProduct(b, g0, v), 1);
   SvdParts res;
   Value s = mul(b, norms, bcast(b, scale, {B, n}, {0}));
-  if (!want_uv) res.s = sortValues(b, s, true);
   double noise = static_cast<double>(std::max(m, n)) * epsOf(t);
-  if (want_uv) {
+  if (!want_uv) {
+    res.s = sortValues(b, s, true);
+  } else {
     // Columns of G at rounding-noise level carry no direction: zero them
     // and sort them last, for orthonormalizeColumns to replace.
     Value g = sliceDim(b, out[2], 2, 0, n);
@@ -407,7 +407,7 @@ SvdParts jacobiSvd(Builder& b, const Value& a, bool want_uv) {
     Value u = b.select(bcast(b, null, g.shape(), {0, 2}), full(b, 0.0, g), normalizeColumns(b, g));
     res.u = orthonormalizeColumns(b, sortColumns(b, key, u, true), noise * 8);
     res.v = sortColumns(b, key, v, true);
-    res.s = sortColumnsKeyed(b, key, s, true);
+    res.s = sortByKey(b, key, s, true);
   }
   return res;
 }
