@@ -489,6 +489,9 @@ std::vector<Value> linalgLstsq(Ctx& c) {
   // a data-dependent shape.
   if (svd_driver && m > n) throw ir::Unsupported("lstsq residuals of " + driver);
   double rcond = c.has(2) ? c.f64(2) : epsOf(t) * static_cast<double>(std::max(m, n));
+  // A negative rcond means machine precision to gelsd/gelss; gelsy then
+  // truncates nothing.
+  if (rcond < 0) rcond = driver == "gelsy" ? 0.0 : epsOf(t);
   Value a3 = b.reshape(A, {B, m, n}), x3 = b.reshape(X, {B, m, k});
   bool wide = m < n;
   SvdParts p = jacobiSvd(b, wide ? swapLast(b, a3) : a3, true);
