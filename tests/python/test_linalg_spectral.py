@@ -177,3 +177,17 @@ def test_matrix_exp():
     out = torch.linalg.matrix_exp(a.to("tpu")).cpu().double()
     scale = ref.abs().amax(dim=(-2, -1), keepdim=True)
     assert ((out - ref).abs() / scale).max().item() < 1e-6
+
+
+def test_float64():
+    a = rand(5, 4, seed=17).double()
+    s0 = torch.linalg.svdvals(a)
+    close(s0, torch.linalg.svdvals(a.to("tpu")), rtol=1e-12, atol=1e-12)
+    w0, v0 = torch.linalg.eigh(a[:4])
+    w, v = torch.linalg.eigh(a[:4].to("tpu"))
+    close(w0, w, rtol=1e-12, atol=1e-12)
+    close(v0.abs(), v.abs(), rtol=1e-10, atol=1e-10)
+    q0, r0 = torch.linalg.qr(a)
+    q, r = torch.linalg.qr(a.to("tpu"))
+    close(q0, q, rtol=1e-12, atol=1e-12)
+    close(r0, r, rtol=1e-12, atol=1e-12)
