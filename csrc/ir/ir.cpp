@@ -597,7 +597,7 @@ std::vector<Value> Builder::reduceWindow(const std::vector<Value>& inputs, const
 
 Value Builder::dotGeneral(const Value& lhs, const Value& rhs, const std::vector<int64_t>& lb,
                           const std::vector<int64_t>& rb, const std::vector<int64_t>& lc,
-                          const std::vector<int64_t>& rc, DType out) {
+                          const std::vector<int64_t>& rc, DType out, const char* precision) {
   Shape s;
   for (auto d : lb) s.push_back(lhs.shape()[d]);
   auto contains = [](const std::vector<int64_t>& v, int64_t x) {
@@ -618,6 +618,11 @@ Value Builder::dotGeneral(const Value& lhs, const Value& rhs, const std::vector<
   if (!rc.empty()) parts.push_back("rhs_contracting_dimensions = " + list(rc));
   for (size_t i = 0; i < parts.size(); ++i) dn += (i ? ", " : "") + parts[i];
   dn += ">";
+  // An explicit precision (e.g. HIGHEST) keeps float32 products exact where
+  // the default would let an accelerator round them to bf16/tf32.
+  if (precision)
+    dn += std::string(", precision_config = [#stablehlo<precision ") + precision + ">, #stablehlo<precision " +
+          precision + ">]";
   emitLine(ref(r) + " = \"stablehlo.dot_general\"(" + ref(lhs) + ", " + ref(rhs) + ") {dot_dimension_numbers = " + dn +
            "} : (" + lhs.type.str() + ", " + rhs.type.str() + ") -> " + r.type.str());
   return r;

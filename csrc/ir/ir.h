@@ -114,7 +114,7 @@ class Builder {
                                   const std::vector<std::pair<int64_t, int64_t>>& padding, const BodyFn& body);
   Value dotGeneral(const Value& lhs, const Value& rhs, const std::vector<int64_t>& lhs_batch,
                    const std::vector<int64_t>& rhs_batch, const std::vector<int64_t>& lhs_contract,
-                   const std::vector<int64_t>& rhs_contract, DType out);
+                   const std::vector<int64_t>& rhs_contract, DType out, const char* precision = nullptr);
   struct ConvDims {
     // Dimension numbers for N-d convolution; spatial dims listed in order.
     int64_t in_batch = 0, in_feature = 1;
