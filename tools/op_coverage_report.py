@@ -185,7 +185,8 @@ def write_md(path, meta, by_variant):
       "uninitialised results are compared on shapes and dtypes only: "
       + ", ".join(meta_only) + ", and dropout samples of scaled_dot_product_attention and "
       "multi_head_attention_forward. sort/argsort (stable=False) and topk accept "
-      "indices of equal values in another order"
+      "indices of equal values in another order, and mode/kthvalue any index of the selected value "
+      "(PyTorch leaves both unspecified)"
       + (f" (needed by: {', '.join(ties)})." if ties else "."))
     w("")
     w("## Summary")

@@ -368,13 +368,14 @@ def _aggregate(outcomes, status_prefix, fallbacks):
     return status_prefix + status, msg, counts
 
 
-TIE_OPS = ("sort", "argsort", "topk")
+TIE_OPS = ("sort", "argsort", "topk", "mode", "kthvalue")
 
 
 def _tie_equivalent(variant, sample, ref, out):
     """sort/argsort (stable=False) and topk may order the indices of equal values
-    differently: the result is right if the values match and the tpu indices pick the
-    same values from the input as the CPU's."""
+    differently, and mode/kthvalue may return any index of the selected value (PyTorch
+    leaves it unspecified; the CPU's depends on its unstable sort): the result is right if
+    the values match and the tpu indices pick the same values from the input as the CPU's."""
     import torch
 
     name = variant.split(".")[0]
@@ -386,6 +387,16 @@ def _tie_equivalent(variant, sample, ref, out):
             dim = kwargs.get("dim", args[0] if args else -1)
         elif name == "topk":
             dim = kwargs.get("dim", args[1] if len(args) > 1 else -1)
+        elif name in ("mode", "kthvalue"):
+            at = 0 if name == "mode" else 1
+            dim = kwargs.get("dim", args[at] if len(args) > at else -1)
+            keep = kwargs.get("keepdim", args[at + 1] if len(args) > at + 1 else False)
+            if not isinstance(inp, torch.Tensor) or inp.dim() == 0:
+                return False
+            torch.testing.assert_close(out[0], ref[0], equal_nan=True)
+            ri, oi = (ref[1], out[1]) if keep else (ref[1].unsqueeze(dim), out[1].unsqueeze(dim))
+            torch.testing.assert_close(inp.gather(dim, oi), inp.gather(dim, ri), equal_nan=True)
+            return True
         else:
             return False
         if not isinstance(inp, torch.Tensor) or inp.dim() == 0:

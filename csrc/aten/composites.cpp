@@ -38,11 +38,35 @@ at::Tensor repeat_interleave(const at::Tensor& repeats, std::optional<c10::SymIn
                           /*right=*/true);
 }
 
+// bincount(self, weights?, minlength): the length (max + 1) is read back
+// together with PyTorch's checks (non-negative input) in one transfer; the
+// counting is a device scatter-add (index_add).
+at::Tensor bincount(const at::Tensor& self, const std::optional<at::Tensor>& weights, int64_t minlength) {
+  TORCH_CHECK(minlength >= 0, "minlength should be >= 0");
+  TORCH_CHECK(self.dim() == 1 && !c10::isFloatingType(self.scalar_type()) && self.scalar_type() != at::kBool,
+              "bincount only supports 1-d non-negative integral inputs.");
+  bool has_w = weights && weights->defined();
+  TORCH_CHECK(!has_w || (weights->dim() == 1 && weights->size(0) == self.size(0)),
+              "weights should be 1-d and have the same length as input");
+  at::ScalarType out_t = has_w ? (weights->scalar_type() == at::kFloat ? at::kFloat : at::kDouble) : at::kLong;
+  int64_t len = minlength;
+  if (self.numel() > 0) {
+    at::Tensor stats = at::stack({self.max().to(at::kLong), self.min().to(at::kLong)}).cpu();
+    TORCH_CHECK(stats[1].item<int64_t>() >= 0, "bincount only supports 1-d non-negative integral inputs.");
+    len = std::max(len, stats[0].item<int64_t>() + 1);
+  }
+  at::Tensor out = at::zeros({len}, self.options().dtype(out_t));
+  if (self.numel() == 0) return out;
+  at::Tensor src = has_w ? weights->to(out_t) : at::ones({self.size(0)}, self.options().dtype(out_t));
+  return out.index_add_(0, self.to(at::kLong), src);
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("_efficientzerotensor", efficient_zero_tensor);
   m.impl("repeat_interleave.Tensor", repeat_interleave);
+  m.impl("bincount", bincount);
 }
 
 }  // namespace tpu::aten

@@ -401,6 +401,50 @@ Registrar reg_copysign("copysign", [](Ctx& c) {
   return std::vector<Value>{b.convert(b.select(neg, b.unary("negate", a), a), out)};
 });
 
+// gcd by Euclid's algorithm, all elements in one while loop (each stops when
+// its remainder is 0); lcm = |a / gcd(a, b) * b|, 0 when gcd is 0.
+Value gcdOf(ir::Builder& b, const Value& x, const Value& y) {
+  Type t = x.type;
+  Value zero = b.zeros(t);
+  auto st = b.whileLoop(
+      {b.unary("abs", x), b.unary("abs", y)},
+      [](ir::Builder& bb, const std::vector<Value>& s) {
+        Value nz = bb.compare(s[1], bb.zeros(s[1].type), ir::Cmp::NE);
+        std::vector<int64_t> all;
+        for (int i = 0; i < s[1].rank(); ++i) all.push_back(i);
+        Value any = all.empty() ? nz
+                                : bb.reduce({nz}, {bb.constantInt(0, DType::Bool)}, all,
+                                            [](ir::Builder& r, const std::vector<Value>& a) {
+                                              return std::vector<Value>{r.binary("or", a[0], a[1])};
+                                            })[0];
+        return std::vector<Value>{any};
+      },
+      [](ir::Builder& bb, const std::vector<Value>& s) {
+        Value z = bb.zeros(s[1].type);
+        Value nz = bb.compare(s[1], z, ir::Cmp::NE);
+        Value safe = bb.select(nz, s[1], bb.constantInt(1, s[1].dtype(), s[1].shape()));
+        Value r = bb.binary("remainder", s[0], safe);
+        return std::vector<Value>{bb.select(nz, s[1], s[0]), bb.select(nz, r, z)};
+      });
+  (void)zero;
+  return st[0];
+}
+std::vector<Value> gcdLcm(Ctx& c, bool lcm) {
+  DType t = resultType(c, {0, 1});
+  if (!ir::isInt(t)) throw ir::Unsupported("gcd/lcm of a non-integer tensor");
+  ir::Builder& b = c.b;
+  auto vs = broadcastAll(b, {b.convert(c.tensor(0), t), b.convert(c.tensor(1), t)});
+  Value g = gcdOf(b, vs[0], vs[1]);
+  if (!lcm) return {g};
+  Value z = b.zeros(g.type);
+  Value nz = b.compare(g, z, ir::Cmp::NE);
+  Value safe = b.select(nz, g, b.constantInt(1, t, g.shape()));
+  Value l = b.unary("abs", mul(b, b.binary("divide", vs[0], safe), vs[1]));
+  return {b.select(nz, l, z)};
+}
+Registrar reg_gcd("gcd", [](Ctx& c) { return gcdLcm(c, false); });
+Registrar reg_lcm("lcm", [](Ctx& c) { return gcdLcm(c, true); });
+
 std::vector<Value> bitwise(Ctx& c, const char* op) {
   DType t = resultType(c, {0, 1});
   auto vs = broadcastAll(c.b, {c.b.convert(c.tensor(0), t), c.b.convert(c.tensor(1), t)});

@@ -397,8 +397,8 @@ Registrar reg_kthvalue("kthvalue", [](Ctx& c) {
   }
   int64_t dim = wrapDim(c.i64Or(2, -1), x.rank());
   if (k < 1 || k > x.shape()[dim]) throw ir::Unsupported("kthvalue: k out of range");
-  // PyTorch's selection picks an unspecified index among ties (common in ints).
-  if (!ir::isFloat(x.dtype())) throw ir::Unsupported("kthvalue of an integer tensor");
+  // Among equal values PyTorch leaves the index unspecified; this is the
+  // position in a stable sort.
   auto s = sortAlong(c, x, dim);
   Shape start(x.rank(), 0), limit = x.shape(), strides(x.rank(), 1);
   start[dim] = k - 1;

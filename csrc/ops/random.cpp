@@ -258,9 +258,11 @@ Registrar reg_native_dropout_backward("native_dropout_backward", [](Ctx& c) {
   Value g = c.tensor(0), m = c.tensor(1);
   double scale = c.f64(2);
   ir::Builder& b = c.b;
-  DType acc = accOf(g.dtype());
+  // grad * mask * scale: a bool grad promotes to float with the scale.
+  DType out = outType(c, g.dtype());
+  DType acc = accOf(out);
   Value gm = mul(b, b.convert(g, acc), b.convert(m, acc));
-  return std::vector<Value>{b.convert(mul(b, gm, b.constant(scale, acc, g.shape())), g.dtype())};
+  return std::vector<Value>{b.convert(mul(b, gm, b.constant(scale, acc, g.shape())), out)};
 });
 
 }  // namespace

@@ -189,3 +189,20 @@ def test_eval_batch_norm_statistics_are_empty_like_the_cpu():
 def test_sum_with_dim_none_keeps_dims():
     m = torch.ones(2, 3, 4, dtype=torch.bool)
     close(torch.sum(tpu(m), dim=None, keepdim=True), torch.sum(m, dim=None, keepdim=True))
+
+
+def test_bincount_gcd_lcm_and_bincount_errors():
+    x = torch.tensor([1, 3, 3, 0, 7])
+    for w in (None, torch.tensor([0.5, 1.0, 2.0, 1.0, 3.0]), torch.tensor([1, 2, 3, 4, 5])):
+        ref = torch.bincount(x, w, minlength=10)
+        out = torch.bincount(tpu(x), None if w is None else tpu(w), minlength=10)
+        assert out.dtype == ref.dtype
+        close(out, ref)
+    close(torch.bincount(tpu(torch.tensor([], dtype=torch.int64)), minlength=3),
+          torch.bincount(torch.tensor([], dtype=torch.int64), minlength=3))
+    with pytest.raises(RuntimeError, match="non-negative"):
+        torch.bincount(tpu(torch.tensor([-1, 2])))
+    a = torch.tensor([0, 12, -18, 7, 0, 2**40])
+    b = torch.tensor([0, 8, 12, -21, 5, 6])
+    close(torch.gcd(tpu(a), tpu(b)), torch.gcd(a, b))
+    close(torch.lcm(tpu(a), tpu(b)), torch.lcm(a, b))
