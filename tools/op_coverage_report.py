@@ -8,12 +8,16 @@ docs/op_coverage.json (per (variant, dtype) status and message) and docs/op_cove
 
 from __future__ import annotations
 
+
 import argparse
 import json
 import os
 import re
 import sys
 from collections import Counter, defaultdict
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import opinfo_tolerances  # noqa: E402
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 COLUMNS = ("float32", "bfloat16", "int64", "bool", "grad")
@@ -271,6 +275,9 @@ def write_md(path, meta, by_variant):
                         f"{k} {n}" for k, n in sorted(e["samples"].items())) + ")"
                 msg = e.get("message", "").replace("`", "'")
                 w(f"  - {c}: `{msg}`{extra}")
+                cause = opinfo_tolerances.known_cause(v, c) if status == "mismatch" else None
+                if cause:
+                    w(f"    - cause: {cause}")
         w("")
 
     overrides = [(v, c, e["tolerance_override"]) for v, cols in by_variant.items() for c, e in cols.items()

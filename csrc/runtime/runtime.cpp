@@ -241,6 +241,7 @@ std::shared_ptr<Program> Runtime::compile(const ir::Builder& b, const std::strin
   prog->param_types = b.paramTypes();
   for (const auto& v : b.outputs()) prog->out_types.push_back(v.type);
   prog->op_count = b.opCount();
+  prog->synchronous = text.find("stablehlo.fft") != std::string::npos;
   std::string key = disk_->enabled() ? DiskCache::key(text, identity_, options_) : "";
   if (disk_->enabled()) {
     if (auto payload = disk_->load(key)) {

@@ -215,12 +215,13 @@ std::vector<BufferPtr> execute(const Program& p, const std::vector<BufferPtr>& i
   raw.reserve(inputs.size());
   for (const auto& b : inputs) raw.push_back(b->raw());
   std::shared_ptr<pjrt::Event> done;
-  auto outs = p.exe->execute(raw, Runtime::get().device(device), g_blocking ? nullptr : &done);
+  bool sync = g_blocking || p.synchronous;
+  auto outs = p.exe->execute(raw, Runtime::get().device(device), sync ? nullptr : &done);
   metrics().executions++;
   std::vector<BufferPtr> result;
   result.reserve(outs.size());
   for (auto& o : outs) result.emplace_back(std::move(o));
-  if (g_blocking) {
+  if (g_blocking || p.synchronous) {
     for (const auto& r : result) r->awaitReady();
   } else {
     trackPending(device, std::move(done));
