@@ -61,6 +61,11 @@ from . import _patches  # noqa: E402
 
 _patches.install()
 
+if "torch._dynamo" in sys.modules:  # else Dynamo finds it through the entry point
+    from . import _compile as _compile_backend
+
+    _compile_backend._register()
+
 if os.environ.get("TPU_LAUNCH_BLOCKING", "") == "1":
     _C._set_launch_blocking(True)
 
@@ -139,6 +144,14 @@ def metrics_report() -> str:
 
 def reset_metrics() -> None:
     _C._reset_metrics()
+
+
+def compiled_graphs():
+    """Graphs compiled by torch.compile(backend="tpu"): name, FX op count, calls, XLA
+    programs compiled and compile seconds on the first call."""
+    from . import _compile
+
+    return _compile.compiled_graphs()
 
 
 def lowered_ops():

@@ -10,12 +10,26 @@
 #include <set>
 #include <unordered_map>
 
+#include "aten/capture.h"
 #include "aten/tpu.h"
 #include "ops/lowering.h"
 #include "runtime/lazy.h"
 
 namespace tpu::aten {
 namespace {
+
+// The graph being captured for torch.compile (under the fusion mutex).
+struct CaptureState {
+  bool active = false;
+  bool broken = false;  // an op ran on the CPU: the recording cannot be replayed
+  int device = 0;
+  bool was_fused = false;
+  int materializations = 0;
+  std::unordered_map<const c10::TensorImpl*, int> cpu_inputs;
+  std::vector<const runtime::DeviceArray*> arrays;  // per argument (nullptr: CPU or undefined)
+  std::vector<int> groups;
+};
+CaptureState g_capture;
 
 using c10::IValue;
 
@@ -114,6 +128,7 @@ std::mutex g_warn_mu;
 std::set<std::string> g_warned;
 
 void cpuFallback(const c10::OperatorHandle& op, torch::jit::Stack* stack, const std::string& why) {
+  if (g_capture.active) g_capture.broken = true;
   std::string name =
       op.schema().name() + (op.schema().overload_name().empty() ? "" : "." + op.schema().overload_name());
   if (fallbackIsError()) {
@@ -1071,7 +1086,17 @@ void runFused(const c10::OperatorHandle& op, torch::jit::Stack* stack, std::vect
   src.tensor = [&](const at::Tensor& t, InputSource) -> ir::Value {
     if (t.device().is_cpu()) {
       ir::DType dt = cpuScalarIr(t);
-      return graph.scalar(cpuScalarBuffer(t, dt, dev), dt);
+      ir::Value v = graph.scalar(cpuScalarBuffer(t, dt, dev), dt);
+      if (g_capture.active) {
+        auto it = g_capture.cpu_inputs.find(t.unsafeGetTensorImpl());
+        if (it != g_capture.cpu_inputs.end())
+          graph.tagLastInput({runtime::InputTag::Kind::CpuInput, it->second});
+        else if (!g_capture.cpu_inputs.empty())
+          // A CPU value computed inside the graph may derive from a CPU
+          // argument; without CPU arguments it is a constant of the graph.
+          g_capture.broken = true;
+      }
+      return v;
     }
     return graph.read(arrayOf(t), geometryOf(t));
   };
@@ -1088,7 +1113,10 @@ void runFused(const c10::OperatorHandle& op, torch::jit::Stack* stack, std::vect
       std::lock_guard<std::mutex> g(gen->mutex());
       st = gen->get<TpuGenerator>()->next();
     }
-    return graph.input(runtime::Runtime::get().upload(st.data(), ir::DType::U64, {2}, dev), {ir::DType::U64, {2}});
+    ir::Value v =
+        graph.input(runtime::Runtime::get().upload(st.data(), ir::DType::U64, {2}, dev), {ir::DType::U64, {2}});
+    graph.tagLastInput({runtime::InputTag::Kind::Rng, -1});
+    return v;
   };
   Lowered l = lowerOp(op, args, low, foreach_expand, base, *plan, graph.builder(), src);
   std::vector<IValue> returns(l.num_returns);
@@ -1219,6 +1247,250 @@ void boxedKernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
 }
 
 }  // namespace
+
+// ------------------------------------------------------------- captured graphs
+
+struct OutputSpec {
+  enum class Kind { None, Result, AliasInput, Constant } kind = Kind::None;
+  int index = -1;  // program result or argument
+  std::vector<int64_t> sizes, strides;
+  int64_t offset = 0;
+  at::ScalarType dtype = at::kFloat;
+  at::Tensor constant;
+};
+
+struct CapturedGraph {
+  runtime::CaptureResult run;
+  int device = 0;
+  std::vector<int> array_group;                   // per argument: the first argument sharing its storage (-1: CPU/none)
+  std::vector<std::pair<int, int>> input_writes;  // (argument, program result)
+  std::vector<OutputSpec> outputs;
+  int ops = 0;
+};
+
+namespace {
+
+// Per argument: the index of the first argument on the same storage.
+std::optional<std::vector<int>> arrayGroups(const std::vector<at::Tensor>& inputs, c10::DeviceIndex* dev) {
+  std::vector<int> groups(inputs.size(), -1);
+  std::unordered_map<const void*, int> first;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const at::Tensor& t = inputs[i];
+    if (!t.defined()) continue;
+    if (t.device().is_cpu()) {
+      if (t.numel() != 1) return std::nullopt;
+      continue;
+    }
+    // Any layout: the caller's signature pins sizes, strides and offset, and a
+    // replay checks that the storage still has the captured size and dtype.
+    if (t.device().type() != kTpu) return std::nullopt;
+    if (*dev < 0) *dev = t.device().index();
+    if (t.device().index() != *dev) return std::nullopt;
+    auto [it, fresh] = first.emplace(t.storage().unsafeGetStorageImpl(), static_cast<int>(i));
+    groups[i] = it->second;
+  }
+  return groups;
+}
+
+}  // namespace
+
+bool captureBegin(const std::vector<at::Tensor>& inputs) {
+  auto& fusion = runtime::Fusion::get();
+  std::lock_guard<std::recursive_mutex> lock(fusion.mutex());
+  if (g_capture.active) return false;
+  c10::DeviceIndex dev = -1;
+  auto groups = arrayGroups(inputs, &dev);
+  if (!groups) return false;
+  if (dev < 0) dev = currentDevice();
+  g_capture = CaptureState{};
+  g_capture.was_fused = fusion.beginWholeGraph();
+  g_capture.active = true;
+  g_capture.device = dev;
+  g_capture.groups = *groups;
+  g_capture.arrays.assign(inputs.size(), nullptr);
+  std::unordered_map<const runtime::DeviceArray*, int> arrays;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const at::Tensor& t = inputs[i];
+    if (!t.defined()) continue;
+    if (t.device().is_cpu()) {
+      g_capture.cpu_inputs[t.unsafeGetTensorImpl()] = static_cast<int>(i);
+    } else {
+      g_capture.arrays[i] = &arrayOf(t);
+      arrays.emplace(&arrayOf(t), static_cast<int>(i));
+    }
+  }
+  auto& graph = fusion.graph(dev);
+  graph.setCaptureInputs(std::move(arrays));
+  g_capture.materializations = graph.materializations();
+  return true;
+}
+
+void captureAbort() {
+  auto& fusion = runtime::Fusion::get();
+  std::lock_guard<std::recursive_mutex> lock(fusion.mutex());
+  if (!g_capture.active) return;
+  fusion.graph(g_capture.device).setCaptureInputs({});
+  g_capture.active = false;
+  fusion.endWholeGraph(g_capture.was_fused);
+}
+
+std::shared_ptr<CapturedGraph> captureEnd(const std::vector<at::Tensor>& outputs) {
+  auto& fusion = runtime::Fusion::get();
+  std::lock_guard<std::recursive_mutex> lock(fusion.mutex());
+  if (!g_capture.active) return nullptr;
+  auto& graph = fusion.graph(g_capture.device);
+  auto cg = std::make_shared<CapturedGraph>();
+  cg->device = g_capture.device;
+  cg->ops = graph.ops();
+  bool split = graph.materializations() != g_capture.materializations;
+  struct Finish {  // the caller's mode comes back whatever happens
+    runtime::Fusion& f;
+    runtime::LazyGraph& g;
+    ~Finish() {
+      g.setCaptureInputs({});
+      g_capture.active = false;
+      f.endWholeGraph(g_capture.was_fused);
+    }
+  } finish{fusion, graph};
+  try {
+    graph.materialize(&cg->run);
+  } catch (const std::exception& e) {
+    rethrow(e, "torch_tpu: compiled graph");
+  }
+  static const bool debug = std::getenv("TORCH_TPU_DEBUG_CAPTURE") != nullptr;
+  if (split || g_capture.broken || !cg->run.prog) {
+    if (debug)
+      std::fprintf(stderr, "torch_tpu capture: not replayable (split %d, cpu values %d, program %d)\n", split,
+                   g_capture.broken, static_cast<bool>(cg->run.prog));
+    return nullptr;
+  }
+  // Arguments the graph wrote, and where each output lives.
+  cg->array_group = g_capture.groups;
+  std::unordered_map<const runtime::DeviceArray*, int> result_of, arg_of;
+  for (size_t k = 0; k < cg->run.out_owners.size(); ++k) result_of[cg->run.out_owners[k]] = static_cast<int>(k);
+  for (size_t i = 0; i < g_capture.arrays.size(); ++i)
+    if (g_capture.arrays[i]) arg_of.emplace(g_capture.arrays[i], static_cast<int>(i));
+  for (size_t k = 0; k < cg->run.out_owners.size(); ++k) {
+    auto it = arg_of.find(cg->run.out_owners[k]);
+    if (it != arg_of.end()) cg->input_writes.emplace_back(it->second, static_cast<int>(k));
+  }
+  for (const at::Tensor& t : outputs) {
+    OutputSpec o;
+    if (t.defined()) {
+      if (t.device().type() != kTpu) {
+        if (debug)
+          std::fprintf(stderr, "torch_tpu capture: not replayable (an output on %s)\n", t.device().str().c_str());
+        return nullptr;
+      }
+      o.sizes = t.sizes().vec();
+      o.strides = t.strides().vec();
+      o.offset = t.storage_offset();
+      o.dtype = t.scalar_type();
+      const runtime::DeviceArray* a = &arrayOf(t);
+      if (auto r = result_of.find(a); r != result_of.end()) {
+        o.kind = OutputSpec::Kind::Result;
+        o.index = r->second;
+      } else if (auto g = arg_of.find(a); g != arg_of.end()) {
+        o.kind = OutputSpec::Kind::AliasInput;
+        o.index = g->second;
+      } else {
+        o.kind = OutputSpec::Kind::Constant;
+        o.constant = t;
+      }
+    }
+    cg->outputs.push_back(std::move(o));
+  }
+  return cg;
+}
+
+std::optional<std::vector<at::Tensor>> replay(CapturedGraph& g, const std::vector<at::Tensor>& inputs) {
+  auto& fusion = runtime::Fusion::get();
+  std::lock_guard<std::recursive_mutex> lock(fusion.mutex());
+  c10::DeviceIndex dev = -1;
+  auto groups = arrayGroups(inputs, &dev);
+  if (!groups || *groups != g.array_group || (dev >= 0 && dev != g.device)) return std::nullopt;
+  const auto& prog = *g.run.prog;
+  std::vector<runtime::BufferPtr> bufs;
+  bufs.reserve(g.run.tags.size());
+  for (size_t k = 0; k < g.run.tags.size(); ++k) {
+    const auto& tag = g.run.tags[k];
+    const ir::Type& want = prog.param_types[k];
+    switch (tag.kind) {
+      case runtime::InputTag::Kind::Fixed:
+        bufs.push_back(g.run.inputs[k]);
+        break;
+      case runtime::InputTag::Kind::Input: {
+        runtime::DeviceArray& a = arrayOf(inputs[tag.index]);
+        if (a.lazy()) fusion.flush(g.device);
+        if (!a.error().empty()) throw std::runtime_error(a.error());
+        if (!a.materialized()) {
+          std::vector<uint8_t> zeros(a.nbytes(), 0);
+          int64_t n = want.numel();
+          a.set(runtime::Runtime::get().upload(zeros.data(), want.dtype, {n}, g.device), want.dtype, n);
+        }
+        if (a.dtype() != want.dtype || a.numel() != want.numel()) return std::nullopt;
+        bufs.push_back(a.buffer());
+        break;
+      }
+      case runtime::InputTag::Kind::CpuInput:
+        bufs.push_back(cpuScalarBuffer(inputs[tag.index], want.dtype, g.device));
+        break;
+      case runtime::InputTag::Kind::Rng: {
+        at::Generator gen = defaultGenerator(g.device);
+        std::array<uint64_t, 2> st;
+        {
+          std::lock_guard<std::mutex> lg(gen.mutex());
+          st = gen.get<TpuGenerator>()->next();
+        }
+        bufs.push_back(runtime::Runtime::get().upload(st.data(), ir::DType::U64, {2}, g.device));
+        break;
+      }
+    }
+  }
+  std::vector<runtime::BufferPtr> results;
+  try {
+    results = runtime::execute(prog, bufs, g.device);
+  } catch (const std::exception& e) {
+    rethrow(e, "torch_tpu: compiled graph");
+  }
+  for (const auto& [arg, k] : g.input_writes) {
+    const ir::Type& t = prog.out_types[k];
+    arrayOf(inputs[arg]).set(results[k], t.dtype, t.numel());
+  }
+  size_t n_out = g.run.out_owners.size();
+  for (size_t j = 0; j < g.run.checks.size(); ++j)
+    runtime::checkIndicesLater(results[n_out + j], g.run.checks[j], g.device);
+  std::unordered_map<int, at::Tensor> bases;
+  std::vector<at::Tensor> outs;
+  outs.reserve(g.outputs.size());
+  for (const auto& o : g.outputs) {
+    switch (o.kind) {
+      case OutputSpec::Kind::None:
+        outs.emplace_back();
+        break;
+      case OutputSpec::Kind::Result: {
+        auto it = bases.find(o.index);
+        if (it == bases.end()) {
+          const ir::Type& t = prog.out_types[o.index];
+          it = bases.emplace(o.index, wrapBuffer(results[o.index], {t.numel()}, toAten(t.dtype), g.device)).first;
+        }
+        at::Tensor base = it->second;
+        if (base.scalar_type() != o.dtype) base = base.view(o.dtype);
+        outs.push_back(base.as_strided(o.sizes, o.strides, o.offset));
+        break;
+      }
+      case OutputSpec::Kind::AliasInput:
+        outs.push_back(inputs[o.index].view(o.dtype).as_strided(o.sizes, o.strides, o.offset));
+        break;
+      case OutputSpec::Kind::Constant:
+        outs.push_back(o.constant);
+        break;
+    }
+  }
+  return outs;
+}
+
+int capturedOps(const CapturedGraph& g) { return g.ops; }
 
 // Ops with a lowering whose default kernel for every backend is a composite
 // (CompositeExplicitAutograd, or a structured op calling its out= variant)

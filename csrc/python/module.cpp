@@ -2,6 +2,7 @@
 #include <torch/csrc/Generator.h>
 #include <torch/extension.h>
 
+#include "aten/capture.h"
 #include "aten/tpu.h"
 #include "ops/lowering.h"
 #include "runtime/lazy.h"
@@ -61,6 +62,11 @@ py::dict metricsDict() {
 }
 
 }  // namespace
+
+// A captured graph as Python holds it (the graph type stays opaque here).
+struct CapturedHandle {
+  std::shared_ptr<aten::CapturedGraph> g;
+};
 
 PYBIND11_MODULE(_C, m) {
   m.def("_set_search_dirs", [](std::vector<std::string> dirs) { runtime::Runtime::setSearchDirs(std::move(dirs)); });
@@ -125,13 +131,52 @@ PYBIND11_MODULE(_C, m) {
   m.def("_set_launch_blocking", [](bool on) { runtime::setLaunchBlocking(on); });
   m.def("_launch_blocking", []() { return runtime::launchBlocking(); });
   m.def("_set_fused", [](bool on) { runtime::Fusion::get().setEnabled(on); });
+  py::class_<CapturedHandle>(m, "_CapturedGraph").def_property_readonly("ops", [](const CapturedHandle& h) {
+    return aten::capturedOps(*h.g);
+  });
+  m.def("_capture_begin", [](const std::vector<std::optional<at::Tensor>>& inputs) {
+    std::vector<at::Tensor> ts;
+    for (const auto& t : inputs) ts.push_back(t ? *t : at::Tensor());
+    return aten::captureBegin(ts);
+  });
+  m.def("_capture_end", [](const std::vector<std::optional<at::Tensor>>& outputs) {
+    std::vector<at::Tensor> ts;
+    for (const auto& t : outputs) ts.push_back(t ? *t : at::Tensor());
+    auto g = aten::captureEnd(ts);
+    return g ? py::cast(CapturedHandle{std::move(g)}) : py::none();
+  });
+  m.def("_capture_abort", [] { aten::captureAbort(); });
+  m.def("_replay", [](CapturedHandle& h, const std::vector<std::optional<at::Tensor>>& inputs) {
+    aten::CapturedGraph& g = *h.g;
+    std::vector<at::Tensor> ts;
+    for (const auto& t : inputs) ts.push_back(t ? *t : at::Tensor());
+    py::object res = py::none();
+    std::optional<std::vector<at::Tensor>> outs;
+    {
+      py::gil_scoped_release nogil;
+      outs = aten::replay(g, ts);
+    }
+    if (!outs) return res;
+    py::list l;
+    for (auto& t : *outs) l.append(t.defined() ? py::cast(t) : py::none());
+    return py::object(l);
+  });
+  m.def("_begin_whole_graph", [] { return runtime::Fusion::get().beginWholeGraph(); });
+  m.def("_end_whole_graph", [](bool was_enabled) {
+    try {
+      runtime::Fusion::get().endWholeGraph(was_enabled);
+    } catch (const std::exception& e) {
+      aten::rethrow(e, "torch_tpu compiled graph");
+    }
+  });
   m.def("_fused", []() { return runtime::Fusion::get().enabled(); });
   m.def("_flush", [](int d) {
     py::gil_scoped_release nogil;
     runtime::Fusion::get().flush(d);
   });
   m.def("_set_fallback_error", [](bool on) { aten::setFallbackError(on); });
-  m.def("_set_disabled_lowerings", [](std::vector<std::string> names) { aten::setDisabledLowerings(std::move(names)); });
+  m.def("_set_disabled_lowerings",
+        [](std::vector<std::string> names) { aten::setDisabledLowerings(std::move(names)); });
   m.def("_disabled_lowerings", [] { return aten::disabledLowerings(); });
   m.def("_fallback_is_error", []() { return aten::fallbackIsError(); });
   m.def("_metrics", &metricsDict);

@@ -9,7 +9,9 @@ LazyGraph::LazyGraph(int device) : device_(device) { reset(); }
 void LazyGraph::reset() {
   b_ = std::make_unique<ir::Builder>();
   inputs_.clear();
+  tags_.clear();
   input_of_.clear();
+  capture_params_.clear();
   values_.clear();
   checks_.clear();
   ops_ = 0;
@@ -22,8 +24,14 @@ ir::Value LazyGraph::input(const BufferPtr& buf, const ir::Type& type) {
   if (it != input_of_.end() && it->second.type == type) return it->second;
   ir::Value v = b_->param(type);
   inputs_.push_back(buf);
+  tags_.emplace_back();
   input_of_[buf->raw()] = v;
   return v;
+}
+
+void LazyGraph::setCaptureInputs(std::unordered_map<const DeviceArray*, int> arrays) {
+  capture_inputs_ = std::move(arrays);
+  capture_params_.clear();
 }
 
 // Scalars are never deduplicated: whether two scalars happen to be equal (and
@@ -32,6 +40,7 @@ ir::Value LazyGraph::input(const BufferPtr& buf, const ir::Type& type) {
 ir::Value LazyGraph::scalar(const BufferPtr& buf, ir::DType t) {
   ir::Value v = b_->param(ir::Type{t, {}});
   inputs_.push_back(buf);
+  tags_.emplace_back();
   return v;
 }
 
@@ -39,7 +48,26 @@ ir::Value LazyGraph::storage(DeviceArray& a, ir::DType t) {
   ir::Value flat;
   if (a.lazy() && a.lazyValue()->graph != this) a.lazyValue()->graph->materialize();
   if (!a.error().empty()) throw std::runtime_error(a.error());
-  if (a.lazy()) {
+  auto cap = capture_inputs_.empty() || a.lazy() ? capture_inputs_.end() : capture_inputs_.find(&a);
+  if (cap != capture_inputs_.end()) {
+    // A captured graph's argument: its own input (never deduplicated by
+    // buffer, never folded to zeros), so a replay can pass another array.
+    if (!a.materialized()) {
+      std::vector<uint8_t> zeros(a.nbytes(), 0);
+      int64_t n = static_cast<int64_t>(a.nbytes() / ir::itemSize(t));
+      a.set(Runtime::get().upload(zeros.data(), t, {n}, device_), t, n);
+    }
+    auto it = capture_params_.find(&a);
+    ir::Type ty{a.dtype(), {a.numel()}};
+    if (it != capture_params_.end() && it->second.type == ty) {
+      flat = it->second;
+    } else {
+      flat = b_->param(ty);
+      inputs_.push_back(a.buffer());
+      tags_.push_back(InputTag{InputTag::Kind::Input, cap->second});
+      capture_params_[&a] = flat;
+    }
+  } else if (a.lazy()) {
     flat = a.lazyValue()->value;
   } else if (a.materialized()) {
     flat = input(a.buffer(), ir::Type{a.dtype(), {a.numel()}});
@@ -95,6 +123,7 @@ bool LazyGraph::noteOp(const std::string& key) {
   keys_.push_back(key);
   ++ops_;
   sigs_.push_back(sig);
+  if (Fusion::get().wholeGraph()) return false;
   if (ops_ >= Fusion::get().maxOps()) return true;
   size_t n = sigs_.size();
   if (!period_.empty() && n == period_.size()) {
@@ -113,7 +142,7 @@ bool LazyGraph::noteOp(const std::string& key) {
   return false;
 }
 
-void LazyGraph::materialize() {
+void LazyGraph::materialize(CaptureResult* cap) {
   std::vector<std::shared_ptr<LazyValue>> outs;
   for (const auto& w : values_)
     if (auto lv = w.lock())
@@ -156,8 +185,17 @@ void LazyGraph::materialize() {
   }
   std::vector<BufferPtr> inputs = inputs_;
   auto checks = checks_;
+  if (cap) {
+    cap->prog = prog;
+    cap->inputs = inputs_;
+    cap->tags = tags_;
+    for (const auto& lv : outs) cap->out_owners.push_back(lv->owner);
+    for (const auto& c : checks_) cap->checks.push_back(c.second);
+  }
+  ++materializations_;
   reset();  // before running: a failure must not leave a half-used graph
   auto results = execute(*prog, inputs, device_);
+  if (cap) cap->results = results;
   for (size_t i = 0; i < outs.size(); ++i) {
     auto& lv = outs[i];
     lv->owner->set(results[i], lv->value.dtype(), lv->value.shape()[0]);
@@ -181,6 +219,29 @@ void Fusion::setEnabled(bool on) {
   std::lock_guard<std::recursive_mutex> g(mu_);
   if (enabled_ && !on) flush(-1);
   enabled_ = on;
+}
+
+bool Fusion::beginWholeGraph() {
+  std::lock_guard<std::recursive_mutex> g(mu_);
+  bool was = enabled_;
+  if (whole_graph_ == 0) flush(-1);
+  enabled_ = true;
+  ++whole_graph_;
+  return was;
+}
+
+void Fusion::endWholeGraph(bool was_enabled) {
+  std::lock_guard<std::recursive_mutex> g(mu_);
+  if (whole_graph_ > 0) --whole_graph_;
+  if (whole_graph_ == 0) {
+    // Whatever happens to the program, the caller's mode comes back.
+    struct Restore {
+      Fusion& f;
+      bool on;
+      ~Restore() { f.enabled_ = on; }
+    } restore{*this, was_enabled};
+    flush(-1);
+  }
 }
 
 LazyGraph& Fusion::graph(int device) {

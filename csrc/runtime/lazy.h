@@ -9,6 +9,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "runtime/runtime.h"
@@ -17,6 +18,26 @@
 namespace tpu::runtime {
 
 class LazyGraph;
+
+// Where a graph input comes from, for replaying a captured graph
+// (torch.compile): a fixed buffer, a graph argument's array, a CPU scalar
+// argument, or a fresh random-number state.
+struct InputTag {
+  enum class Kind { Fixed, Input, CpuInput, Rng };
+  Kind kind = Kind::Fixed;
+  int index = -1;
+};
+
+// What a captured graph's final materialisation ran: enough to run it again
+// with other arguments without lowering anything.
+struct CaptureResult {
+  std::shared_ptr<Program> prog;
+  std::vector<BufferPtr> inputs;
+  std::vector<InputTag> tags;
+  std::vector<DeviceArray*> out_owners;
+  std::vector<std::string> checks;
+  std::vector<BufferPtr> results;
+};
 
 // A storage's pending contents: a flat [numel] value of `dtype` in `graph`.
 struct LazyValue {
@@ -52,7 +73,12 @@ class LazyGraph {
   // graph should materialise now (size limit, or a loop iteration ended).
   bool noteOp(const std::string& key);
   // Compiles (cached) and runs the graph; pending arrays get their buffers.
-  void materialize();
+  // With `cap`, also reports what ran (for replay).
+  void materialize(CaptureResult* cap = nullptr);
+  // Capture: reads of these arrays (argument index) become their own inputs.
+  void setCaptureInputs(std::unordered_map<const DeviceArray*, int> arrays);
+  void tagLastInput(InputTag t) { tags_.back() = t; }
+  int materializations() const { return materializations_; }
   std::string describeOps() const;
 
  private:
@@ -60,7 +86,11 @@ class LazyGraph {
   int device_;
   std::unique_ptr<ir::Builder> b_;
   std::vector<BufferPtr> inputs_;
+  std::vector<InputTag> tags_;
   std::unordered_map<PJRT_Buffer*, ir::Value> input_of_;
+  std::unordered_map<const DeviceArray*, int> capture_inputs_;
+  std::unordered_map<const DeviceArray*, ir::Value> capture_params_;
+  int materializations_ = 0;
   std::vector<std::weak_ptr<LazyValue>> values_;
   std::vector<std::pair<ir::Value, std::string>> checks_;
   int ops_ = 0;
@@ -83,10 +113,19 @@ class Fusion {
   void flush(int device = -1);
   std::recursive_mutex& mutex() { return mu_; }
   int maxOps() const { return max_ops_; }
+  // A whole captured graph (torch.compile) is recording: no loop or size
+  // cuts, so the graph becomes one program when it ends.
+  bool wholeGraph() const { return whole_graph_ > 0; }
+  // Enters whole-graph recording: runs what is pending, turns fusion on.
+  // Returns the previous fusion state for endWholeGraph.
+  bool beginWholeGraph();
+  // Runs the recorded graph as one program and restores the fusion state.
+  void endWholeGraph(bool was_enabled);
 
  private:
   Fusion();
   bool enabled_ = false;
+  int whole_graph_ = 0;
   int max_ops_;
   std::recursive_mutex mu_;
   std::vector<std::unique_ptr<LazyGraph>> graphs_;

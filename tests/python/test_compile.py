@@ -1,0 +1,213 @@
+"""torch.compile(backend="tpu"): whole graphs through Dynamo and AOTAutograd, run as one
+program each through the eager lowering table; results against eager."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import torch_tpu
+from torch_tpu.models import CNN, GPT, MLP, train_steps
+
+
+@pytest.fixture(autouse=True)
+def _fresh_dynamo():
+    torch._dynamo.reset()
+    torch_tpu.set_fallback("error")
+    yield
+    torch_tpu.set_fallback("warn")
+    torch._dynamo.reset()
+
+
+def _graphs_since(n):
+    return torch_tpu.compiled_graphs()[n:]
+
+
+def test_backend_is_registered_and_inference_matches_eager():
+    from torch._dynamo.backends.registry import lookup_backend
+
+    from torch_tpu._compile import tpu_backend
+
+    assert lookup_backend("tpu") is tpu_backend  # found through the entry point
+    torch.manual_seed(0)
+    model = MLP(16, 32, 4).to("tpu")
+    x = torch.randn(8, 16, device="tpu")
+    n = len(torch_tpu.compiled_graphs())
+    compiled = torch.compile(model, backend="tpu")
+    with torch.no_grad():
+        ref = model(x)
+        out = compiled(x)
+        out2 = compiled(x * 2)
+    torch.testing.assert_close(out.cpu(), ref.cpu())
+    torch.testing.assert_close(out2.cpu(), model(x * 2).detach().cpu())
+    graphs = _graphs_since(n)
+    assert len(graphs) == 1 and graphs[0]["calls"] == 2 and graphs[0]["ops"] > 0
+    # One program for the whole graph (none when the disk cache already holds it).
+    assert graphs[0]["programs_compiled"] <= 1
+
+
+def _model_and_data(name):
+    g = torch.Generator().manual_seed(1)
+    torch.manual_seed(0)
+    if name == "mlp":
+        model = MLP(16, 32, 4)
+        data = [(torch.randn(8, 16, generator=g), torch.randint(0, 4, (8,), generator=g)) for _ in range(20)]
+    elif name == "gpt":
+        model = GPT(40, block_size=16, n_layer=1, n_head=2, n_embd=16, dropout=0.0)
+        data = [(torch.randint(0, 40, (4, 16), generator=g), torch.randint(0, 40, (4, 16), generator=g))
+                for _ in range(20)]
+    else:
+        model = CNN(num_classes=10, in_channels=3, width=8)
+        data = [(torch.randn(4, 3, 12, 12, generator=g), torch.randint(0, 10, (4,), generator=g)) for _ in range(20)]
+    return model.to("tpu"), data
+
+
+@pytest.mark.parametrize("name", ["mlp", "gpt", "cnn"])
+def test_training_matches_eager(name):
+    model, data = _model_and_data(name)
+    eager = train_steps(model, data, torch.optim.AdamW(model.parameters(), lr=1e-2), steps=20)
+    model, data = _model_and_data(name)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    n = len(torch_tpu.compiled_graphs())
+    compiled = train_steps(torch.compile(model, backend="tpu"), data, opt, steps=20)
+    torch.testing.assert_close(torch.tensor(compiled), torch.tensor(eager), rtol=1e-4, atol=1e-4)
+    kinds = {g["name"].split("_")[0] for g in _graphs_since(n)}
+    assert {"forward", "backward"} <= kinds, kinds
+
+
+def test_graph_break_runs_the_pieces_eagerly():
+    def f(x):
+        y = torch.sin(x) * 2
+        if y.sum().item() > 0:  # data-dependent: a graph break
+            y = y + 1
+        return torch.cos(y)
+
+    x = torch.randn(5, device="tpu")
+    out = torch.compile(f, backend="tpu")(x)
+    torch.testing.assert_close(out.cpu(), f(x.cpu()))
+
+
+def test_input_mutation_and_aliasing():
+    def f(buf, x):
+        buf.add_(x)  # mutates a graph input
+        return buf * 2, buf.view(-1)[:2]
+
+    b_cpu, x_cpu = torch.zeros(2, 3), torch.arange(6.0).reshape(2, 3)
+    b_tpu, x_tpu = b_cpu.to("tpu"), x_cpu.to("tpu")
+    cf = torch.compile(f, backend="tpu")
+    for _ in range(2):
+        ref = f(b_cpu, x_cpu)
+        out = cf(b_tpu, x_tpu)
+        torch.testing.assert_close(b_tpu.cpu(), b_cpu)
+        for o, r in zip(out, ref):
+            torch.testing.assert_close(o.cpu(), r)
+
+
+def test_rng_is_reproducible_under_manual_seed():
+    def f(x):
+        return F.dropout(x, p=0.5, training=True) + torch.rand_like(x)
+
+    cf = torch.compile(f, backend="tpu")
+    x = torch.ones(64, device="tpu")
+    torch.manual_seed(3)
+    a = cf(x).cpu()
+    torch.manual_seed(3)
+    b = cf(x).cpu()
+    c = cf(x).cpu()
+    torch.testing.assert_close(a, b)
+    assert not torch.equal(b, c)
+
+
+def test_changing_python_scalars_do_not_compile_new_programs():
+    def f(x, scale):
+        return x * scale + 1
+
+    cf = torch.compile(f, backend="tpu")
+    x = torch.randn(4, device="tpu")
+    cf(x, 0.5)
+    cf(x, 0.25)  # Dynamo may retrace once to make the float dynamic
+    torch_tpu.reset_metrics()
+    for s in (0.1, 0.2, 0.3):
+        torch.testing.assert_close(cf(x, s).cpu(), x.cpu() * s + 1)
+    assert torch_tpu.metrics()["compiles"] == 0
+
+
+def test_new_shape_compiles_a_new_program_and_says_why():
+    cf = torch.compile(lambda x: torch.tanh(x) * 3, backend="tpu")
+    cf(torch.randn(3, device="tpu"))
+    torch_tpu.reset_metrics()
+    cf(torch.randn(7, device="tpu"))
+    m = torch_tpu.metrics()
+    assert m["executions"] >= 1
+    reasons = m["recompile_reasons"]
+    assert m["compiles"] == 0 or any("graph" in r for r in reasons), reasons
+
+
+def test_dynamic_shapes_compile_one_program_per_shape():
+    cf = torch.compile(lambda x: (x * 2).sum(0), backend="tpu", dynamic=True)
+    for n in (3, 5):
+        x = torch.randn(n, 4, device="tpu")
+        torch.testing.assert_close(cf(x).cpu(), (x.cpu() * 2).sum(0))
+
+
+def test_autocast_bfloat16_in_a_compiled_graph():
+    lin = torch.nn.Linear(8, 8).to("tpu")
+    x = torch.randn(4, 8, device="tpu")
+
+    def f(x):
+        with torch.autocast("tpu", dtype=torch.bfloat16):
+            return lin(x)
+
+    out = torch.compile(f, backend="tpu")(x)
+    ref = f(x)
+    assert out.dtype == torch.bfloat16
+    torch.testing.assert_close(out.cpu(), ref.cpu())
+
+
+def test_errors_in_a_compiled_graph_surface_with_the_op_name():
+    def f(x, i):
+        return x[i] + 1
+
+    cf = torch.compile(f, backend="tpu")
+    x = torch.arange(4.0, device="tpu")
+    mode = torch_tpu.get_mode()
+    torch.testing.assert_close(cf(x, torch.tensor([1], device="tpu")).cpu(), torch.tensor([2.0]))
+    for _ in range(2):  # the recording, then a replay
+        with pytest.raises(IndexError):
+            cf(x, torch.tensor([7], device="tpu")).cpu()
+    assert torch_tpu.get_mode() == mode  # the caller's mode is restored after a failure
+
+
+def test_later_calls_replay_the_recorded_program():
+    cf = torch.compile(lambda x, y: (x @ y).relu().sum(0), backend="tpu")
+    n = len(torch_tpu.compiled_graphs())
+    x, y = torch.randn(6, 5, device="tpu"), torch.randn(5, 3, device="tpu")
+    for i in range(4):
+        xi = x + i
+        torch.testing.assert_close(cf(xi, y).cpu(), (xi.cpu() @ y.cpu()).relu().sum(0))
+    g = _graphs_since(n)[0]
+    assert g["calls"] == 4 and g["replays"] == 3, g
+    # A view argument (another layout) records again, then replays too.
+    xt = torch.randn(5, 6, device="tpu").t()
+    for _ in range(2):
+        torch.testing.assert_close(cf(xt, y).cpu(), (xt.cpu() @ y.cpu()).relu().sum(0))
+
+
+def test_timm_model_matches_eager():
+    timm = pytest.importorskip("timm")  # needs a torchvision built for this torch
+    torch.manual_seed(0)
+    net = timm.create_model("resnet18", pretrained=False, num_classes=5).to("tpu").eval()
+    x = torch.randn(2, 3, 32, 32, device="tpu")
+    with torch.no_grad():
+        torch.testing.assert_close(torch.compile(net, backend="tpu")(x).cpu(), net(x).cpu(), rtol=1e-4, atol=1e-4)
+
+
+def test_transformers_model_matches_eager():
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    cfg = transformers.GPT2Config(n_layer=2, n_head=2, n_embd=32, vocab_size=64, n_positions=32)
+    lm = transformers.GPT2LMHeadModel(cfg).to("tpu").eval()
+    ids = torch.randint(0, 64, (2, 12), device="tpu")
+    with torch.no_grad():
+        ref = lm(ids).logits
+        out = torch.compile(lm, backend="tpu")(ids).logits
+    torch.testing.assert_close(out.cpu(), ref.cpu(), rtol=1e-4, atol=1e-4)

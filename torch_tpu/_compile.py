@@ -1,0 +1,149 @@
+"""The `tpu` backend of torch.compile.
+
+Dynamo captures the graph; AOTAutograd functionalizes it, applies PyTorch's core ATen
+decompositions and splits it into forward and backward graphs. Each graph runs through
+the same lowering table as eager, recorded into one pending graph with no loop or size
+cuts, and becomes one StableHLO program, compiled once and kept in the shared
+compilation cache (memory and disk): a second process loads it instead of compiling.
+Python scalars that reach a graph as inputs are program inputs, so a new value does not
+compile a new program; a new input shape does (and says so in the recompile log).
+
+Ops whose result size depends on data (nonzero, unique, ...) end the program early and
+the rest of the graph becomes a second program; ops without a lowering run on the CPU
+as in eager (TORCH_TPU_FALLBACK=error makes them an error).
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+
+import torch
+
+from . import _C
+
+_graphs: list[dict] = []  # one entry per compiled graph: name, ops, first-call compiles
+_lock = threading.Lock()
+_counter = itertools.count()
+
+
+def compiled_graphs() -> list[dict]:
+    """The graphs the backend has compiled: name, FX op count, calls, replays of the
+    captured program, XLA programs compiled and compile seconds on its first call."""
+    with _lock:
+        return [dict(g) for g in _graphs]
+
+
+def _reset() -> None:
+    with _lock:
+        _graphs.clear()
+
+
+def _run_whole_graph(fn, args):
+    was = _C._begin_whole_graph()
+    try:
+        out = fn(*args)
+    except BaseException:
+        try:
+            _C._end_whole_graph(was)
+        except Exception:  # noqa: BLE001 - the first error is the one to report
+            pass
+        raise
+    _C._end_whole_graph(was)
+    return out
+
+
+def _signature(args):
+    """What a captured program depends on besides tensor contents."""
+    sig = []
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            sig.append((a.device, a.dtype, tuple(a.shape), tuple(a.stride()), a.storage_offset()))
+        else:
+            return None  # symbolic sizes and other non-tensor arguments: no replay
+    return tuple(sig)
+
+
+class _Graph:
+    """One AOTAutograd graph. The first call per argument signature records it as one
+    program (through the eager lowerings); later calls replay that program with the new
+    arguments, lowering nothing. Graphs that cannot be replayed (they read data on the
+    host, split into several programs, or run an op on the CPU) run as one fused graph
+    each call."""
+
+    def __init__(self, gm, kind):
+        self.run = gm.forward
+        self.captured = {}
+        self.entry = {"name": f"{kind}_{next(_counter)}",
+                      "ops": sum(1 for n in gm.graph.nodes if n.op == "call_function"),
+                      "calls": 0, "replays": 0, "programs_compiled": 0, "compile_seconds": 0.0}
+        with _lock:
+            _graphs.append(self.entry)
+
+    def __call__(self, *args):
+        first = self.entry["calls"] == 0
+        if first:
+            m0 = _C._metrics()
+        out = self._call(args)
+        self.entry["calls"] += 1
+        if first:
+            m1 = _C._metrics()
+            self.entry["programs_compiled"] = m1["compiles"] - m0["compiles"]
+            self.entry["compile_seconds"] = round(m1["compile_seconds"] - m0["compile_seconds"], 4)
+        return out
+
+    def _call(self, args):
+        sig = _signature(args)
+        graph = self.captured.get(sig) if sig is not None else None
+        if graph is not None:
+            outs = _C._replay(graph, list(args))
+            if outs is not None:
+                self.entry["replays"] += 1
+                return tuple(outs)
+        if sig is None or not _C._capture_begin(list(args)):
+            return _run_whole_graph(self.run, args)
+        try:
+            out = self.run(*args)
+        except BaseException:
+            _C._capture_abort()
+            raise
+        flat = list(out) if isinstance(out, (tuple, list)) else None
+        if flat is None or not all(o is None or isinstance(o, torch.Tensor) for o in flat):
+            _C._capture_abort()
+            return out
+        graph = _C._capture_end(flat)
+        if graph is not None:
+            self.captured[sig] = graph
+        return out
+
+
+def _graph_compiler(kind: str):
+    def compile_graph(gm: torch.fx.GraphModule, example_inputs):
+        from functorch.compile import make_boxed_func
+
+        return make_boxed_func(_Graph(gm, kind))
+
+    return compile_graph
+
+
+def tpu_backend(gm: torch.fx.GraphModule, example_inputs, **kwargs):
+    """torch.compile(model, backend="tpu")."""
+    from torch._decomp import core_aten_decompositions
+    from torch._dynamo.backends.common import aot_autograd
+
+    backend = aot_autograd(
+        fw_compiler=_graph_compiler("forward"),
+        bw_compiler=_graph_compiler("backward"),
+        inference_compiler=_graph_compiler("inference"),
+        decompositions=core_aten_decompositions(),
+        keep_inference_input_mutations=True,
+    )
+    return backend(gm, example_inputs, **kwargs)
+
+
+def _register() -> None:
+    from torch._dynamo import list_backends, register_backend
+
+    if "tpu" not in list_backends(exclude_tags=()):
+        register_backend(compiler_fn=tpu_backend, name="tpu")
