@@ -61,6 +61,10 @@ from . import _patches  # noqa: E402
 
 _patches.install()
 
+from . import _accelerate  # noqa: E402
+
+_accelerate.install()  # Accelerate (and the transformers Trainer) picks the tpu device
+
 if "torch._dynamo" in sys.modules:  # else Dynamo finds it through the entry point
     from . import _compile as _compile_backend
 

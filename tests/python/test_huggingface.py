@@ -1,0 +1,202 @@
+"""Hugging Face transformers on the tpu device: loading (device_map="tpu"),
+generation, a plain training loop and the Trainer, on tiny random models,
+compared with the CPU and with the CPU fallback forbidden."""
+
+import copy
+import importlib.util
+
+import pytest
+import torch
+
+import torch_tpu
+
+transformers = pytest.importorskip("transformers")
+from transformers import (  # noqa: E402
+    AutoModelForCausalLM,
+    GPT2Config,
+    GPT2LMHeadModel,
+    LlamaConfig,
+    LlamaForCausalLM,
+)
+
+# device_map and the Trainer need Accelerate.
+needs_accelerate = pytest.mark.skipif(
+    importlib.util.find_spec("accelerate") is None, reason="accelerate is not installed"
+)
+
+VOCAB = 64
+
+
+@pytest.fixture
+def _no_fallback():
+    torch_tpu.set_fallback("error")
+    try:
+        yield
+    finally:
+        torch_tpu.set_fallback("warn")
+
+
+def _llama():
+    torch.manual_seed(0)
+    cfg = LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=0,
+    )
+    return LlamaForCausalLM(cfg)
+
+
+def _gpt2():
+    torch.manual_seed(0)
+    cfg = GPT2Config(
+        vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=4, n_positions=64, bos_token_id=1, eos_token_id=2, pad_token_id=0
+    )
+    return GPT2LMHeadModel(cfg)
+
+
+MODELS = {"llama": _llama, "gpt2": _gpt2}
+
+
+def _ids(batch=2, length=7, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(3, VOCAB, (batch, length), generator=g)
+
+
+@needs_accelerate
+@pytest.mark.parametrize("name", ["llama", "gpt2"])
+def test_from_pretrained_device_map_tpu(name, tmp_path, _no_fallback):
+    cpu = MODELS[name]().eval()
+    cpu.save_pretrained(tmp_path, safe_serialization=True)
+    model = AutoModelForCausalLM.from_pretrained(tmp_path, device_map="tpu")
+    assert {p.device.type for p in model.parameters()} == {"tpu"}
+    assert {b.device.type for b in model.buffers()} <= {"tpu"}
+    ids = _ids()
+    with torch.no_grad():
+        expected = cpu(ids).logits
+        got = model(ids.to("tpu")).logits
+    assert got.device.type == "tpu"
+    torch.testing.assert_close(got.cpu(), expected)
+
+
+@needs_accelerate
+def test_from_pretrained_device_map_tpu_bfloat16(tmp_path, _no_fallback):
+    _llama().save_pretrained(tmp_path, safe_serialization=True)
+    model = AutoModelForCausalLM.from_pretrained(tmp_path, device_map="tpu", dtype=torch.bfloat16)
+    assert {(p.device.type, p.dtype) for p in model.parameters()} == {("tpu", torch.bfloat16)}
+    cpu = AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.bfloat16)
+    ids = _ids()
+    with torch.no_grad():
+        expected = cpu(ids).logits
+        got = model(ids.to("tpu")).logits
+    assert got.dtype == torch.bfloat16
+    # The same bf16 weights; sums may round differently from the CPU's kernels.
+    torch.testing.assert_close(got.cpu().float(), expected.float(), rtol=0.05, atol=0.05)
+
+
+@pytest.mark.parametrize("name", ["llama", "gpt2"])
+def test_generate_greedy_matches_cpu(name, _no_fallback):
+    cpu = MODELS[name]().eval()
+    tpu = copy.deepcopy(cpu).to("tpu")
+    ids = _ids()
+    mask = torch.ones_like(ids)
+    kw = dict(max_new_tokens=8, do_sample=False, use_cache=True)
+    expected = cpu.generate(ids, attention_mask=mask, **kw)
+    got = tpu.generate(ids.to("tpu"), attention_mask=mask.to("tpu"), **kw)
+    assert got.device.type == "tpu"
+    assert got.shape == (2, 15)
+    assert got.cpu().tolist() == expected.tolist()
+
+
+def test_generate_sampling_is_reproducible(_no_fallback):
+    model = _gpt2().eval().to("tpu")
+    ids = _ids().to("tpu")
+    mask = torch.ones_like(ids)
+    kw = dict(attention_mask=mask, max_new_tokens=8, do_sample=True, top_k=10)
+
+    def sample(seed):
+        torch.manual_seed(seed)
+        return model.generate(ids, **kw).cpu().tolist()
+
+    first = sample(5)
+    assert sample(5) == first
+    assert sample(6) != first
+
+
+def test_training_loop_matches_cpu(_no_fallback):
+    cpu = _llama()
+    tpu = copy.deepcopy(cpu).to("tpu")
+    ids = _ids(batch=4, length=16)
+
+    def losses(model, device):
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+        x = ids.to(device)
+        out = []
+        for _ in range(5):
+            loss = model(input_ids=x, labels=x).loss
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            out.append(loss.item())
+        return out
+
+    expected = losses(cpu, "cpu")
+    got = losses(tpu, "tpu")
+    torch.testing.assert_close(torch.tensor(got), torch.tensor(expected), rtol=1e-4, atol=1e-4)
+    assert {p.device.type for p in tpu.parameters()} == {"tpu"}
+
+
+@needs_accelerate
+def test_accelerate_picks_tpu():
+    from accelerate.state import AcceleratorState, PartialState
+
+    AcceleratorState._reset_state(reset_partial_state=True)
+    try:
+        assert PartialState().device.type == "tpu"
+        AcceleratorState._reset_state(reset_partial_state=True)
+        assert PartialState(cpu=True).device.type == "cpu"
+    finally:
+        AcceleratorState._reset_state(reset_partial_state=True)
+
+
+@needs_accelerate
+def test_trainer_trains_on_tpu(tmp_path, _no_fallback):
+    from accelerate.state import AcceleratorState
+    from transformers import Trainer, TrainingArguments
+
+    model = _llama()
+    before = [p.detach().clone() for p in model.parameters()]
+    ids = _ids(batch=8, length=16)
+    dataset = [{"input_ids": ids[i], "labels": ids[i]} for i in range(8)]
+    AcceleratorState._reset_state(reset_partial_state=True)
+    args = TrainingArguments(
+        output_dir=str(tmp_path),
+        per_device_train_batch_size=4,
+        max_steps=3,
+        learning_rate=1e-2,
+        optim="adamw_torch",
+        report_to=[],
+        use_cpu=False,
+        save_strategy="no",
+        logging_steps=1,
+        disable_tqdm=True,
+    )
+    try:
+        assert args.device.type == "tpu"
+        trainer = Trainer(model=model, args=args, train_dataset=dataset)
+        assert trainer.accelerator.device.type == "tpu"
+        result = trainer.train()
+    finally:
+        AcceleratorState._reset_state(reset_partial_state=True)
+    assert result.global_step == 3
+    assert torch.isfinite(torch.tensor(result.training_loss))
+    losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
+    assert len(losses) == 3 and all(torch.isfinite(torch.tensor(losses)))
+    assert {p.device.type for p in model.parameters()} == {"tpu"}
+    assert any(not torch.equal(p.detach().cpu(), q) for p, q in zip(model.parameters(), before))

@@ -1,0 +1,92 @@
+"""Lets Hugging Face Accelerate (and so the transformers ``Trainer``) pick the
+tpu device.
+
+Accelerate chooses its default device from a fixed list of backends (mps,
+mlu, sdaa, musa, npu, hpu, cuda, xpu, neuron), each recognised by its own
+package or ``torch`` submodule; it never asks ``torch.accelerator`` or the
+PrivateUse1 backend, so on a machine whose accelerator is ``tpu`` it falls
+back to the CPU. The transformers ``Trainer`` then places the model on
+``args.device`` (which transformers resolves to ``tpu:0``) while
+``Accelerator.prepare`` moves it back to Accelerate's device (the CPU).
+
+The only setting Accelerate reads is ``ACCELERATE_TORCH_DEVICE``, which also
+overrides ``cpu=True`` (``TrainingArguments(use_cpu=True)``), so setting it for
+the user would break CPU runs. Instead, when ``accelerate.state`` is imported,
+``PartialState.default_device`` is wrapped: where Accelerate's own choice is
+the CPU and a tpu device is available, it returns ``tpu``. An explicit
+``cpu=True``, ``ACCELERATE_TORCH_DEVICE`` and every built-in accelerator keep
+their meaning. ``TORCH_TPU_ACCELERATE=0`` turns this off.
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import importlib.util
+import os
+import sys
+
+import torch
+
+_TARGET = "accelerate.state"
+
+
+def _tpu_available() -> bool:
+    try:
+        return torch.tpu.is_available() and torch.tpu.device_count() > 0
+    except Exception:  # a broken plugin must not break Accelerate's import
+        return False
+
+
+def _patch_state_module(module) -> None:
+    cls = getattr(module, "PartialState", None)
+    prop = getattr(cls, "default_device", None) if cls is not None else None
+    if not isinstance(prop, property) or getattr(prop.fget, "_torch_tpu", False):
+        return
+    original = prop.fget
+
+    def default_device(self):
+        device = original(self)
+        if device.type == "cpu" and _tpu_available():
+            return torch.device("tpu")
+        return device
+
+    default_device._torch_tpu = True
+    default_device.__doc__ = original.__doc__
+    cls.default_device = property(default_device)
+
+
+class _Loader(importlib.abc.Loader):
+    def __init__(self, inner):
+        self._inner = inner
+
+    def create_module(self, spec):
+        return self._inner.create_module(spec)
+
+    def exec_module(self, module):
+        self._inner.exec_module(module)
+        _patch_state_module(module)
+
+
+class _Finder(importlib.abc.MetaPathFinder):
+    def find_spec(self, fullname, path, target=None):
+        if fullname != _TARGET:
+            return None
+        # Find the real spec with every other finder, then wrap its loader.
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(fullname, path, target)
+            if spec is not None:
+                if spec.loader is not None:
+                    spec.loader = _Loader(spec.loader)
+                return spec
+        return None
+
+
+def install() -> None:
+    if os.environ.get("TORCH_TPU_ACCELERATE", "1") == "0":
+        return
+    if _TARGET in sys.modules:
+        _patch_state_module(sys.modules[_TARGET])
+    elif not any(isinstance(f, _Finder) for f in sys.meta_path):
+        sys.meta_path.insert(0, _Finder())
