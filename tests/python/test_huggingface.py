@@ -152,6 +152,58 @@ def test_training_loop_matches_cpu(_no_fallback):
     assert {p.device.type for p in tpu.parameters()} == {"tpu"}
 
 
+@pytest.mark.parametrize(
+    "cls,amsgrad,maximize,dtype",
+    [
+        (torch.optim.AdamW, False, False, torch.float32),
+        (torch.optim.Adam, True, True, torch.float32),
+        (torch.optim.AdamW, False, False, torch.bfloat16),
+    ],
+)
+def test_fused_adam_matches_cpu(cls, amsgrad, maximize, dtype, _no_fallback):
+    g = torch.Generator().manual_seed(0)
+    init = [torch.randn(5, 3, generator=g).to(dtype), torch.randn(7, generator=g).to(dtype)]
+    cpu = [p.clone().requires_grad_() for p in init]
+    tpu = [p.to("tpu").requires_grad_() for p in init]
+    kw = dict(lr=1e-2, fused=True, amsgrad=amsgrad, maximize=maximize, weight_decay=0.1)
+    opts = [cls(cpu, **kw), cls(tpu, **kw)]
+    compiles = None
+    for step in range(4):
+        grads = [torch.randn(p.shape, generator=g).to(dtype) for p in init]
+        for p, gr in zip(cpu, grads):
+            p.grad = gr.clone()
+        for p, gr in zip(tpu, grads):
+            p.grad = gr.to("tpu")
+        for opt in opts:
+            opt.step()
+            for group in opt.param_groups:
+                group["lr"] *= 0.9  # a schedule: the learning rate is a program input
+        if step == 1:
+            compiles = torch_tpu.metrics()["compiles"]
+    assert torch_tpu.metrics()["compiles"] == compiles
+    tol = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=1e-2, atol=1e-2)
+    for a, b in zip(cpu, tpu):
+        torch.testing.assert_close(b.detach().cpu(), a.detach(), **tol)
+
+
+@pytest.mark.parametrize("found_inf", [0.0, 1.0])
+def test_fused_adamw_grad_scale_found_inf(found_inf, _no_fallback):
+    def run(dev):
+        g = torch.Generator().manual_seed(1)
+        lists = [[torch.randn(4, 3, generator=g).to(dev)] for _ in range(3)]
+        lists.append([torch.rand(4, 3, generator=g).to(dev)])
+        params, grads, exp_avgs, exp_avg_sqs = lists
+        torch._fused_adamw_(
+            params, grads, exp_avgs, exp_avg_sqs, [], [torch.tensor(3.0).to(dev)],
+            lr=0.01, beta1=0.9, beta2=0.999, weight_decay=0.01, eps=1e-8, amsgrad=False, maximize=False,
+            grad_scale=torch.tensor(4.0).to(dev), found_inf=torch.tensor(found_inf).to(dev),
+        )  # fmt: skip
+        return [x[0].cpu() for x in lists]
+
+    for got, expected in zip(run("tpu"), run("cpu")):
+        torch.testing.assert_close(got, expected)
+
+
 @needs_accelerate
 def test_accelerate_picks_tpu():
     from accelerate.state import AcceleratorState, PartialState
@@ -180,7 +232,7 @@ def test_trainer_trains_on_tpu(tmp_path, _no_fallback):
         per_device_train_batch_size=4,
         max_steps=3,
         learning_rate=1e-2,
-        optim="adamw_torch",
+        # the default optimizer, adamw_torch_fused: torch._fused_adamw_
         report_to=[],
         use_cpu=False,
         save_strategy="no",
