@@ -114,6 +114,20 @@ def test_generate_greedy_matches_cpu(name, _no_fallback):
     assert got.cpu().tolist() == expected.tolist()
 
 
+@pytest.mark.parametrize("num_beams", [1, 3])
+def test_generate_left_padded_matches_cpu(num_beams, _no_fallback):
+    cpu = _llama().eval()
+    tpu = copy.deepcopy(cpu).to("tpu")
+    ids = _ids()
+    mask = torch.ones_like(ids)
+    ids[0, :3] = 0  # left padding (pad_token_id=0)
+    mask[0, :3] = 0
+    kw = dict(max_new_tokens=6, do_sample=False, num_beams=num_beams)
+    expected = cpu.generate(ids, attention_mask=mask, **kw)
+    got = tpu.generate(ids.to("tpu"), attention_mask=mask.to("tpu"), **kw)
+    assert got.cpu().tolist() == expected.tolist()
+
+
 def test_generate_sampling_is_reproducible(_no_fallback):
     model = _gpt2().eval().to("tpu")
     ids = _ids().to("tpu")
