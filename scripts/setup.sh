@@ -26,11 +26,11 @@ if ! "$PY" -c "import torch, xla_plugins.xla_cpu_pjrt, pytest, ninja, cmake, set
   "$PY" -m pip install -q "torch==2.13.0" numpy pytest expecttest ninja "cmake>=3.24" "setuptools>=64" wheel \
     "xla-cpu-pjrt==0.0.1"
 fi
-# Hugging Face models in the compile tests (pure Python; torch stays pinned so pip
-# cannot swap it for another build).
-if ! "$PY" -c "import transformers" 2>/dev/null; then
-  "$PY" -m pip install -q "torch==2.13.0" "transformers>=5.17,<6" >/dev/null 2>&1 ||
-    echo "setup: could not install transformers; its compile test will be skipped"
+# Hugging Face (transformers, and accelerate for device_map and the Trainer) for the
+# Hugging Face and compile tests; torch stays pinned so pip cannot swap it for another build.
+if ! "$PY" -c "import transformers, accelerate" 2>/dev/null; then
+  "$PY" -m pip install -q "torch==2.13.0" "transformers>=5.17,<6" "accelerate>=1.15,<2" >/dev/null 2>&1 ||
+    echo "setup: could not install transformers/accelerate; the Hugging Face tests will be skipped"
 fi
 export PATH="$VENV/bin:$PATH"
 
