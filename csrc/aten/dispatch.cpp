@@ -1421,13 +1421,8 @@ std::optional<std::vector<at::Tensor>> replay(CapturedGraph& g, const std::vecto
         break;
       case runtime::InputTag::Kind::Input: {
         runtime::DeviceArray& a = arrayOf(inputs[tag.index]);
-        if (a.lazy()) fusion.flush(g.device);
-        if (!a.error().empty()) throw std::runtime_error(a.error());
-        if (!a.materialized()) {
-          std::vector<uint8_t> zeros(a.nbytes(), 0);
-          int64_t n = want.numel();
-          a.set(runtime::Runtime::get().upload(zeros.data(), want.dtype, {n}, g.device), want.dtype, n);
-        }
+        runtime::flushIfLazy(a);
+        if (!a.materialized()) runtime::ensureTyped(a, want.dtype);  // unwritten: zeros
         if (a.dtype() != want.dtype || a.numel() != want.numel()) return std::nullopt;
         bufs.push_back(a.buffer());
         break;

@@ -405,6 +405,26 @@ Windows adaptiveWindows(ir::Builder& b, const Value& x, int64_t d, int64_t in, i
   return {g, pos, valid};
 }
 
+// Reduction body for (value, flat index) pairs of a max pool: the larger
+// value wins, ties keep the smaller index, NaN wins (the first among NaNs);
+// index -1 marks the identity (padding).
+ir::Builder::BodyFn maxWithIndex(bool is_float) {
+  return [is_float](ir::Builder& bb, const std::vector<Value>& a) {
+    Value av = a[0], ai = a[1], cv = a[2], ci = a[3];
+    Value ainit = bb.compare(ai, bb.constantInt(-1, DType::I64), ir::Cmp::EQ);
+    Value cinit = bb.compare(ci, bb.constantInt(-1, DType::I64), ir::Cmp::EQ);
+    Value gt = bb.compare(cv, av, ir::Cmp::GT);
+    Value eq = bb.compare(cv, av, ir::Cmp::EQ);
+    Value pick = bb.binary("or", gt, bb.binary("and", eq, bb.compare(ci, ai, ir::Cmp::LT)));
+    if (is_float) {
+      Value cn = bb.compare(cv, cv, ir::Cmp::NE), an = bb.compare(av, av, ir::Cmp::NE);
+      pick = bb.select(an, bb.binary("and", cn, bb.compare(ci, ai, ir::Cmp::LT)), bb.binary("or", pick, cn));
+    }
+    pick = bb.select(ainit, bb.unary("not", cinit), bb.binary("and", pick, bb.unary("not", cinit)));
+    return std::vector<Value>{bb.select(pick, cv, av), bb.select(pick, ci, ai)};
+  };
+}
+
 // adaptive_max_pool{2,3}d(self, output_size) -> (out, indices)
 std::vector<Value> adaptiveMax(Ctx& c, int n) {
   Value x = c.tensor(0);
@@ -441,23 +461,7 @@ std::vector<Value> adaptiveMax(Ctx& c, int n) {
   flat = b.select(valid, flat, b.constantInt(sp, DType::I64, full));
   bool is_float = ir::isFloat(t);
   auto res = b.reduce({v, flat}, {b.constant(lowestValue(t), t), b.constantInt(-1, DType::I64)}, kdims,
-                      [is_float](ir::Builder& bb, const std::vector<Value>& a) {
-                        Value av = a[0], ai = a[1], cv = a[2], ci = a[3];
-                        Value ainit = bb.compare(ai, bb.constantInt(-1, DType::I64), ir::Cmp::EQ);
-                        Value cinit = bb.compare(ci, bb.constantInt(-1, DType::I64), ir::Cmp::EQ);
-                        Value gt = bb.compare(cv, av, ir::Cmp::GT);
-                        Value eq = bb.compare(cv, av, ir::Cmp::EQ);
-                        // Larger value wins; ties keep the smaller index.
-                        Value pick = bb.binary("or", gt, bb.binary("and", eq, bb.compare(ci, ai, ir::Cmp::LT)));
-                        if (is_float) {
-                          // NaN wins (the first NaN among NaNs).
-                          Value cn = bb.compare(cv, cv, ir::Cmp::NE), an = bb.compare(av, av, ir::Cmp::NE);
-                          pick = bb.select(an, bb.binary("and", cn, bb.compare(ci, ai, ir::Cmp::LT)),
-                                           bb.binary("or", pick, cn));
-                        }
-                        pick = bb.select(ainit, bb.unary("not", cinit), bb.binary("and", pick, bb.unary("not", cinit)));
-                        return std::vector<Value>{bb.select(pick, cv, av), bb.select(pick, ci, ai)};
-                      });
+                      maxWithIndex(is_float));
   return {res[0], res[1]};
 }
 Registrar reg_adaptive_max_pool2d("adaptive_max_pool2d", [](Ctx& c) { return adaptiveMax(c, 2); });
@@ -550,22 +554,8 @@ Registrar reg_max_pool3d_with_indices("max_pool3d_with_indices", [](Ctx& c) {
       add(b, mul(b, add(b, mul(b, b.iota(it, lead), ci(hh)), b.iota(it, lead + 1)), ci(ww)), b.iota(it, lead + 2));
   DType t = x.dtype();
   bool is_float = ir::isFloat(t);
-  auto res = b.reduceWindow(
-      {x, flat}, {b.constant(lowestValue(t), t), b.constantInt(-1, DType::I64)}, win, str, Shape(r, 1), dil, pad,
-      [is_float](ir::Builder& bb, const std::vector<Value>& a) {
-        Value av = a[0], ai = a[1], cv = a[2], ci = a[3];
-        Value ainit = bb.compare(ai, bb.constantInt(-1, DType::I64), ir::Cmp::EQ);
-        Value cinit = bb.compare(ci, bb.constantInt(-1, DType::I64), ir::Cmp::EQ);
-        Value gt = bb.compare(cv, av, ir::Cmp::GT);
-        Value eq = bb.compare(cv, av, ir::Cmp::EQ);
-        Value pick = bb.binary("or", gt, bb.binary("and", eq, bb.compare(ci, ai, ir::Cmp::LT)));
-        if (is_float) {
-          Value cn = bb.compare(cv, cv, ir::Cmp::NE), an = bb.compare(av, av, ir::Cmp::NE);
-          pick = bb.select(an, bb.binary("and", cn, bb.compare(ci, ai, ir::Cmp::LT)), bb.binary("or", pick, cn));
-        }
-        pick = bb.select(ainit, bb.unary("not", cinit), bb.binary("and", pick, bb.unary("not", cinit)));
-        return std::vector<Value>{bb.select(pick, cv, av), bb.select(pick, ci, ai)};
-      });
+  auto res = b.reduceWindow({x, flat}, {b.constant(lowestValue(t), t), b.constantInt(-1, DType::I64)}, win, str,
+                            Shape(r, 1), dil, pad, maxWithIndex(is_float));
   (void)sp;
   return std::vector<Value>{res[0], res[1]};
 });

@@ -52,11 +52,7 @@ ir::Value LazyGraph::storage(DeviceArray& a, ir::DType t) {
   if (cap != capture_inputs_.end()) {
     // A captured graph's argument: its own input (never deduplicated by
     // buffer, never folded to zeros), so a replay can pass another array.
-    if (!a.materialized()) {
-      std::vector<uint8_t> zeros(a.nbytes(), 0);
-      int64_t n = static_cast<int64_t>(a.nbytes() / ir::itemSize(t));
-      a.set(Runtime::get().upload(zeros.data(), t, {n}, device_), t, n);
-    }
+    if (!a.materialized()) ensureTyped(a, t);  // unwritten: zeros
     auto it = capture_params_.find(&a);
     ir::Type ty{a.dtype(), {a.numel()}};
     if (it != capture_params_.end() && it->second.type == ty) {
@@ -195,7 +191,6 @@ void LazyGraph::materialize(CaptureResult* cap) {
   ++materializations_;
   reset();  // before running: a failure must not leave a half-used graph
   auto results = execute(*prog, inputs, device_);
-  if (cap) cap->results = results;
   for (size_t i = 0; i < outs.size(); ++i) {
     auto& lv = outs[i];
     lv->owner->set(results[i], lv->value.dtype(), lv->value.shape()[0]);

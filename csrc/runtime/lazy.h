@@ -36,7 +36,6 @@ struct CaptureResult {
   std::vector<InputTag> tags;
   std::vector<DeviceArray*> out_owners;
   std::vector<std::string> checks;
-  std::vector<BufferPtr> results;
 };
 
 // A storage's pending contents: a flat [numel] value of `dtype` in `graph`.

@@ -221,7 +221,7 @@ std::vector<BufferPtr> execute(const Program& p, const std::vector<BufferPtr>& i
   std::vector<BufferPtr> result;
   result.reserve(outs.size());
   for (auto& o : outs) result.emplace_back(std::move(o));
-  if (g_blocking || p.synchronous) {
+  if (sync) {
     for (const auto& r : result) r->awaitReady();
   } else {
     trackPending(device, std::move(done));
