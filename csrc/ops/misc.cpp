@@ -869,15 +869,17 @@ namespace tpu::ops {
 namespace {
 
 // histc(self, bins, min, max): equal-width bins; min == max takes the data's
-// range (widened by 1 each side when that is empty too).
+// range (widened by 1 each side when that is empty too). Integer inputs count
+// in float64 (exact for their values) as CUDA's kernel accepts them; MoE
+// routers call histc on expert indices.
 Registrar reg_histc("histc", [](Ctx& c) {
   ir::Builder& b = c.b;
   Value x = c.tensor(0);
   int64_t bins = c.i64Or(1, 100);
-  if (!ir::isFloat(x.dtype()) || bins <= 0) throw ir::Unsupported("histc arguments");
+  if (ir::isComplex(x.dtype()) || x.dtype() == DType::Bool || bins <= 0) throw ir::Unsupported("histc arguments");
   int64_t n = x.type.numel();
   if (n * bins > (int64_t{1} << 24)) throw ir::Unsupported("histc too large");
-  DType acc = accOf(x.dtype());
+  DType acc = ir::isFloat(x.dtype()) ? accOf(x.dtype()) : DType::F64;
   Value lo = c.scalarOr(2, acc, 0.0), hi = c.scalarOr(3, acc, 0.0);
   if (n == 0) return std::vector<Value>{b.constant(0.0, x.dtype(), {bins})};
   Value xf = b.reshape(b.convert(x, acc), {n});

@@ -840,5 +840,48 @@ Registrar reg_mse_loss_backward("mse_loss_backward", [](Ctx& c) {
   return std::vector<Value>{b.convert(r, x.dtype())};
 });
 
+// Weight normalisation (nn.utils.weight_norm, parametrizations.weight_norm):
+// w = v * g / ||v||, the 2-norm over every dim but `dim` (0 or the last; the
+// composite _weight_norm decomposes the others). Returns (w, norms), norms
+// shaped like g (keepdim), in float32 for half inputs like the CPU kernel.
+std::vector<int64_t> allDimsBut(int rank, int64_t dim) {
+  std::vector<int64_t> dims;
+  for (int i = 0; i < rank; ++i)
+    if (i != dim) dims.push_back(i);
+  return dims;
+}
+Registrar reg_weight_norm_interface("_weight_norm_interface", [](Ctx& c) {
+  ir::Builder& b = c.b;
+  Value v = c.tensor(0), g = c.tensor(1);
+  int64_t dim = wrapDim(c.i64Or(2, 0), v.rank());
+  DType acc = accOf(v.dtype());
+  std::vector<int64_t> red = allDimsBut(v.rank(), dim);
+  Value vf = b.convert(v, acc);
+  Value norm = keepDims(b, b.unary("sqrt", reduceSum(b, mul(b, vf, vf), red)), v.shape(), red);
+  Value scale = div(b, b.convert(b.reshape(g, norm.shape()), acc), norm);
+  Value w = mul(b, vf, b.broadcastTo(scale, v.shape()));
+  DType norm_t = c.hasExpected() ? c.expectedAt(1).dtype : acc;
+  return std::vector<Value>{b.convert(w, v.dtype()), b.convert(norm, norm_t)};
+});
+// grad_g = sum(grad_w * v) / norm over the reduced dims;
+// grad_v = g / norm * (grad_w - v * grad_g / norm).
+Registrar reg_weight_norm_interface_backward("_weight_norm_interface_backward", [](Ctx& c) {
+  ir::Builder& b = c.b;
+  Value gw = c.tensor(0), v = c.tensor(1), g = c.tensor(2), norm = c.tensor(3);
+  int64_t dim = wrapDim(c.i64(4), v.rank());
+  DType acc = accOf(v.dtype());
+  std::vector<int64_t> red = allDimsBut(v.rank(), dim);
+  Value vf = b.convert(v, acc), gwf = b.convert(gw, acc);
+  Value dot = keepDims(b, reduceSum(b, mul(b, gwf, vf), red), v.shape(), red);
+  Value n = b.convert(b.reshape(norm, dot.shape()), acc);  // keepdim shapes from here
+  Value grad_g = div(b, dot, n);
+  Value nb = b.broadcastTo(n, v.shape());
+  Value gb = b.broadcastTo(b.convert(b.reshape(g, dot.shape()), acc), v.shape());
+  Value inner = sub(b, gwf, div(b, mul(b, vf, b.broadcastTo(grad_g, v.shape())), nb));
+  Value grad_v = mul(b, div(b, gb, nb), inner);
+  grad_g = b.reshape(grad_g, g.shape());
+  return std::vector<Value>{b.convert(grad_v, v.dtype()), b.convert(grad_g, g.dtype())};
+});
+
 }  // namespace
 }  // namespace tpu::ops

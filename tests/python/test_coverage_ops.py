@@ -206,3 +206,31 @@ def test_bincount_gcd_lcm_and_bincount_errors():
     b = torch.tensor([0, 8, 12, -21, 5, 6])
     close(torch.gcd(tpu(a), tpu(b)), torch.gcd(a, b))
     close(torch.lcm(tpu(a), tpu(b)), torch.lcm(a, b))
+
+
+@pytest.mark.parametrize("dim", [0, 2])
+def test_weight_norm_forward_and_gradients(dim):
+    # nn.utils.parametrizations.weight_norm (wav2vec2's positional convolution) lowers
+    # _weight_norm_interface and its backward.
+    torch.manual_seed(0)
+    conv = torch.nn.utils.parametrizations.weight_norm(torch.nn.Conv1d(4, 6, 3), dim=dim)
+    x = torch.randn(2, 4, 9)
+    dev = torch.nn.utils.parametrizations.weight_norm(torch.nn.Conv1d(4, 6, 3), dim=dim).to("tpu")
+    dev.load_state_dict(conv.state_dict())
+    conv(x).square().sum().backward()
+    out = dev(tpu(x))
+    out.square().sum().backward()
+    close(out, conv(x).detach())
+    for p, q in zip(conv.parameters(), dev.parameters()):
+        close(q.grad, p.grad)
+
+
+def test_histc_counts_integer_inputs_like_cuda():
+    # MoE routers (transformers' grouped experts) count expert ids with histc on int32
+    # off the CPU; values outside [min, max] are dropped, max falls in the last bin.
+    ids = torch.tensor([3, 0, 2, 2, 7, 3, 3, 9, -1], dtype=torch.int32)
+    out = torch.histc(tpu(ids), bins=4, min=0, max=3)
+    assert out.dtype == torch.int32
+    assert out.cpu().tolist() == [1, 0, 2, 3]
+    close(torch.histc(tpu(ids.float()), bins=5, min=0, max=0),
+          torch.histc(ids.float(), bins=5, min=0, max=0))
