@@ -16,6 +16,10 @@ the user would break CPU runs. Instead, when ``accelerate.state`` is imported,
 the CPU and a tpu device is available, it returns ``tpu``. An explicit
 ``cpu=True``, ``ACCELERATE_TORCH_DEVICE`` and every built-in accelerator keep
 their meaning. ``TORCH_TPU_ACCELERATE=0`` turns this off.
+
+Accelerate also checks ``torch.compile`` backend names against a fixed enum
+(``DynamoBackend``), so ``TrainingArguments(torch_compile=True,
+torch_compile_backend="tpu")`` would be refused; the same hook adds ``TPU`` to it.
 """
 
 from __future__ import annotations
@@ -37,7 +41,29 @@ def _tpu_available() -> bool:
         return False
 
 
+def _register_dynamo_backend() -> None:
+    """Adds TPU to accelerate's DynamoBackend enum (accelerate lower-cases the member's value
+    into ``torch.compile(backend=...)``)."""
+    dataclasses = sys.modules.get("accelerate.utils.dataclasses")
+    enum_cls = getattr(dataclasses, "DynamoBackend", None)
+    if enum_cls is None or "TPU" in enum_cls.__members__:
+        return
+    member = str.__new__(enum_cls, "TPU")
+    member._name_ = "TPU"
+    member._value_ = "TPU"
+    member.__objclass__ = enum_cls
+    member._sort_order_ = len(enum_cls._member_names_)
+    enum_cls._member_map_["TPU"] = member
+    enum_cls._value2member_map_["TPU"] = member
+    enum_cls._member_names_.append("TPU")
+    type.__setattr__(enum_cls, "TPU", member)
+
+
 def _patch_state_module(module) -> None:
+    try:
+        _register_dynamo_backend()
+    except Exception:  # a changed Enum layout must not break Accelerate's import
+        pass
     cls = getattr(module, "PartialState", None)
     prop = getattr(cls, "default_device", None) if cls is not None else None
     if not isinstance(prop, property) or getattr(prop.fget, "_torch_tpu", False):

@@ -1469,9 +1469,13 @@ std::optional<std::vector<at::Tensor>> replay(CapturedGraph& g, const std::vecto
           const ir::Type& t = prog.out_types[o.index];
           it = bases.emplace(o.index, wrapBuffer(results[o.index], {t.numel()}, toAten(t.dtype), g.device)).first;
         }
-        at::Tensor base = it->second;
-        if (base.scalar_type() != o.dtype) base = base.view(o.dtype);
-        outs.push_back(base.as_strided(o.sizes, o.strides, o.offset));
+        // A fresh tensor on the result's storage, not a view of it: autograd
+        // refuses in-place updates of a custom Function's view outputs (the
+        // Trainer scales the loss with `loss *= n`), and aliasing between
+        // outputs is AOTAutograd's to regenerate.
+        at::Tensor out = at::empty({0}, it->second.options().dtype(o.dtype));
+        out.set_(it->second.storage(), o.offset, o.sizes, o.strides);
+        outs.push_back(std::move(out));
         break;
       }
       case OutputSpec::Kind::AliasInput:

@@ -74,6 +74,27 @@ def test_training_matches_eager(name):
     assert {"forward", "backward"} <= kinds, kinds
 
 
+def test_outputs_are_not_views_and_can_be_updated_in_place():
+    # Replayed outputs used to be views of the program's result buffers; autograd refuses
+    # in-place updates of a compiled Function's view outputs (the Trainer does `loss *= n`).
+    def f(x, w):
+        y = (x @ w).relu()
+        return y.sum(), y
+
+    w_cpu = torch.randn(4, 4).requires_grad_()
+    w = w_cpu.detach().to("tpu").requires_grad_()
+    x = torch.randn(4, 4)
+    cf = torch.compile(f, backend="tpu")
+    for _ in range(3):  # the first call records, the later ones replay
+        loss, y = cf(x.to("tpu"), w)
+        assert not loss._is_view() and not y._is_view()
+        loss *= 2
+        loss.backward()
+        ref, _ = f(x, w_cpu)
+        (ref * 2).backward()
+    torch.testing.assert_close(w.grad.cpu(), w_cpu.grad)
+
+
 def test_graph_break_runs_the_pieces_eagerly():
     def f(x):
         y = torch.sin(x) * 2

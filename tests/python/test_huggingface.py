@@ -128,6 +128,30 @@ def test_generate_left_padded_matches_cpu(num_beams, _no_fallback):
     assert got.cpu().tolist() == expected.tolist()
 
 
+@pytest.mark.slow
+def test_compiled_static_cache_generate_matches_cpu_without_recompiling(_no_fallback):
+    # generate() with a static KV cache and the forward compiled with backend="tpu": one
+    # graph for the prompt, one for every decode step (the cache is updated in place and the
+    # position changes as data, not as a new shape); a second generate compiles nothing.
+    cpu = _llama().eval()
+    tpu = copy.deepcopy(cpu).to("tpu")
+    tpu.forward = torch.compile(tpu.forward, backend="tpu")
+    ids = _ids(batch=1)
+    kw = dict(max_new_tokens=8, do_sample=False, cache_implementation="static")
+    expected = cpu.generate(ids, **kw)
+    earlier = {g["name"] for g in torch_tpu.compiled_graphs()}
+    got = tpu.generate(ids.to("tpu"), **kw)
+    assert got.cpu().tolist() == expected.tolist()
+    graphs = [g for g in torch_tpu.compiled_graphs() if g["name"] not in earlier]
+    assert len(graphs) == 2, graphs  # prompt, decode step
+    assert all(g["programs_compiled"] <= 1 for g in graphs), graphs  # 0: from the disk cache
+    assert max(g["calls"] for g in graphs) == 7, graphs  # every decode step replays
+    before = torch_tpu.metrics()["compiles"]
+    again = tpu.generate(ids.to("tpu"), **kw)
+    assert again.cpu().tolist() == expected.tolist()
+    assert torch_tpu.metrics()["compiles"] == before
+
+
 def test_generate_sampling_is_reproducible(_no_fallback):
     model = _gpt2().eval().to("tpu")
     ids = _ids().to("tpu")
@@ -143,7 +167,8 @@ def test_generate_sampling_is_reproducible(_no_fallback):
     assert sample(6) != first
 
 
-def test_training_loop_matches_cpu(_no_fallback):
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_training_loop_matches_cpu(compiled, _no_fallback):
     cpu = _llama()
     tpu = copy.deepcopy(cpu).to("tpu")
     ids = _ids(batch=4, length=16)
@@ -151,9 +176,10 @@ def test_training_loop_matches_cpu(_no_fallback):
     def losses(model, device):
         opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
         x = ids.to(device)
+        run = torch.compile(model, backend="tpu") if compiled and device == "tpu" else model
         out = []
         for _ in range(5):
-            loss = model(input_ids=x, labels=x).loss
+            loss = run(input_ids=x, labels=x).loss
             loss.backward()
             opt.step()
             opt.zero_grad()
@@ -232,7 +258,8 @@ def test_accelerate_picks_tpu():
 
 
 @needs_accelerate
-def test_trainer_trains_on_tpu(tmp_path, _no_fallback):
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_trainer_trains_on_tpu(compiled, tmp_path, _no_fallback):
     from accelerate.state import AcceleratorState
     from transformers import Trainer, TrainingArguments
 
@@ -252,6 +279,8 @@ def test_trainer_trains_on_tpu(tmp_path, _no_fallback):
         save_strategy="no",
         logging_steps=1,
         disable_tqdm=True,
+        torch_compile=compiled,
+        torch_compile_backend="tpu" if compiled else None,
     )
     try:
         assert args.device.type == "tpu"
