@@ -234,3 +234,38 @@ def test_histc_counts_integer_inputs_like_cuda():
     assert out.cpu().tolist() == [1, 0, 2, 3]
     close(torch.histc(tpu(ids.float()), bins=5, min=0, max=0),
           torch.histc(ids.float(), bins=5, min=0, max=0))
+
+
+@pytest.mark.parametrize("make", [
+    lambda: torch.nn.LSTM(5, 7, num_layers=2, batch_first=True),
+    lambda: torch.nn.LSTM(5, 7, bidirectional=True, bias=False),
+    lambda: torch.nn.GRU(5, 7, num_layers=2),
+    lambda: torch.nn.GRU(5, 7, bias=False),
+    lambda: torch.nn.LSTMCell(5, 7),
+    lambda: torch.nn.GRUCell(5, 7),
+], ids=["lstm", "lstm-bidir-nobias", "gru", "gru-nobias", "lstm-cell", "gru-cell"])
+def test_recurrent_layers_forward_and_gradients(make):
+    # Off the CPU, PyTorch runs every time step through the fused cell ops
+    # (_thnn_fused_lstm_cell / _thnn_fused_gru_cell), which have no CPU kernel to fall back to.
+    torch.manual_seed(0)
+    cpu = make()
+    dev = make().to("tpu")
+    dev.load_state_dict(cpu.state_dict())
+    cell = isinstance(cpu, (torch.nn.LSTMCell, torch.nn.GRUCell))
+    x = torch.randn(3, 5) if cell else torch.randn(3, 4, 5)
+
+    def flat(o):
+        return [t for e in o for t in flat(e)] if isinstance(o, tuple) else [o]
+
+    ref, out = flat(cpu(x)), flat(dev(tpu(x)))
+    sum(t.square().sum() for t in ref).backward()
+    sum(t.square().sum() for t in out).backward()
+    close(out, [t.detach() for t in ref])
+    for p, q in zip(cpu.parameters(), dev.parameters()):
+        close(q.grad, p.grad)
+
+
+def test_fused_lstm_cell_rejects_mismatched_sizes():
+    gates, cx = torch.randn(3, 28, device="tpu"), torch.randn(3, 6, device="tpu")  # 28 != 4 * 6
+    with pytest.raises(RuntimeError, match="previous state"):
+        torch.ops.aten._thnn_fused_lstm_cell(gates, gates, cx)
