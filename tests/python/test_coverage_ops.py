@@ -269,3 +269,23 @@ def test_fused_lstm_cell_rejects_mismatched_sizes():
     gates, cx = torch.randn(3, 28, device="tpu"), torch.randn(3, 6, device="tpu")  # 28 != 4 * 6
     with pytest.raises(RuntimeError, match="previous state"):
         torch.ops.aten._thnn_fused_lstm_cell(gates, gates, cx)
+
+
+def test_masked_scatter_values_gradients_and_short_source():
+    # Multimodal models splice image/audio features into the text embeddings with it.
+    g = torch.Generator().manual_seed(0)
+    x, src = torch.randn(3, 4, generator=g), torch.randn(20, generator=g)
+    for mask in (torch.rand(3, 4, generator=g) > 0.5, torch.tensor([True, False, True, True])):
+        close(tpu(x).masked_scatter(tpu(mask), tpu(src)), x.masked_scatter(mask, src))
+        xs, ss = x.clone().requires_grad_(), src.clone().requires_grad_()
+        xt, st = tpu(x).requires_grad_(), tpu(src).requires_grad_()
+        w = torch.arange(12.0).view(3, 4)
+        (xs.masked_scatter(mask, ss) * w).sum().backward()
+        (xt.masked_scatter(tpu(mask), st) * tpu(w)).sum().backward()
+        close(xt.grad, xs.grad)
+        close(st.grad, ss.grad)
+    # Fewer source elements than selected positions: the CPU raises RuntimeError at once;
+    # the device checks it in the program and raises IndexError at the next host read.
+    with pytest.raises(IndexError, match="masked_scatter"):
+        tpu(x).masked_scatter(torch.ones(3, 4, dtype=torch.bool, device="tpu"),
+                              torch.randn(5, device="tpu")).cpu()
