@@ -47,7 +47,7 @@ import time
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import opinfo_tolerances  # noqa: E402
-from worker_pool import _git, machine_info, run_units  # noqa: E402
+from worker_pool import _git, machine_info, read_list, run_units  # noqa: E402
 
 DTYPE_NAMES = ("float32", "bfloat16", "int64", "bool")
 FWD_STATUSES = ("native_pass", "fallback_pass", "mismatch", "error", "crash", "skip")
@@ -725,14 +725,7 @@ def baseline_from(results):
     return sorted(keys)
 
 
-def read_ops_file(path):
-    names = []
-    with open(path) as f:
-        for line in f:
-            line = line.split("#", 1)[0].strip()
-            if line:
-                names.append(line)
-    return names
+read_ops_file = read_list  # one name a line, "#" comments
 
 
 def main(argv=None):

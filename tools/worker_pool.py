@@ -294,6 +294,17 @@ def _git(*args):
         return ""
 
 
+def read_list(path):
+    """The non-empty lines of a list file, without "#" comments."""
+    names = []
+    with open(path) as f:
+        for line in f:
+            line = line.split("#", 1)[0].strip()
+            if line:
+                names.append(line)
+    return names
+
+
 def machine_info():
     import torch
 
