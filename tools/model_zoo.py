@@ -232,9 +232,10 @@ def _shrink(d: dict, tiny: dict, cls=None) -> dict:
             elif k in _LIST_WIDTH_KEYS and max(v) > TINY["hidden"]:
                 top = max(v)
                 out[k] = [max(8, (x * TINY["hidden"] * 2 // top) // 8 * 8) for x in v]
-    if isinstance(d.get("vocab_size"), int) and d["vocab_size"] > TINY["vocab"]:
-        need = max([TINY["vocab"] - 1] + [i for i in _token_ids(d) if i < d["vocab_size"]])
-        out["vocab_size"] = need + 1
+    for vk in [k for k in d if k.startswith("vocab_size")]:  # also vocab_size_per_layer_input
+        if isinstance(d[vk], int) and not isinstance(d[vk], bool) and d[vk] > TINY["vocab"]:
+            need = max([TINY["vocab"] - 1] + [i for i in _token_ids(d) if i < d[vk]])
+            out[vk] = need + 1
     for exp_k, heads_k, hd_k in (("expand", "num_heads", "head_dim"),
                                  ("mamba_expand", "mamba_n_heads", "mamba_d_head")):
         if all(isinstance(d.get(k), int) for k in (exp_k, heads_k, hd_k, "hidden_size")):
@@ -563,10 +564,24 @@ def _break_ties(model):
     return model
 
 
+def _param_count(cls, config):
+    """Parameters of cls(config), counted on the meta device (None if it cannot build there)."""
+    import torch
+
+    try:
+        with torch.device("meta"):
+            return sum(p.numel() for p in cls(config).parameters())
+    except Exception:  # noqa: BLE001
+        return None
+
+
 def _build_on_cpu(model_type, cls_name, tasks):
     """The first (config, inputs) candidate the CPU builds and runs: (model, config, inputs,
-    CPU outputs, size level). Raises the first candidate's error when none runs."""
-    import torch
+    CPU outputs, size level). ``model`` is a copy taken before the CPU forward (some models
+    cache tensors in plain attributes on their first forward, which ``.to()`` would not
+    move). Raises the first candidate's error when none runs."""
+    import copy
+
     import transformers
 
     cls = getattr(transformers, cls_name)
@@ -575,16 +590,15 @@ def _build_on_cpu(model_type, cls_name, tasks):
     for level in range(len(SIZE_LEVELS)):
         try:
             config = tiny_config(model_type, level, config_cls)
-            if SIZE_LEVELS[level] is None:
-                with torch.device("meta"):
-                    n = sum(p.numel() for p in cls(config).parameters())
-                if n > MAX_PARAMS:
-                    raise _Skip(f"{n / 1e6:.0f}M parameters with the default widths")
+            n = _param_count(cls, config)
+            if n is not None and n > MAX_PARAMS:  # the host has 24 GiB for two workers
+                raise _Skip(f"{n / 1e6:.0f}M parameters at size level {level}")
             _seed_all(0)
             model = _break_ties(cls(config).eval())
             for inputs in make_inputs(model, config, tasks):
+                pristine = copy.deepcopy(model)
                 try:
-                    return model, config, inputs, _run_forward(model, inputs), level
+                    return pristine, config, inputs, _run_forward(model, inputs), level
                 except Exception as e:  # noqa: BLE001
                     first_error = first_error or e
         except Exception as e:  # noqa: BLE001
@@ -604,7 +618,7 @@ def run_pair(model_type, cls_name, tasks, modes):
     try:
         model, config, inputs, ref, level = _build_on_cpu(model_type, cls_name, tasks)
         rec["size_level"] = level
-        again = _run_forward(model, inputs, seed=1)
+        again = _run_forward(copy.deepcopy(model), inputs, seed=1)  # model stays pristine
     except Exception as e:  # noqa: BLE001
         rec["status"] = "skip"
         rec["message"] = "CPU: " + _first_line(e)
