@@ -591,6 +591,8 @@ def _build_on_cpu(model_type, cls_name, tasks):
         try:
             config = tiny_config(model_type, level, config_cls)
             n = _param_count(cls, config)
+            if n is None and SIZE_LEVELS[level] is None:  # default widths: could be billions
+                raise _Skip("cannot count the parameters at the default widths (meta device)")
             if n is not None and n > MAX_PARAMS:  # the host has 24 GiB for two workers
                 raise _Skip(f"{n / 1e6:.0f}M parameters at size level {level}")
             _seed_all(0)

@@ -176,9 +176,11 @@ void cpuFallback(const c10::OperatorHandle& op, torch::jit::Stack* stack, const 
 
 at::Tensor toMeta(const at::Tensor& t) {
   if (!t.defined()) return t;
-  // CPU scalars stay on the CPU: meta kernels accept them beside meta
-  // tensors, and Python meta kernels turn wrapped numbers back into numbers.
-  if (t.device().is_cpu() && t.dim() == 0) return t;
+  // Wrapped Python numbers stay on the CPU: meta kernels accept them beside
+  // meta tensors and Python meta kernels turn them back into numbers. Other
+  // 0-d CPU tensors become meta: PyTorch accepts them beside tpu tensors
+  // (masked_fill's value), but not beside meta ones.
+  if (t.device().is_cpu() && t.dim() == 0 && t.unsafeGetTensorImpl()->is_wrapped_number()) return t;
   at::Tensor m = at::empty_strided(t.sizes(), t.strides(), t.options().device(at::kMeta));
   return m;
 }

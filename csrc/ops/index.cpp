@@ -460,28 +460,5 @@ Registrar reg_masked_select(
     },
     {}, true);
 
-// masked_scatter(self, mask, source): the i-th selected position (row-major)
-// takes source's i-th element; source must hold at least as many elements as
-// the mask selects (checked on the device: an error at the next host read).
-Registrar reg_masked_scatter("masked_scatter", [](Ctx& c) {
-  ir::Builder& b = c.b;
-  Value self = c.tensor(0), src = c.tensor(2);
-  Value mask = b.broadcastTo(b.convert(c.tensor(1), DType::Bool), self.shape());
-  int64_t n = self.type.numel(), m = src.type.numel();
-  if (n == 0) return std::vector<Value>{self};
-  Value flat_mask = b.reshape(mask, {n});
-  if (m == 0) {  // nothing to take: valid only when nothing is selected
-    c.requireInRange(b.compare(countTrue(b, flat_mask), b.constantInt(0, DType::I64), ir::Cmp::EQ));
-    return std::vector<Value>{self};
-  }
-  Value rank = sub(b, scan(b, b.convert(flat_mask, DType::I64), 0, "add", 0), b.constantInt(1, DType::I64, {n}));
-  c.requireInRange(b.compare(countTrue(b, flat_mask), b.constantInt(m, DType::I64), ir::Cmp::LE));
-  Value idx = b.binary("maximum", b.binary("minimum", rank, b.constantInt(m - 1, DType::I64, {n})),
-                       b.constantInt(0, DType::I64, {n}));
-  Value taken = gatherAlong(b, b.reshape(b.convert(src, self.dtype()), {m}), 0, idx);
-  Value out = b.select(flat_mask, taken, b.reshape(self, {n}));
-  return std::vector<Value>{b.reshape(out, self.shape())};
-});
-
 }  // namespace
 }  // namespace tpu::ops

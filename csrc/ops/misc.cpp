@@ -658,7 +658,8 @@ Registrar reg_put("put", [](Ctx& c) {
   return std::vector<Value>{b.reshape(r, x.shape())};
 });
 
-// masked_scatter(self, mask, source): the i-th true position takes source[i].
+// masked_scatter(self, mask, source): the i-th true position takes source[i];
+// too short a source is an IndexError (take's range check) at the next host read.
 Registrar reg_masked_scatter("masked_scatter", [](Ctx& c) {
   ir::Builder& b = c.b;
   Value x = c.tensor(0), mask = c.tensor(1), src = c.tensor(2);
@@ -666,8 +667,13 @@ Registrar reg_masked_scatter("masked_scatter", [](Ctx& c) {
   Value xx = vs[0], mm = b.convert(vs[1], DType::Bool);
   int64_t n = xx.type.numel();
   if (n == 0) return std::vector<Value>{xx};
-  if (src.type.numel() == 0) throw ir::Unsupported("masked_scatter with an empty source");
   Value mf = b.reshape(mm, {n});
+  if (src.type.numel() == 0) {  // valid while nothing is selected (multimodal models
+    // splice in zero image features for text-only batches); else IndexError
+    Value none = reduceMax(b, b.convert(mf, DType::I32), {0});
+    c.requireInRange(b.compare(none, b.constantInt(0, DType::I32), ir::Cmp::EQ));
+    return std::vector<Value>{xx};
+  }
   Value m64 = b.convert(mf, DType::I64);
   Value incl = delegate(c, "cumsum", {tensorArg(m64), intArg(0)}, {Type{DType::I64, {n}}})[0];
   Value pos = sub(b, incl, m64);

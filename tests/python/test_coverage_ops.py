@@ -289,3 +289,18 @@ def test_masked_scatter_values_gradients_and_short_source():
     with pytest.raises(IndexError, match="masked_scatter"):
         tpu(x).masked_scatter(torch.ones(3, 4, dtype=torch.bool, device="tpu"),
                               torch.randn(5, device="tpu")).cpu()
+    # An empty source is valid while nothing is selected (a text-only batch of a multimodal
+    # model splices in zero image features), an IndexError otherwise.
+    nothing = torch.zeros(3, 4, dtype=torch.bool)
+    close(tpu(x).masked_scatter(tpu(nothing), torch.zeros(0, device="tpu")), x)
+    with pytest.raises(IndexError, match="masked_scatter"):
+        tpu(x).masked_scatter(tpu(nothing | (x > 0)), torch.zeros(0, device="tpu")).cpu()
+
+
+def test_masked_fill_takes_a_cpu_scalar_tensor_value():
+    # PyTorch lets a 0-d CPU tensor fill a tensor on an accelerator (SEW-D's attention mask);
+    # the meta kernel refused it beside meta tensors.
+    x, mask = torch.randn(2, 2, 6, 6), torch.rand(2, 1, 1, 6) > 0.5
+    value = torch.tensor(torch.finfo(torch.float32).min)
+    close(tpu(x).masked_fill(tpu(mask), value), x.masked_fill(mask, value))
+    close(torch.where(tpu(mask), tpu(x), torch.tensor(0.5)), torch.where(mask, x, torch.tensor(0.5)))
