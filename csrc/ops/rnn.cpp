@@ -26,27 +26,21 @@ Value withBias(ir::Builder& b, const Value& gates, const std::optional<Value>& b
   return add(b, gates, b.broadcastInDim(b.convert(*bias, gates.dtype()), gates.shape(), {1}));
 }
 
-std::string shapeText(const Shape& s) {
-  std::string out = "[";
-  for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
-  return out + "]";
-}
-
 // The size rules of the CUDA kernels (PyTorch's meta kernel for these ops
 // cannot be used: it fails on absent biases). Bad sizes raise RuntimeError.
 void checkCellSizes(const Ctx& c, const Value& ig, const Value& hg, const Value& prev, int64_t factor) {
   auto fail = [&](const std::string& why) { throw std::invalid_argument(c.op() + ": " + why); };
   if (ig.rank() != 2 || ig.shape() != hg.shape())
-    fail("input and hidden gates must be 2-d and of one shape, got " + shapeText(ig.shape()) + " and " +
-         shapeText(hg.shape()));
+    fail("input and hidden gates must be 2-d and of one shape, got " + ir::shapeStr(ig.shape()) + " and " +
+         ir::shapeStr(hg.shape()));
   int64_t gates = ig.shape()[1];
   for (size_t k : {3, 4}) {
     auto bias = c.optTensor(k);
     if (bias && (bias->rank() != 1 || bias->shape()[0] != gates))
-      fail("a bias of shape " + shapeText(bias->shape()) + " for " + std::to_string(gates) + " gates");
+      fail("a bias of shape " + ir::shapeStr(bias->shape()) + " for " + std::to_string(gates) + " gates");
   }
   if (prev.rank() != 2 || prev.shape()[0] != ig.shape()[0] || prev.shape()[1] * factor != gates)
-    fail("the previous state " + shapeText(prev.shape()) + " does not match gates " + shapeText(ig.shape()));
+    fail("the previous state " + ir::shapeStr(prev.shape()) + " does not match gates " + ir::shapeStr(ig.shape()));
 }
 
 // _thnn_fused_lstm_cell(input_gates, hidden_gates, cx, input_bias?, hidden_bias?)
