@@ -2,6 +2,7 @@
 // activations and their backward ops. Low-precision floats compute in
 // float32 and round once at the end, as PyTorch's CPU kernels do.
 #include <cmath>
+#include <optional>
 
 #include "ops/common.h"
 
@@ -333,12 +334,39 @@ Registrar reg_remainder("remainder", [](Ctx& c) {
 Registrar reg_fmod("fmod", [](Ctx& c) {
   return arith(c, [](ir::Builder& b, const Value& x, const Value& y) { return b.binary("remainder", x, y); });
 });
-Registrar reg_pow("pow", [](Ctx& c) {
-  return arith(c, [](ir::Builder& b, const Value& x, const Value& y) {
-    if (x.dtype() == DType::Bool) return b.binary("or", x, b.unary("not", y));
-    return b.binary("power", x, y);
-  });
-});
+// x ** e for the exponents PyTorch's CPU kernel also computes without pow()
+// (2, 3, 0.5, -0.5, -1, -2): the same values, and a multiply instead of
+// exp(e * log(x)). Empty when e has no such form for the dtype of x.
+std::optional<Value> powSpecial(ir::Builder& b, const Value& x, double e) {
+  if (ir::isComplex(x.dtype())) return std::nullopt;
+  if (e == 2) return mul(b, x, x);
+  if (e == 3) return mul(b, mul(b, x, x), x);
+  if (!ir::isFloat(x.dtype())) return std::nullopt;
+  if (e == 0.5) return b.unary("sqrt", x);
+  if (e == -0.5) return b.unary("rsqrt", x);
+  if (e == -1) return div(b, k(b, 1, x), x);
+  if (e == -2) return div(b, k(b, 1, x), mul(b, x, x));
+  return std::nullopt;
+}
+
+// The exponent of pow.Tensor_Scalar (argument 1) is a program constant: its
+// value picks the formula, so a new exponent compiles a new program.
+Registrar reg_pow(
+    "pow",
+    [](Ctx& c) {
+      std::optional<double> e;
+      if (c.isScalarArg(1) && !c.isScalarArg(0)) e = c.arg(1).const_value;
+      DType t = resultType(c, {0, 1});
+      if (e && *e < 0 && !ir::isFloat(t) && !ir::isComplex(t) && t != DType::Bool)
+        throw std::invalid_argument("Integers to negative integer powers are not allowed.");
+      return arith(c, [e](ir::Builder& b, const Value& x, const Value& y) {
+        if (x.dtype() == DType::Bool) return b.binary("or", x, b.unary("not", y));
+        if (e)
+          if (auto r = powSpecial(b, x, *e)) return *r;
+        return b.binary("power", x, y);
+      });
+    },
+    {1});
 Registrar reg_float_power("float_power", [](Ctx& c) {
   Value x = c.b.convert(c.tensor(0), DType::F64), y = c.b.convert(c.tensor(1), DType::F64);
   auto vs = broadcastAll(c.b, {x, y});

@@ -124,6 +124,28 @@ def test_float_division_modes(dtype):
     check(torch.atan2, a, b)
 
 
+@pytest.mark.parametrize("dtype", FLOATS + INTS, ids=str)
+def test_pow_scalar_exponents(dtype):
+    # 2, 3, 0.5, -0.5, -1, -2 have their own formulas (the exponent is a program
+    # constant); the rest use power(). A new exponent must not reuse the old program.
+    x = make((7, 9), dtype, -4, 4)
+    pos = x.abs() + 1
+    for e in (2, 3, 2.0, 0.5, -0.5, -1, -2, -1.0, 1.5, 1, 0, 4, 0.0):
+        base = pos if (isinstance(e, float) and e != int(e)) or e < 0 else x
+        if e < 0 and not dtype.is_floating_point:
+            base = base.float()
+        check(lambda t: torch.pow(t, e), base)
+        check(lambda t: t ** e, base)
+    check(lambda t: t.clone().pow_(2), x)
+    check(lambda t: torch.pow(t, 2.5), pos)  # int base, float exponent: float result
+
+
+def test_pow_negative_int_exponent_of_int_tensor_raises():
+    x = torch.arange(1, 5, device="tpu")
+    with pytest.raises(RuntimeError, match="negative integer powers"):
+        torch.pow(x, -1)
+
+
 def test_type_promotion_with_scalars_and_0d():
     i = make((3, 4), torch.int64)
     f = make((3, 4), torch.float32)
