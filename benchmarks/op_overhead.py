@@ -1,8 +1,11 @@
 #!/usr/bin/env python3
-"""Per-op overhead in strict eager: microseconds per small op on tpu next to
-PyTorch's CPU eager, measured side by side in one run.
+"""Per-op cost in strict eager: microseconds per op on tpu next to PyTorch's CPU
+eager, measured side by side in one run. At the default size (64) this is the
+per-op overhead; `--throughput` times a wider set of ops at 512x512, where a
+lowering that XLA compiles into slow code stands out (pow and topk did).
 
     python benchmarks/op_overhead.py [--size 64] [--json out.json]
+    python benchmarks/op_overhead.py --throughput [--size 512]
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import json
 from common import provenance, time_per_call
 
 import torch
+import torch.nn.functional as F
 
 
 def cases(n: int):
@@ -30,24 +34,69 @@ def cases(n: int):
     }
 
 
+def throughput_cases(n: int):
+    """Ops common in models, on [n, n] float32 (and a few other shapes)."""
+    return {
+        "add": lambda t: t["a"] + t["b"],
+        "gelu": lambda t: F.gelu(t["a"]),
+        "silu": lambda t: F.silu(t["a"]),
+        "pow 2 (x ** 2)": lambda t: t["a"] ** 2,
+        "pow 2.5": lambda t: t["p"] ** 2.5,
+        "sum over last dim": lambda t: t["a"].sum(-1),
+        "amax over last dim": lambda t: t["a"].amax(-1),
+        "argmax over last dim": lambda t: t["a"].argmax(-1),
+        "cumsum": lambda t: t["a"].cumsum(-1),
+        "softmax": lambda t: t["a"].softmax(-1),
+        "layer_norm": lambda t: F.layer_norm(t["a"], (n,), t["w"]),
+        "rms_norm": lambda t: F.rms_norm(t["a"], (n,), t["w"]),
+        "cross_entropy": lambda t: F.cross_entropy(t["a"], t["target"]),
+        "matmul": lambda t: t["a"] @ t["b"],
+        "attention (sdpa, causal)": lambda t: F.scaled_dot_product_attention(t["q"], t["q"], t["q"], is_causal=True),
+        "embedding": lambda t: F.embedding(t["ids"], t["a"]),
+        "topk (k=8)": lambda t: t["a"].topk(8, -1).values,
+        "sort": lambda t: t["a"].sort(-1).values,
+        "transpose + contiguous": lambda t: t["a"].t().contiguous(),
+        "where": lambda t: torch.where(t["mask"], t["a"], t["b"]),
+        "conv2d 3x3": lambda t: F.conv2d(t["img"], t["kernel"], padding=1),
+    }
+
+
+def throughput_inputs(n: int, device: str):
+    g = torch.Generator().manual_seed(0)
+    a, b = torch.randn(n, n, generator=g), torch.randn(n, n, generator=g)
+    t = {"a": a, "b": b, "p": a.abs() + 0.5, "w": torch.randn(n, generator=g), "mask": a > 0,
+         "target": torch.randint(0, n, (n,), generator=g), "ids": torch.randint(0, n, (4 * n,), generator=g),
+         "q": torch.randn(4, 8, n // 4, 64, generator=g), "img": torch.randn(8, 32, 32, 32, generator=g),
+         "kernel": torch.randn(32, 32, 3, 3, generator=g)}
+    return {k: v.to(device) for k, v in t.items()}
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser()
-    ap.add_argument("--size", type=int, default=64)
-    ap.add_argument("--iters", type=int, default=200)
+    ap.add_argument("--size", type=int, default=None, help="64 (overhead) or 512 (--throughput)")
+    ap.add_argument("--iters", type=int, default=None)
+    ap.add_argument("--throughput", action="store_true")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
-    n = args.size
+    n = args.size or (512 if args.throughput else 64)
+    iters = args.iters or (20 if args.throughput else 200)
     rows = []
-    for name, fn in cases(n).items():
+    table = throughput_cases(n) if args.throughput else cases(n)
+    inputs = {dev: throughput_inputs(n, dev) for dev in ("cpu", "tpu")} if args.throughput else None
+    for name, fn in table.items():
         res = {}
         for dev in ("cpu", "tpu"):
+            if inputs:
+                t = inputs[dev]
+                res[dev] = time_per_call(lambda: fn(t), dev, iters=iters) * 1e6
+                continue
             a = torch.randn(n, n, device=dev)
             b = torch.randn(n, n, device=dev)
-            res[dev] = time_per_call(lambda: fn(a, b), dev, iters=args.iters) * 1e6
+            res[dev] = time_per_call(lambda: fn(a, b), dev, iters=iters) * 1e6
         rows.append({"op": name, "cpu_us": res["cpu"], "tpu_us": res["tpu"], "ratio": res["tpu"] / res["cpu"]})
         print(f"{name:28s} cpu {res['cpu']:8.1f} us   tpu {res['tpu']:8.1f} us   tpu/cpu {res['tpu'] / res['cpu']:6.1f}x",
               flush=True)
-    out = {"provenance": provenance(), "size": n, "rows": rows}
+    out = {"provenance": provenance(), "size": n, "iters": iters, "rows": rows}
     if args.json:
         with open(args.json, "w") as f:
             json.dump(out, f, indent=1)

@@ -294,6 +294,33 @@ def test_sort_topk(dtype):
     torch.testing.assert_close(x.gather(1, out.indices.cpu()), ref.values)
 
 
+@pytest.mark.parametrize("dtype", FLOATS + INTS + [torch.uint8], ids=str)
+def test_topk_selection_and_sort_paths(dtype):
+    # k <= 16 (largest) selects k times; larger k and largest=False sort. Both
+    # must give the CPU's values in order, with NaN first, ties, infinities,
+    # and distinct indices that point at those values.
+    g = torch.Generator().manual_seed(3)
+    if dtype.is_floating_point:
+        x = torch.randn(6, 40, generator=g).to(dtype)
+        x[:, ::5] = x[:, 1:2]  # ties
+        x[0, 3] = x[1, 7] = x[1, 9] = float("nan")
+        x[2, 4], x[3, 5] = float("inf"), float("-inf")
+        x[4] = float("-inf")  # a row of equal worst values
+        x[4, 6] = 1.0
+    else:
+        x = torch.randint(0, 6, (6, 40), generator=g).to(dtype)
+    dev = x.to("tpu")
+    for k, dim, largest in [(1, 1, True), (2, 1, True), (5, 1, True), (16, 1, True), (17, 1, True),
+                            (3, 0, True), (6, 0, True), (4, 1, False), (40, 1, True)]:
+        ref = x.topk(k, dim, largest=largest)
+        out = dev.topk(k, dim, largest=largest)
+        assert out.values.device.type == "tpu"
+        v, i = out.values.cpu(), out.indices.cpu()
+        torch.testing.assert_close(v, ref.values, equal_nan=True, rtol=0, atol=0)
+        torch.testing.assert_close(x.gather(dim, i), ref.values, equal_nan=True, rtol=0, atol=0)
+        assert bool((i.sort(dim).values.diff(dim=dim) > 0).all()), (k, dim, largest)
+
+
 def test_factories():
     for dtype in (torch.float32, torch.int64, torch.bfloat16):
         assert torch.zeros(3, 4, device="tpu", dtype=dtype).cpu().equal(torch.zeros(3, 4, dtype=dtype))
