@@ -39,6 +39,34 @@ def time_per_call(fn, device: str, warmup: int = 5, iters: int = 50, repeats: in
     return statistics.median(samples)
 
 
+def interleaved(runs: dict, steps: int, rounds: int = 5) -> dict:
+    """Seconds per call of each run, taken in turns: every round times `steps`
+    calls of each run one after the other, so a slow spell of a shared machine
+    falls on all of them alike. `runs` maps a name to (fn, context, device):
+    `context()` is entered around the calls (a mode). Returns name -> the
+    per-round seconds per call."""
+    out = {name: [] for name in runs}
+    for _ in range(rounds):
+        for name, (fn, context, device) in runs.items():
+            with context():
+                t0 = time.perf_counter()
+                for _ in range(steps):
+                    r = fn()
+                if isinstance(r, torch.Tensor):
+                    r.cpu()
+                sync(device)
+                out[name].append((time.perf_counter() - t0) / steps)
+    return out
+
+
+def ratio_summary(fast: list, slow: list) -> dict:
+    """The speed-up of `fast` over `slow` (per-round seconds): the ratio of the
+    medians, with the lowest and highest per-round ratio."""
+    per_round = [s / f for f, s in zip(fast, slow)]
+    return {"ratio": statistics.median(slow) / statistics.median(fast), "low": min(per_round),
+            "high": max(per_round)}
+
+
 def provenance() -> dict:
     try:
         commit = subprocess.check_output(["git", "rev-parse", "--short", "HEAD"], text=True,

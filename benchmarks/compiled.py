@@ -1,19 +1,23 @@
 #!/usr/bin/env python3
 """torch.compile(backend="tpu") against strict eager, fused eager, PyTorch's CPU eager and
-torch.compile with inductor on the CPU, side by side in one run: the GPT training step
-(model and optimizer step compiled; AdamW(capturable=True) for the tpu backend) and GPT inference (a forward pass), with the time of
-the first (compiling) step.
+torch.compile with inductor on the CPU, in one run: the GPT training step (model and
+optimizer step compiled; AdamW(capturable=True) for the tpu backend) and GPT inference (a
+forward pass). Every configuration is set up and warmed up first (the first call's time is
+reported: it compiles, or loads from the disk cache); then the configurations are timed in
+turns, several rounds, and each reports its median.
 
-    python benchmarks/compiled.py [--steps 20] [--json out.json]
+    python benchmarks/compiled.py [--steps 20] [--rounds 5] [--json out.json]
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
+import statistics
 import time
 
-from common import provenance, sync
+from common import interleaved, provenance, ratio_summary, sync
 
 import torch
 
@@ -23,7 +27,6 @@ from torch_tpu.models import GPT
 
 
 def setup(device, compiled, tok, tokens, args):
-    torch._dynamo.reset()
     torch.manual_seed(0)
     model = GPT(tok.vocab_size, block_size=args.block, n_layer=2, n_head=4, n_embd=64, dropout=0.0).to(device)
     # A compiled optimizer step keeps its step counts on the device (capturable), so the
@@ -40,10 +43,13 @@ def setup(device, compiled, tok, tokens, args):
 
 
 def train(device, mode, compiled, tok, tokens, args):
+    """Builds and warms up one configuration; returns (step, first-call seconds)."""
     with torch_tpu.mode(mode):
         model, opt, fwd, opt_step, data = setup(device, compiled, tok, tokens, args)
+        batches_ = itertools.cycle(data)
 
-        def step(x, y):
+        def step():
+            x, y = next(batches_)
             _, loss = fwd(x.to(device), y.to(device))
             opt.zero_grad(set_to_none=True)
             loss.backward()
@@ -51,33 +57,30 @@ def train(device, mode, compiled, tok, tokens, args):
             return loss.item()
 
         t0 = time.perf_counter()
-        step(*data[0])
+        step()
         first = time.perf_counter() - t0
-        for x, y in data[1:args.warmup]:
-            step(x, y)
+        for _ in range(args.warmup):
+            step()
         sync(device)
-        t0 = time.perf_counter()
-        for x, y in data[args.warmup:]:
-            loss = step(x, y)
-        elapsed = time.perf_counter() - t0
-    return {"tokens_per_s": args.steps * args.batch * args.block / elapsed, "first_s": first, "loss": loss}
+    return step, first
 
 
 def infer(device, mode, compiled, tok, tokens, args):
     with torch_tpu.mode(mode), torch.no_grad():
         model, _, fwd, _, data = setup(device, compiled, tok, tokens, args)
         model.eval()
-        xs = [x.to(device) for x, _ in data]
+        xs = itertools.cycle([x.to(device) for x, _ in data])
+
+        def step():
+            with torch.no_grad():
+                return fwd(next(xs))[0].sum().item()
+
         t0 = time.perf_counter()
-        fwd(xs[0])[0].sum().item()
+        step()
         first = time.perf_counter() - t0
-        for x in xs[1:args.warmup]:
-            fwd(x)[0].sum().item()
-        t0 = time.perf_counter()
-        for x in xs[args.warmup:]:
-            fwd(x)[0].sum().item()
-        elapsed = time.perf_counter() - t0
-    return {"tokens_per_s": args.steps * args.batch * args.block / elapsed, "first_s": first}
+        for _ in range(args.warmup):
+            step()
+    return step, first
 
 
 CONFIGS = [
@@ -91,8 +94,9 @@ CONFIGS = [
 
 def main(argv=None):
     ap = argparse.ArgumentParser()
-    ap.add_argument("--steps", type=int, default=20)
-    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=20, help="calls per configuration per round")
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--warmup", type=int, default=10)
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--block", type=int, default=64)
     ap.add_argument("--json", default=None)
@@ -100,18 +104,36 @@ def main(argv=None):
     text = load_corpus()
     tok = CharTokenizer(text)
     tokens = tok.encode_tensor(text)
-    rows = []
+    torch._dynamo.reset()
+    rows, ratios = [], {}
     for task, fn in (("GPT training step", train), ("GPT inference (forward)", infer)):
+        runs, firsts, errors = {}, {}, {}
         for name, device, mode, compiled in CONFIGS:
             try:
-                r = fn(device, mode, compiled, tok, tokens, args)
+                step, firsts[name] = fn(device, mode, compiled, tok, tokens, args)
+                runs[name] = (step, lambda m=mode: torch_tpu.mode(m), device)
             except Exception as e:  # noqa: BLE001 - a failing configuration is reported, not fatal
-                r = {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"}
+                errors[name] = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
+        secs = interleaved(runs, args.steps, args.rounds)
+        tokens_per_call = args.batch * args.block
+        for name, *_ in CONFIGS:
+            if name in errors:
+                r = {"error": errors[name]}
+            else:
+                r = {"tokens_per_s": tokens_per_call / statistics.median(secs[name]), "first_s": firsts[name],
+                     "rounds_s": secs[name]}
             r.update(task=task, config=name)
             rows.append(r)
             print(f"{task:26s} {name:34s} " + (f"{r['tokens_per_s']:10.0f} tokens/s  first {r['first_s']:.2f} s"
                                                if "error" not in r else r["error"]), flush=True)
-    out = {"provenance": provenance(), "rows": rows, "graphs": torch_tpu.compiled_graphs()}
+        comp = CONFIGS[2][0]
+        if comp in secs:
+            ratios[task] = {other: ratio_summary(secs[comp], secs[other])
+                            for other in (CONFIGS[0][0], CONFIGS[4][0]) if other in secs}
+            for other, rs in ratios[task].items():
+                print(f"{task}: compiled / {other} {rs['ratio']:.2f}x (rounds {rs['low']:.2f}-{rs['high']:.2f}x)")
+    out = {"provenance": provenance(), "rows": rows, "ratios": ratios, "steps": args.steps, "rounds": args.rounds,
+           "graphs": torch_tpu.compiled_graphs()}
     if args.json:
         with open(args.json, "w") as f:
             json.dump(out, f, indent=1)

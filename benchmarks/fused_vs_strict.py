@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Fused eager against strict eager, side by side in one run: GPT and MLP
 training steps, a chain of elementwise and normalisation ops, and GPT greedy
-decoding; plus the start-up of a second process with a cold and a warm disk
-cache.
+decoding, each built and warmed up in both modes and then timed in turns over
+several rounds (medians); plus the start-up of a second process with a cold
+and a warm disk cache.
 
     python benchmarks/fused_vs_strict.py [--json out.json]
 """
@@ -12,12 +13,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
-import time
 
-from common import provenance, sync
+from common import interleaved, provenance, ratio_summary, sync
 
 import torch
 
@@ -26,19 +27,6 @@ from torch_tpu.data import CharTokenizer, batches, load_corpus
 from torch_tpu.models import GPT, MLP
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def timed(fn, steps, warmup):
-    for _ in range(warmup):
-        fn()
-    sync("tpu")
-    t0 = time.perf_counter()
-    for _ in range(steps):
-        out = fn()
-    if isinstance(out, torch.Tensor):
-        out.cpu()
-    sync("tpu")
-    return (time.perf_counter() - t0) / steps
 
 
 def gpt_train(tok, tokens, batch=16, block=64):
@@ -103,10 +91,13 @@ def decode(tok):
     return step, 16
 
 
-def one(mode, make, steps, warmup):
+def warmed(mode, make, warmup):
     with torch_tpu.mode(mode):
         fn, units = make()
-        return timed(fn, steps, warmup), units
+        for _ in range(warmup):
+            fn()
+        sync("tpu")
+    return fn, units
 
 
 STARTUP = """
@@ -138,29 +129,36 @@ def startup():
 
 def main(argv=None):
     ap = argparse.ArgumentParser()
+    ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     text = load_corpus()
     tok = CharTokenizer(text)
     tokens = tok.encode_tensor(text)
     cases = [
-        ("GPT training step", lambda: gpt_train(tok, tokens), 20, 5, "tokens/s"),
+        ("GPT training step", lambda: gpt_train(tok, tokens), 20, 10, "tokens/s"),
         ("MLP training step", mlp_train, 50, 5, "samples/s"),
         ("elementwise + norm chain", chain, 50, 5, "calls/s"),
         ("GPT greedy decode (16 tokens)", lambda: decode(tok), 5, 2, "tokens/s"),
     ]
     rows = []
     for name, make, steps, warmup, unit in cases:
-        s, units = one("strict", make, steps, warmup)
-        f, _ = one("fused", make, steps, warmup)
-        rows.append({"case": name, "unit": unit, "strict": units / s, "fused": units / f, "speedup": s / f})
+        runs = {}
+        for mode in ("strict", "fused"):
+            fn, units = warmed(mode, make, warmup)
+            runs[mode] = (fn, lambda m=mode: torch_tpu.mode(m), "tpu")
+        secs = interleaved(runs, steps, args.rounds)
+        s, f = statistics.median(secs["strict"]), statistics.median(secs["fused"])
+        rs = ratio_summary(secs["fused"], secs["strict"])
+        rows.append({"case": name, "unit": unit, "strict": units / s, "fused": units / f, "speedup": rs["ratio"],
+                     "low": rs["low"], "high": rs["high"], "rounds_s": secs})
         print(f"{name:32s} strict {units / s:10.1f} {unit:10s} fused {units / f:10.1f} {unit:10s} "
-              f"fused/strict {s / f:5.2f}x", flush=True)
+              f"fused/strict {rs['ratio']:5.2f}x (rounds {rs['low']:.2f}-{rs['high']:.2f}x)", flush=True)
     st = startup()
     print(f"second-process start (3 GPT steps, fused): cold cache {st['cold']['seconds']:.2f} s "
           f"({st['cold']['compiles']} compiles), warm cache {st['warm']['seconds']:.2f} s "
           f"({st['warm']['compiles']} compiles)")
-    out = {"provenance": provenance(), "rows": rows, "startup": st}
+    out = {"provenance": provenance(), "rows": rows, "rounds": args.rounds, "startup": st}
     if args.json:
         with open(args.json, "w") as f:
             json.dump(out, f, indent=1)
