@@ -207,6 +207,10 @@ Runtime::Runtime() {
   identity_ = path + "|" + std::to_string(st.st_size) + "|" + std::to_string(st.st_mtime) + "|" +
               client_->platformName() + "|" + client_->platformVersion() + "|" + std::to_string(api->majorVersion()) +
               "." + std::to_string(api->minorVersion());
+  // Compiler flags from the environment change what the plugin builds as much
+  // as the compile options do: an executable is reused only under the same ones.
+  for (const char* var : {"XLA_FLAGS", "LIBTPU_INIT_ARGS"})
+    if (const char* v = std::getenv(var); v && *v) identity_ += std::string("|") + var + "=" + v;
   disk_ = std::make_unique<DiskCache>(DiskCache::defaultDir(), DiskCache::defaultMaxBytes());
   int n = deviceCount();
   mem_.reset(new Mem[n]);

@@ -21,8 +21,8 @@ print(json.dumps({"compiles": m["compiles"], "disk_hits": m["disk_hits"], "disk"
 """
 
 
-def run(cache_dir):
-    env = dict(os.environ, TORCH_TPU_CACHE_DIR=str(cache_dir), TORCH_TPU_DEFER_AND_FUSE="0")
+def run(cache_dir, **extra_env):
+    env = dict(os.environ, TORCH_TPU_CACHE_DIR=str(cache_dir), TORCH_TPU_DEFER_AND_FUSE="0", **extra_env)
     env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
     r = subprocess.run([sys.executable, "-c", textwrap.dedent(PROGRAM)], capture_output=True, text=True, env=env,
                        timeout=300)
@@ -36,6 +36,17 @@ def test_second_process_compiles_nothing(tmp_path):
     second = run(tmp_path)
     assert second["compiles"] == 0
     assert second["disk_hits"] == first["compiles"]
+
+
+def test_compiler_flags_from_the_environment_are_part_of_the_key(tmp_path):
+    # XLA_FLAGS change what the plugin compiles: an executable built under other
+    # flags must not be loaded (here a flag at its default value: same results).
+    first = run(tmp_path)
+    flagged = run(tmp_path, XLA_FLAGS="--xla_cpu_enable_fast_math=false")
+    assert flagged["disk_hits"] == 0 and flagged["compiles"] == first["compiles"]
+    again = run(tmp_path, XLA_FLAGS="--xla_cpu_enable_fast_math=false")
+    assert again["compiles"] == 0 and again["disk_hits"] == first["compiles"]
+    assert run(tmp_path)["compiles"] == 0
 
 
 def test_corrupt_truncated_and_foreign_entries_are_recompiled(tmp_path):
