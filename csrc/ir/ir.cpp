@@ -170,6 +170,35 @@ uint64_t fnv1a(const std::string& s, uint64_t seed) {
   return h;
 }
 
+uint64_t hash64(std::string_view s, uint64_t seed) {
+  // MurmurHash64A's mixing, eight bytes per step (FNV-1a's byte loop took
+  // about a tenth of fused eager's host time hashing every emitted line).
+  constexpr uint64_t m = 0xc6a4a7935bd1e995ull;
+  constexpr int r = 47;
+  const char* p = s.data();
+  size_t n = s.size();
+  uint64_t h = seed ^ (n * m);
+  for (; n >= 8; p += 8, n -= 8) {
+    uint64_t k;
+    std::memcpy(&k, p, 8);
+    k *= m;
+    k ^= k >> r;
+    k *= m;
+    h ^= k;
+    h *= m;
+  }
+  if (n > 0) {
+    uint64_t k = 0;
+    std::memcpy(&k, p, n);
+    h ^= k;
+    h *= m;
+  }
+  h ^= h >> r;
+  h *= m;
+  h ^= h >> r;
+  return h;
+}
+
 namespace {
 std::string i64Array(const std::vector<int64_t>& v) {
   std::string s = "array<i64";
@@ -232,8 +261,8 @@ void Builder::emitLine(const std::string& s) {
 }
 
 void Builder::mix(const std::string& s) {
-  h1_ = fnv1a(s, h1_);
-  h2_ = fnv1a(s, h2_ ^ 0x9E3779B97F4A7C15ull);
+  h1_ = hash64(s, h1_);
+  h2_ = hash64(s, h2_ ^ 0x9E3779B97F4A7C15ull);
 }
 
 std::string Builder::fingerprint() const {

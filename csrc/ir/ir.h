@@ -8,6 +8,7 @@
 #include <functional>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <unordered_map>
 #include <vector>
 
@@ -187,6 +188,9 @@ class Builder {
 };
 
 std::string shapeStr(const Shape& s);
+// FNV-1a: stable across builds (the disk cache's keys and checksums).
 uint64_t fnv1a(const std::string& s, uint64_t seed = 1469598103934665603ull);
+// A faster hash for in-memory keys (program fingerprints, op signatures).
+uint64_t hash64(std::string_view s, uint64_t seed);
 
 }  // namespace tpu::ir

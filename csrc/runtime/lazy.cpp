@@ -115,7 +115,7 @@ std::string LazyGraph::describeOps() const {
 }
 
 bool LazyGraph::noteOp(const std::string& key) {
-  uint64_t sig = ir::fnv1a(key);
+  uint64_t sig = ir::hash64(key, 0);
   keys_.push_back(key);
   ++ops_;
   sigs_.push_back(sig);
