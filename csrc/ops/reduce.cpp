@@ -69,13 +69,16 @@ Registrar reg_prod("prod", [](Ctx& c) {
   return std::vector<Value>{c.b.convert(finish(c.b, r, x.shape(), dims, keep), out)};
 });
 
-// NaN-propagating max/min reduce for floats.
+// NaN-propagating max/min reduce for floats, in one pass: a NaN operand wins
+// (the plugin's maximum/minimum need not propagate it).
 Value extreme(ir::Builder& b, const Value& x, const std::vector<int64_t>& dims, bool is_max) {
-  Value r = is_max ? reduceMax(b, x, dims) : reduceMin(b, x, dims);
-  if (!ir::isFloat(x.dtype()) || dims.empty()) return r;
-  Value nan = b.convert(b.compare(x, x, ir::Cmp::NE), DType::F32);
-  Value anynan = b.compare(reduceMax(b, nan, dims), b.constant(0.0, DType::F32, r.shape()), ir::Cmp::GT);
-  return b.select(anynan, b.constant(NAN, x.dtype(), r.shape()), r);
+  if (!ir::isFloat(x.dtype()) || dims.empty()) return is_max ? reduceMax(b, x, dims) : reduceMin(b, x, dims);
+  Value init = b.constant(is_max ? lowestValue(x.dtype()) : highestValue(x.dtype()), x.dtype());
+  return b.reduce({x}, {init}, dims, [is_max](ir::Builder& bb, const std::vector<Value>& a) {
+    Value m = bb.binary(is_max ? "maximum" : "minimum", a[0], a[1]);
+    m = bb.select(bb.compare(a[1], a[1], ir::Cmp::NE), a[1], m);
+    return std::vector<Value>{bb.select(bb.compare(a[0], a[0], ir::Cmp::NE), a[0], m)};
+  })[0];
 }
 
 std::vector<Value> amaxmin(Ctx& c, bool is_max) {

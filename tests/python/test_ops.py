@@ -201,6 +201,16 @@ def test_nan_propagation():
     check(lambda t: torch.maximum(t, t.flip(1)), x, equal_nan=True)
     check(lambda t: t.clamp(2, 5), x, equal_nan=True)
     check(lambda t: t.sort(1), x, equal_nan=True)
+    # One-pass NaN-propagating max/min: NaN in any position of long rows (the
+    # plugin splits them into windows), over either dim and over all of them.
+    big = torch.randn(8, 300, dtype=torch.float64).float()
+    big[1, 0] = big[2, 299] = big[3, 150] = big[5, 31] = float("nan")
+    big[6] = float("-inf")
+    big[7, 40] = float("inf")
+    for f in (lambda t: t.amax(1), lambda t: t.amin(1), lambda t: t.amax(0), lambda t: t.amin(0),
+              lambda t: t.max(), lambda t: t.min(), lambda t: t.max(1).values, lambda t: t.min(0).values,
+              lambda t: t[6:].amax(), lambda t: t.to(torch.bfloat16).amax(1)):
+        check(f, big, equal_nan=True)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64, torch.int64, torch.int32],
