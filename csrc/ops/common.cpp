@@ -276,12 +276,13 @@ double highestValue(DType t) {
   }
 }
 
-namespace {
-Value extremeConst(ir::Builder& b, DType t, bool lowest) {
+Value extremeConst(ir::Builder& b, DType t, bool lowest, const Shape& shape) {
   if (t == DType::I64)
-    return b.constantInt(lowest ? std::numeric_limits<int64_t>::min() : std::numeric_limits<int64_t>::max(), t);
-  return b.constant(lowest ? lowestValue(t) : highestValue(t), t);
+    return b.constantInt(lowest ? std::numeric_limits<int64_t>::min() : std::numeric_limits<int64_t>::max(), t, shape);
+  return b.constant(lowest ? lowestValue(t) : highestValue(t), t, shape);
 }
+
+namespace {
 Value reduceWith(ir::Builder& b, const Value& v, const std::vector<int64_t>& dims, const char* op, const Value& init) {
   if (dims.empty()) return v;
   return b.reduce({v}, {init}, dims, [op](ir::Builder& bb, const std::vector<Value>& a) {

@@ -36,6 +36,8 @@ Value keepDims(ir::Builder& b, const Value& reduced, const Shape& in_shape, cons
 
 double lowestValue(DType t);   // -inf for floats, min for ints
 double highestValue(DType t);  // +inf for floats, max for ints
+// lowestValue/highestValue as a constant of dtype t (int64's ends exactly).
+Value extremeConst(ir::Builder& b, DType t, bool lowest, const Shape& shape = {});
 
 // Elementwise helpers taking operands of equal type.
 Value add(ir::Builder& b, const Value& x, const Value& y);

@@ -73,12 +73,12 @@ Registrar reg_prod("prod", [](Ctx& c) {
 // (the plugin's maximum/minimum need not propagate it).
 Value extreme(ir::Builder& b, const Value& x, const std::vector<int64_t>& dims, bool is_max) {
   if (!ir::isFloat(x.dtype()) || dims.empty()) return is_max ? reduceMax(b, x, dims) : reduceMin(b, x, dims);
-  Value init = b.constant(is_max ? lowestValue(x.dtype()) : highestValue(x.dtype()), x.dtype());
-  return b.reduce({x}, {init}, dims, [is_max](ir::Builder& bb, const std::vector<Value>& a) {
-    Value m = bb.binary(is_max ? "maximum" : "minimum", a[0], a[1]);
-    m = bb.select(bb.compare(a[1], a[1], ir::Cmp::NE), a[1], m);
-    return std::vector<Value>{bb.select(bb.compare(a[0], a[0], ir::Cmp::NE), a[0], m)};
-  })[0];
+  return b.reduce({x}, {extremeConst(b, x.dtype(), is_max)}, dims,
+                  [is_max](ir::Builder& bb, const std::vector<Value>& a) {
+                    Value m = bb.binary(is_max ? "maximum" : "minimum", a[0], a[1]);
+                    m = bb.select(bb.compare(a[1], a[1], ir::Cmp::NE), a[1], m);
+                    return std::vector<Value>{bb.select(bb.compare(a[0], a[0], ir::Cmp::NE), a[0], m)};
+                  })[0];
 }
 
 std::vector<Value> amaxmin(Ctx& c, bool is_max) {
@@ -109,16 +109,10 @@ ir::Builder::BodyFn argExtremeBody(bool is_max, bool is_float) {
   };
 }
 
-// The value that loses to every other under argExtremeBody.
-Value worstValue(ir::Builder& b, DType t, bool is_max, const Shape& shape = {}) {
-  if (t == DType::I64) return b.constantInt(is_max ? INT64_MIN : INT64_MAX, t, shape);
-  return b.constant(is_max ? lowestValue(t) : highestValue(t), t, shape);
-}
-
 // Index of the max/min along one dim; first occurrence, NaN counts as max.
 Value argExtreme(ir::Builder& b, const Value& x, int64_t dim, bool is_max) {
   Value idx = b.iota({DType::I64, x.shape()}, static_cast<int>(dim));
-  auto r = b.reduce({x, idx}, {worstValue(b, x.dtype(), is_max), b.constantInt(0, DType::I64)}, {dim},
+  auto r = b.reduce({x, idx}, {extremeConst(b, x.dtype(), is_max), b.constantInt(0, DType::I64)}, {dim},
                     argExtremeBody(is_max, ir::isFloat(x.dtype())));
   return r[1];
 }
@@ -357,13 +351,13 @@ std::vector<Value> topkBySelection(ir::Builder& b, const Value& x, int64_t dim, 
   Value idx = iota, xs = x;
   // Taken entries get the worst value and an index above every real one, so
   // they lose even to an untaken entry of the worst value.
-  Value worst = worstValue(b, t, true, x.shape());
+  Value worst = extremeConst(b, t, true, x.shape());
   Value no_idx = b.constantInt(INT64_MAX, DType::I64, x.shape());
   Shape one = x.shape();
   one[dim] = 1;
   std::vector<Value> vals, inds;
   for (int64_t j = 0; j < k; ++j) {
-    auto r = b.reduce({xs, idx}, {worstValue(b, t, true), b.constantInt(INT64_MAX, DType::I64)}, {dim},
+    auto r = b.reduce({xs, idx}, {extremeConst(b, t, true), b.constantInt(INT64_MAX, DType::I64)}, {dim},
                       argExtremeBody(true, ir::isFloat(t)));
     vals.push_back(b.reshape(r[0], one));
     inds.push_back(b.reshape(r[1], one));
