@@ -351,22 +351,21 @@ std::optional<Value> powSpecial(ir::Builder& b, const Value& x, double e) {
 
 // The exponent of pow.Tensor_Scalar (argument 1) is a program constant: its
 // value picks the formula, so a new exponent compiles a new program.
-Registrar reg_pow(
-    "pow",
-    [](Ctx& c) {
-      std::optional<double> e;
-      if (c.isScalarArg(1) && !c.isScalarArg(0)) e = c.arg(1).const_value;
-      DType t = resultType(c, {0, 1});
-      if (e && *e < 0 && !ir::isFloat(t) && !ir::isComplex(t) && t != DType::Bool)
-        throw std::invalid_argument("Integers to negative integer powers are not allowed.");
-      return arith(c, [e](ir::Builder& b, const Value& x, const Value& y) {
-        if (x.dtype() == DType::Bool) return b.binary("or", x, b.unary("not", y));
-        if (e)
-          if (auto r = powSpecial(b, x, *e)) return *r;
-        return b.binary("power", x, y);
-      });
-    },
-    {1});
+Registrar reg_pow("pow",
+                  [](Ctx& c) {
+                    std::optional<double> e;
+                    if (c.isScalarArg(1) && !c.isScalarArg(0)) e = c.arg(1).const_value;
+                    DType t = resultType(c, {0, 1});
+                    if (e && *e < 0 && !ir::isFloat(t) && !ir::isComplex(t) && t != DType::Bool)
+                      throw std::invalid_argument("Integers to negative integer powers are not allowed.");
+                    return arith(c, [e](ir::Builder& b, const Value& x, const Value& y) {
+                      if (x.dtype() == DType::Bool) return b.binary("or", x, b.unary("not", y));
+                      if (e)
+                        if (auto r = powSpecial(b, x, *e)) return *r;
+                      return b.binary("power", x, y);
+                    });
+                  },
+                  {1});
 Registrar reg_float_power("float_power", [](Ctx& c) {
   Value x = c.b.convert(c.tensor(0), DType::F64), y = c.b.convert(c.tensor(1), DType::F64);
   auto vs = broadcastAll(c.b, {x, y});
