@@ -4,6 +4,7 @@
 #include <cstring>
 #include <list>
 #include <numeric>
+#include <optional>
 
 #include "runtime/lazy.h"
 
@@ -128,6 +129,92 @@ ir::Value viewIndices(ir::Builder& b, const ViewGeometry& g) {
   return acc;
 }
 
+// A view that is not dense but whose memory-ordered dims nest without overlap
+// (each dim's extent fits inside the next outer stride: stepped slices, column
+// blocks, the per-head split of a fused QKV projection) is a static slice of
+// its memory window reshaped to a box [s_0, t_0/t_1, ..., t_{k-1}/t_k, t_k].
+// XLA reads that as a strided copy; the fallback gathers single elements,
+// which is slow everywhere and slowest on TPUs.
+struct Box {
+  ir::Shape shape;   // the window as a box
+  ir::Shape limit;   // the view's corner of it: [s_0, s_1, ..., s_k(, 1)]
+  int64_t span = 0;  // elements from the first to the last one of the view
+  int64_t len = 0;   // the box's elements (span padded to whole rows)
+  // Writes keep the scatter: a box write (read the window, update its corner,
+  // write it back) was not faster for x[:, ::2] = 0 on XLA:CPU (358 vs 258 us,
+  // within this machine's run-to-run noise).
+};
+
+std::optional<Box> boxOf(const ViewGeometry& g, const Layout& l) {
+  if (l.order.empty()) return std::nullopt;
+  Box box;
+  box.span = 1;
+  for (size_t i = 0; i < l.order.size(); ++i) {
+    int64_t s = g.sizes[l.order[i]], t = g.strides[l.order[i]];
+    if (t <= 0) return std::nullopt;
+    box.span += (s - 1) * t;
+    if (i == 0) {
+      box.shape.push_back(s);
+    } else {
+      int64_t outer = g.strides[l.order[i - 1]];
+      if (outer <= t || outer % t != 0 || s > outer / t) return std::nullopt;  // overlapping or ragged
+      box.shape.push_back(outer / t);
+    }
+    box.limit.push_back(s);
+  }
+  int64_t inner = g.strides[l.order.back()];
+  if (inner > 1) {
+    box.shape.push_back(inner);
+    box.limit.push_back(1);
+  }
+  box.len = g.sizes[l.order[0]] * g.strides[l.order[0]];
+  // A sparse view (a column of a wide matrix) would read a window many times
+  // its size: the gather is cheaper there.
+  if (box.len > 16 * g.numel() + 1024) return std::nullopt;
+  return box;
+}
+
+// The view's memory window [offset, offset + span) padded to the box and
+// reshaped to it (a valid view's span is in bounds; the box may not be).
+ir::Value boxWindow(ir::Builder& b, const ir::Value& flat, const ir::Value& offset, const Box& box) {
+  ir::Value w = b.dynamicSlice(flat, {offset}, {box.span});
+  if (box.len > box.span) w = b.pad(w, b.zeros(ir::Builder::scalarType(w.dtype())), {0}, {box.len - box.span}, {0});
+  return b.reshape(w, box.shape);
+}
+
+// A block holding the view's elements in memory order (any shape with that
+// element order) -> the view as a flat value in logical order, broadcast
+// dims expanded.
+ir::Value toLogical(ir::Builder& b, const ir::Value& block, const ViewGeometry& g, const Layout& l) {
+  ir::Shape mem;
+  for (auto d : l.order) mem.push_back(g.sizes[d]);
+  ir::Value v = b.reshape(block, mem);
+  std::vector<int64_t> logical;  // non-broadcast, non-unit dims in logical order
+  for (size_t i = 0; i < g.sizes.size(); ++i)
+    if (std::find(l.order.begin(), l.order.end(), static_cast<int64_t>(i)) != l.order.end()) logical.push_back(i);
+  std::vector<int64_t> perm;
+  for (auto d : logical) perm.push_back(std::find(l.order.begin(), l.order.end(), d) - l.order.begin());
+  v = b.transpose(v, perm);
+  ir::Value full = b.broadcastInDim(v, g.sizes, logical);
+  return b.reshape(full, {g.numel()});
+}
+
+// A flat value in the view's logical order -> its elements in memory order,
+// shaped [sizes of the memory-ordered dims] (no broadcast dims).
+ir::Value toMemoryOrder(ir::Builder& b, const ir::Value& value, const ViewGeometry& g, const Layout& l) {
+  std::vector<int64_t> logical;
+  ir::Shape logical_shape;
+  for (size_t i = 0; i < g.sizes.size(); ++i)
+    if (g.sizes[i] != 1) {
+      logical.push_back(i);
+      logical_shape.push_back(g.sizes[i]);
+    }
+  ir::Value v = b.reshape(value, logical_shape);
+  std::vector<int64_t> perm;  // logical(non-unit) -> memory order
+  for (auto d : l.order) perm.push_back(std::find(logical.begin(), logical.end(), d) - logical.begin());
+  return b.transpose(v, perm);
+}
+
 }  // namespace
 
 // Builds view = storage[offset + ...] as a flat value.
@@ -136,20 +223,15 @@ ir::Value buildRead(ir::Builder& b, const ir::Value& flat, const ir::Value& offs
   Layout l = analyze(g);
   if (l.dense) {
     ir::Value block = b.dynamicSlice(flat, {offset}, {l.span});
-    ir::Shape mem;
-    for (auto d : l.order) mem.push_back(g.sizes[d]);
-    block = b.reshape(block, mem);
-    // Memory order -> logical order (non-broadcast dims), then broadcast.
-    std::vector<int64_t> logical;  // non-broadcast, non-unit dims in logical order
-    for (size_t i = 0; i < g.sizes.size(); ++i)
-      if (std::find(l.order.begin(), l.order.end(), static_cast<int64_t>(i)) != l.order.end()) logical.push_back(i);
-    std::vector<int64_t> perm;
-    for (auto d : logical) perm.push_back(std::find(l.order.begin(), l.order.end(), d) - l.order.begin());
-    block = b.transpose(block, perm);
-    std::vector<int64_t> bdims;
-    for (size_t i = 0; i < logical.size(); ++i) bdims.push_back(logical[i]);
-    ir::Value full = b.broadcastInDim(block, g.sizes, bdims);
-    return b.reshape(full, {numel});
+    return toLogical(b, block, g, l);
+  }
+  // Only untransposed boxes: on XLA:CPU a box read that also transposes
+  // (a head split of a fused QKV projection) measured 2.7x slower than the
+  // gather, while a stepped slice (x[:, ::2] of 512x512) measured 2.5x faster.
+  if (auto box = boxOf(g, l); box && std::is_sorted(l.order.begin(), l.order.end())) {
+    ir::Value window = boxWindow(b, flat, offset, *box);
+    ir::Value block = b.slice(window, ir::Shape(box->shape.size(), 0), box->limit, ir::Shape(box->shape.size(), 1));
+    return toLogical(b, block, g, l);
   }
   ir::Value idx = b.binary("add", viewIndices(b, g), b.broadcastInDim(offset, g.sizes, {}));
   idx = b.reshape(idx, {numel, 1});
@@ -165,20 +247,7 @@ ir::Value buildWrite(ir::Builder& b, const ir::Value& flat, const ir::Value& val
   int64_t numel = g.numel();
   Layout l = analyze(g);
   if (l.dense && l.bcast.empty()) {
-    ir::Value v = b.reshape(value, g.sizes);
-    ir::Shape logical_nonunit;
-    std::vector<int64_t> logical;
-    for (size_t i = 0; i < g.sizes.size(); ++i)
-      if (g.sizes[i] != 1) logical.push_back(i);
-    v = b.reshape(v, [&] {
-      ir::Shape s;
-      for (auto d : logical) s.push_back(g.sizes[d]);
-      return s;
-    }());
-    std::vector<int64_t> perm;  // logical(non-unit) -> memory order
-    for (auto d : l.order) perm.push_back(std::find(logical.begin(), logical.end(), d) - logical.begin());
-    v = b.transpose(v, perm);
-    v = b.reshape(v, {numel});
+    ir::Value v = b.reshape(toMemoryOrder(b, value, g, l), {numel});
     return b.dynamicUpdateSlice(flat, v, {offset});
   }
   ir::Value idx = b.binary("add", viewIndices(b, g), b.broadcastInDim(offset, g.sizes, {}));

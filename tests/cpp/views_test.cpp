@@ -37,10 +37,57 @@ TEST(Views, TransposeIsDensePermuted) {
   EXPECT_EQ(host(runtime::readView(*ap, g), 6), (std::vector<float>{0, 3, 1, 4, 2, 5}));
 }
 
-TEST(Views, SteppedSliceUsesGather) {
+TEST(Views, SteppedSliceReadsAsABox) {
   auto ap = filled(12);  // 3x4
   runtime::ViewGeometry g{ir::DType::F32, {2, 2}, {8, 2}, 1};
   EXPECT_EQ(host(runtime::readView(*ap, g), 4), (std::vector<float>{1, 3, 9, 11}));
+}
+
+// The last column of a 3x4 matrix: its window padded to whole rows runs past
+// the end of the storage, which must not shift the read.
+TEST(Views, BoxWindowPastTheEndOfStorage) {
+  auto ap = filled(12);
+  runtime::ViewGeometry g{ir::DType::F32, {3}, {4}, 3};
+  EXPECT_EQ(host(runtime::readView(*ap, g), 3), (std::vector<float>{3, 7, 11}));
+}
+
+// One head's block of a fused QKV projection, transposed to (head, token, dim)
+// (a transposing box: read by the gather):
+// storage [tokens=3, 3 * heads=2 * dim=2], k starts at column 4.
+TEST(Views, PerHeadSplitOfAFusedProjection) {
+  auto ap = filled(36);  // 3 tokens x 12
+  runtime::ViewGeometry g{ir::DType::F32, {2, 3, 2}, {2, 12, 1}, 4};
+  std::vector<float> want;
+  for (int h = 0; h < 2; ++h)
+    for (int t = 0; t < 3; ++t)
+      for (int d = 0; d < 2; ++d) want.push_back(static_cast<float>(t * 12 + 4 + h * 2 + d));
+  EXPECT_EQ(host(runtime::readView(*ap, g), 12), want);
+}
+
+// Overlapping windows (an as_strided unfold) cannot be a box: the gather reads them.
+TEST(Views, OverlappingViewFallsBackToGather) {
+  auto ap = filled(6);
+  runtime::ViewGeometry g{ir::DType::F32, {3, 3}, {1, 1}, 1};
+  EXPECT_EQ(host(runtime::readView(*ap, g), 9), (std::vector<float>{1, 2, 3, 2, 3, 4, 3, 4, 5}));
+}
+
+TEST(Views, WriteThroughSteppedViewKeepsTheRest) {
+  auto ap = filled(12);  // 3x4; write [1::1, ::2] = rows 1-2, columns 0 and 2
+  std::vector<float> v{-1, -2, -3, -4};
+  auto vb = runtime::Runtime::get().upload(v.data(), ir::DType::F32, {4}, 0);
+  runtime::ViewGeometry g{ir::DType::F32, {2, 2}, {4, 2}, 4};
+  runtime::writeView(*ap, g, vb);
+  EXPECT_EQ(host(ap->buffer(), 12), (std::vector<float>{0, 1, 2, 3, -1, 5, -2, 7, -3, 9, -4, 11}));
+}
+
+// A transposed stepped view written at the end of the storage.
+TEST(Views, WriteThroughTransposedSteppedViewAtTheEnd) {
+  auto ap = filled(12);                  // 3x4; view = columns 1 and 3 of rows 1-2, transposed (2x2)
+  std::vector<float> v{-1, -2, -3, -4};  // [[-1,-2],[-3,-4]] -> (col1: rows 1,2), (col3: rows 1,2)
+  auto vb = runtime::Runtime::get().upload(v.data(), ir::DType::F32, {4}, 0);
+  runtime::ViewGeometry g{ir::DType::F32, {2, 2}, {2, 4}, 5};
+  runtime::writeView(*ap, g, vb);
+  EXPECT_EQ(host(ap->buffer(), 12), (std::vector<float>{0, 1, 2, 3, 4, -1, 6, -3, 8, -2, 10, -4}));
 }
 
 TEST(Views, ExpandBroadcasts) {
