@@ -131,22 +131,21 @@ ir::Value viewIndices(ir::Builder& b, const ViewGeometry& g) {
 
 // A view that is not dense but whose memory-ordered dims nest without overlap
 // (each dim's extent fits inside the next outer stride: stepped slices, column
-// blocks, the per-head split of a fused QKV projection) is a static slice of
-// its memory window reshaped to a box [s_0, t_0/t_1, ..., t_{k-1}/t_k, t_k].
-// XLA reads that as a strided copy; the fallback gathers single elements,
-// which is slow everywhere and slowest on TPUs.
+// blocks) is a static slice of its memory window reshaped to a box
+// [s_0, t_0/t_1, ..., t_{k-1}/t_k, t_k]. XLA reads that as a strided copy; the
+// fallback gathers single elements, which is slow everywhere and slowest on TPUs.
 struct Box {
   ir::Shape shape;   // the window as a box
   ir::Shape limit;   // the view's corner of it: [s_0, s_1, ..., s_k(, 1)]
   int64_t span = 0;  // elements from the first to the last one of the view
   int64_t len = 0;   // the box's elements (span padded to whole rows)
-  // Writes keep the scatter: a box write (read the window, update its corner,
-  // write it back) was not faster for x[:, ::2] = 0 on XLA:CPU (358 vs 258 us,
-  // within this machine's run-to-run noise).
 };
 
 std::optional<Box> boxOf(const ViewGeometry& g, const Layout& l) {
-  if (l.order.empty()) return std::nullopt;
+  // Only untransposed views: on XLA:CPU a box read that also transposes (the
+  // per-head split of a fused QKV projection) measured 2.7x slower than the
+  // gather, while a stepped slice (x[:, ::2] of 512x512) measured 2.5x faster.
+  if (l.order.empty() || !std::is_sorted(l.order.begin(), l.order.end())) return std::nullopt;
   Box box;
   box.span = 1;
   for (size_t i = 0; i < l.order.size(); ++i) {
@@ -225,10 +224,7 @@ ir::Value buildRead(ir::Builder& b, const ir::Value& flat, const ir::Value& offs
     ir::Value block = b.dynamicSlice(flat, {offset}, {l.span});
     return toLogical(b, block, g, l);
   }
-  // Only untransposed boxes: on XLA:CPU a box read that also transposes
-  // (a head split of a fused QKV projection) measured 2.7x slower than the
-  // gather, while a stepped slice (x[:, ::2] of 512x512) measured 2.5x faster.
-  if (auto box = boxOf(g, l); box && std::is_sorted(l.order.begin(), l.order.end())) {
+  if (auto box = boxOf(g, l)) {
     ir::Value window = boxWindow(b, flat, offset, *box);
     ir::Value block = b.slice(window, ir::Shape(box->shape.size(), 0), box->limit, ir::Shape(box->shape.size(), 1));
     return toLogical(b, block, g, l);
@@ -250,6 +246,9 @@ ir::Value buildWrite(ir::Builder& b, const ir::Value& flat, const ir::Value& val
     ir::Value v = b.reshape(toMemoryOrder(b, value, g, l), {numel});
     return b.dynamicUpdateSlice(flat, v, {offset});
   }
+  // Other views scatter, boxes too: a box write (read the window, update its
+  // corner, write it back) was not faster for x[:, ::2] = 0 on XLA:CPU (358 vs
+  // 258 us, within this machine's run-to-run noise).
   ir::Value idx = b.binary("add", viewIndices(b, g), b.broadcastInDim(offset, g.sizes, {}));
   idx = b.reshape(idx, {numel, 1});
   ir::Builder::ScatterDims dn;
