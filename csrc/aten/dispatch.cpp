@@ -1068,35 +1068,82 @@ std::string userLocation() {
   return "";
 }
 
-std::mutex g_plan_mu;
-std::unordered_map<std::string, std::shared_ptr<Plan>> g_plans;
-
 at::Tensor listElem(const std::vector<IValue>& args, int idx, int elem) {
   return elem < 0 ? args[idx].toTensor() : args[idx].toList().get(elem).toTensor();
 }
 
-// Fused eager: the op is lowered into the device's pending graph; results
-// are tensors whose storage is a pending value.
+// Fused eager's form of an op signature: its lowering as a function the
+// pending graph calls (built once; a later op with this signature costs a
+// call line, not a lowering), and where the function's params come from.
+struct Fragment {
+  std::shared_ptr<const ir::Function> fn;
+  std::vector<InputSource> inputs;     // one per param, in order
+  std::vector<OutputBinding> outputs;  // one per result before the bounds check
+  std::vector<int> none_returns;
+  bool bounds_check = false;  // the last result says all indices were in range
+  size_t num_returns = 0;
+};
+
+std::mutex g_fragment_mu;
+std::unordered_map<std::string, std::shared_ptr<const Fragment>> g_fragments;
+
+std::shared_ptr<const Fragment> buildFragment(const c10::OperatorHandle& op, const std::vector<IValue>& args,
+                                              const ops::Lowering* low, bool foreach_expand, const std::string& base) {
+  runtime::metrics().fused_lowerings++;
+  auto frag = std::make_shared<Fragment>();
+  Plan plan = planFor(op, args, low);
+  ir::Builder b;
+  Sources src;
+  src.tensor = [&](const at::Tensor& t, InputSource is) {
+    frag->inputs.push_back(is);
+    if (t.device().is_cpu()) return b.param({cpuScalarIr(t), {}});
+    return b.param({toIr(t.scalar_type()), t.sizes().vec()});
+  };
+  src.scalar = [&](const IValue&, ir::DType st, InputSource is) {
+    frag->inputs.push_back(is);
+    return b.param({st, {}});
+  };
+  src.rng = [&](ir::Builder& bb) {
+    frag->inputs.push_back({InputSource::Kind::Rng, -1, -1, ir::DType::U64});
+    return bb.param({ir::DType::U64, {2}});
+  };
+  Lowered l = lowerOp(op, args, low, foreach_expand, base, plan, b, src);
+  for (const auto& [ob, v] : l.bound) {
+    b.output(v);
+    frag->outputs.push_back(ob);
+  }
+  if (l.bounds_ok.valid()) {
+    b.output(l.bounds_ok);
+    frag->bounds_check = true;
+  }
+  frag->none_returns = l.none_returns;
+  frag->num_returns = l.num_returns;
+  if (!b.outputs().empty()) frag->fn = b.asFunction();
+  return frag;
+}
+
+// Fused eager: the op joins the device's pending graph as a call of its
+// signature's fragment; results are tensors whose storage is a pending value.
 void runFused(const c10::OperatorHandle& op, torch::jit::Stack* stack, std::vector<IValue>& args,
               const ops::Lowering* low, bool foreach_expand, const std::string& base, const std::string& key,
               c10::DeviceIndex dev) {
   auto& fusion = runtime::Fusion::get();
   std::lock_guard<std::recursive_mutex> lock(fusion.mutex());
-  std::shared_ptr<Plan> plan;
+  std::shared_ptr<const Fragment> frag;
   {
-    std::lock_guard<std::mutex> g(g_plan_mu);
-    auto it = g_plans.find(key);
-    if (it != g_plans.end()) plan = it->second;
+    std::lock_guard<std::mutex> g(g_fragment_mu);
+    auto it = g_fragments.find(key);
+    if (it != g_fragments.end()) frag = it->second;
   }
-  if (!plan) {
-    plan = std::make_shared<Plan>(planFor(op, args, low));
-    std::lock_guard<std::mutex> g(g_plan_mu);
-    g_plans[key] = plan;
+  if (!frag) {
+    frag = buildFragment(op, args, low, foreach_expand, base);
+    std::lock_guard<std::mutex> g(g_fragment_mu);
+    g_fragments[key] = frag;
   }
   auto& graph = fusion.graph(dev);
+  auto& b = graph.builder();
   std::optional<at::Generator> gen;
-  Sources src;
-  src.tensor = [&](const at::Tensor& t, InputSource) -> ir::Value {
+  auto tensorValue = [&](const at::Tensor& t) -> ir::Value {
     if (t.device().is_cpu()) {
       ir::DType dt = cpuScalarIr(t);
       ir::Value v = graph.scalar(cpuScalarBuffer(t, dt, dev), dt);
@@ -1113,13 +1160,13 @@ void runFused(const c10::OperatorHandle& op, torch::jit::Stack* stack, std::vect
     }
     return graph.read(arrayOf(t), geometryOf(t));
   };
-  src.scalar = [&](const IValue& v, ir::DType st, InputSource) -> ir::Value {
+  auto scalarValue = [&](const IValue& v, ir::DType st) -> ir::Value {
     runtime::BufferPtr buf = st == ir::DType::F64    ? runtime::scalarBuffer(st, v.toDouble(), dev)
                              : st == ir::DType::Bool ? runtime::scalarBufferInt(st, v.toBool(), dev)
                                                      : runtime::scalarBufferInt(st, v.toInt(), dev);
     return graph.scalar(buf, st);
   };
-  src.rng = [&](ir::Builder&) -> ir::Value {
+  auto rngValue = [&]() -> ir::Value {
     if (!gen) gen = generatorFor(args, dev);
     std::array<uint64_t, 2> st;
     {
@@ -1131,14 +1178,39 @@ void runFused(const c10::OperatorHandle& op, torch::jit::Stack* stack, std::vect
     graph.tagLastInput({runtime::InputTag::Kind::Rng, -1});
     return v;
   };
-  Lowered l = lowerOp(op, args, low, foreach_expand, base, *plan, graph.builder(), src);
-  std::vector<IValue> returns(l.num_returns);
-  std::vector<c10::List<at::Tensor>> lists(l.num_returns);
-  for (auto& [ob, v] : l.bound) {
+  std::vector<ir::Value> operands;
+  operands.reserve(frag->inputs.size());
+  for (const InputSource& is : frag->inputs) {
+    switch (is.kind) {
+      case InputSource::Kind::Tensor:
+      case InputSource::Kind::CpuScalar:
+        operands.push_back(tensorValue(args[is.arg].toTensor()));
+        break;
+      case InputSource::Kind::ListElem:
+        operands.push_back(tensorValue(listElem(args, is.arg, is.elem)));
+        break;
+      case InputSource::Kind::Scalar:
+        operands.push_back(scalarValue(args[is.arg], is.dtype));
+        break;
+      case InputSource::Kind::ScalarListElem:
+        operands.push_back(scalarValue(args[is.arg].toList().get(is.elem), is.dtype));
+        break;
+      case InputSource::Kind::Rng:
+        operands.push_back(rngValue());
+        break;
+    }
+  }
+  std::vector<ir::Value> results;
+  if (frag->fn) results = b.call(frag->fn, operands);
+  std::vector<IValue> returns(frag->num_returns);
+  std::vector<c10::List<at::Tensor>> lists(frag->num_returns);
+  for (size_t i = 0; i < frag->outputs.size(); ++i) {
+    const OutputBinding& ob = frag->outputs[i];
+    const ir::Value& v = results[i];
     if (ob.kind == OutputBinding::Kind::WriteArg) {
       at::Tensor t = listElem(args, ob.index, ob.elem);
       if (t.sizes().vec() != ob.sizes) t.resize_(ob.sizes);
-      graph.write(arrayOf(t), geometryOf(t), graph.builder().reshape(v, ob.sizes));
+      graph.write(arrayOf(t), geometryOf(t), b.reshape(v, ob.sizes));
       continue;
     }
     at::Tensor t = emptyTpu(ob.sizes, ob.dtype, dev);
@@ -1149,8 +1221,8 @@ void runFused(const c10::OperatorHandle& op, torch::jit::Stack* stack, std::vect
     else
       lists[ob.index].push_back(t);
   }
-  for (int r : l.none_returns) returns[r] = IValue(at::Tensor());
-  if (l.bounds_ok.valid()) graph.check(l.bounds_ok, op.schema().name() + userLocation());
+  for (int r : frag->none_returns) returns[r] = IValue(at::Tensor());
+  if (frag->bounds_check) graph.check(results.back(), op.schema().name() + userLocation());
   pushReturns(op, stack, args, returns, lists);
   if (graph.noteOp(key)) graph.materialize();
 }

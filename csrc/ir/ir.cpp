@@ -292,20 +292,73 @@ void Builder::output(const Value& v) {
   outputs_.push_back(v);
 }
 
-std::string Builder::emit() const {
-  std::ostringstream os;
-  os << "module @torch_tpu {\n  func.func public @main(";
+// "func.func <visibility> @name(%vN: type, ...) -> (types) {", the body's
+// lines, and the return: @main and the called functions print alike.
+std::string Builder::signatureText(const std::string& name, bool is_public) const {
+  std::string s = std::string("  func.func ") + (is_public ? "public @" : "private @") + name + "(";
   for (size_t i = 0; i < params_.size(); ++i) {
-    if (i) os << ", ";
-    os << "%v" << param_ids_[i] << ": " << params_[i].str();
+    if (i) s += ", ";
+    s += "%v" + std::to_string(param_ids_[i]) + ": " + params_[i].str();
   }
-  os << ") -> (" << types(outputs_) << ") {\n";
-  for (const auto& l : blocks_[0].lines) os << "    " << l << "\n";
-  os << "    func.return ";
-  for (size_t i = 0; i < outputs_.size(); ++i) os << (i ? ", " : "") << ref(outputs_[i]);
-  if (!outputs_.empty()) os << " : " << types(outputs_);
-  os << "\n  }\n}\n";
-  return os.str();
+  s += ") -> (" + types(outputs_) + ") {\n";
+  for (const auto& l : blocks_[0].lines) {
+    s += "    ";
+    s += l;
+    s += '\n';
+  }
+  s += "    func.return ";
+  for (size_t i = 0; i < outputs_.size(); ++i) s += (i ? ", " : "") + ref(outputs_[i]);
+  if (!outputs_.empty()) s += " : " + types(outputs_);
+  s += "\n  }\n";
+  return s;
+}
+
+std::string Builder::emit() const {
+  std::string s = "module @torch_tpu {\n" + signatureText("main", true);
+  for (const auto& [name, f] : functions_) s += f->text;
+  return s + "}\n";
+}
+
+std::shared_ptr<const Function> Builder::asFunction() const {
+  if (outputs_.empty()) fail("a function needs a result");
+  if (blocks_.size() != 1) fail("asFunction inside a region");
+  auto f = std::make_shared<Function>();
+  std::string body = signatureText("@", false);
+  char buf[40];
+  std::snprintf(buf, sizeof buf, "op_%016llx%016llx", static_cast<unsigned long long>(hash64(body, 1)),
+                static_cast<unsigned long long>(hash64(body, 2)));
+  f->name = buf;
+  f->text = signatureText(f->name, false);
+  f->params = params_;
+  for (const auto& v : outputs_) f->results.push_back(v.type);
+  f->op_count = op_count_;
+  return f;
+}
+
+std::vector<Value> Builder::call(const std::shared_ptr<const Function>& f, const std::vector<Value>& args) {
+  if (blocks_.size() != 1) fail("call inside a region");
+  if (args.size() != f->params.size()) fail("call of @" + f->name + " with the wrong number of arguments");
+  std::string rhs = "func.call @" + f->name + "(";
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (args[i].type != f->params[i])
+      fail("call of @" + f->name + ": argument " + std::to_string(i) + " is " + args[i].type.str() + ", expected " +
+           f->params[i].str());
+    rhs += (i ? ", " : "") + ref(args[i]);
+  }
+  rhs += ") : (" + types(args) + ") -> (";
+  std::vector<Value> results;
+  for (size_t i = 0; i < f->results.size(); ++i) {
+    results.push_back(fresh(f->results[i]));
+    rhs += (i ? ", " : "") + f->results[i].str();
+  }
+  rhs += ")";
+  if (results.size() == 1)
+    emitLine(ref(results[0]) + " = " + rhs);
+  else
+    emitMulti(results, rhs);
+  op_count_ += f->op_count - 1;  // count the ops the call stands for
+  functions_.emplace(f->name, f);
+  return results;
 }
 
 // ---------------------------------------------------------------- constants

@@ -6,6 +6,8 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -59,6 +61,17 @@ class Unsupported : public std::runtime_error {
 
 enum class Cmp { EQ, NE, LT, LE, GT, GE };
 
+// A finished builder's body as a private function of a module, so that a
+// graph can call one op's lowering instead of lowering the op again: fused
+// eager builds each op signature's function once and calls it per op. The
+// name is a hash of the text, so a caller's fingerprint pins the body.
+struct Function {
+  std::string name;  // without the '@'
+  std::string text;  // the func.func definition
+  std::vector<Type> params, results;
+  int op_count = 0;
+};
+
 class Builder {
  public:
   Builder();
@@ -74,6 +87,12 @@ class Builder {
   // A 128-bit hash of the program (kept up to date as ops are added), so a
   // cache lookup does not need the text.
   std::string fingerprint() const;
+  // This builder's params, body and outputs as a private function (see
+  // Function); needs at least one output.
+  std::shared_ptr<const Function> asFunction() const;
+  // Calls `f` (its definition joins this module); the argument types must
+  // match its params. Only at the top level of @main.
+  std::vector<Value> call(const std::shared_ptr<const Function>& f, const std::vector<Value>& args);
 
   // --- constants and conversions
   Value constant(double v, DType t, const Shape& shape = {});
@@ -185,6 +204,8 @@ class Builder {
   std::unordered_map<int, std::string> names_;
   std::vector<Value> outputs_;
   std::vector<Block> blocks_;  // blocks_[0] is @main's body; nested regions push.
+  std::map<std::string, std::shared_ptr<const Function>> functions_;  // called ones, by name
+  std::string signatureText(const std::string& name, bool is_public) const;
 };
 
 std::string shapeStr(const Shape& s);

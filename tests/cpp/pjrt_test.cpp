@@ -145,6 +145,57 @@ TEST(Compile, SerializeRoundTrip) {
   EXPECT_EQ(o, (std::vector<float>{-1, -2, -3}));
 }
 
+// Fused eager calls each op signature's lowering as a private function.
+std::shared_ptr<const ir::Function> scaleAndShift(double scale) {
+  ir::Builder f;
+  auto x = f.param({ir::DType::F32, {2, 3}});
+  auto s = f.param({ir::DType::F64, {}});
+  auto scaled = f.binary("multiply", x, f.constant(scale, ir::DType::F32, {2, 3}));
+  f.output(f.binary("add", scaled, f.broadcastInDim(f.convert(s, ir::DType::F32), {2, 3}, {})));
+  f.output(f.reshape(scaled, {6}));
+  return f.asFunction();
+}
+
+TEST(Compile, CalledFunctionsJoinTheModuleOnce) {
+  auto fn = scaleAndShift(2.0);
+  ir::Builder b;
+  auto x = b.param({ir::DType::F32, {2, 3}});
+  auto one = b.constant(1.0, ir::DType::F64);
+  auto r1 = b.call(fn, {x, one});
+  ASSERT_EQ(r1.size(), 2u);
+  auto r2 = b.call(fn, {r1[0], b.constant(-3.0, ir::DType::F64)});  // (2x + 1) * 2 - 3
+  b.output(b.binary("add", b.reshape(r2[0], {6}), r1[1]));          // + 2x
+  std::string text = b.emit();
+  size_t first = text.find("func.func private @" + fn->name);
+  ASSERT_NE(first, std::string::npos);
+  EXPECT_EQ(text.find("func.func private @" + fn->name, first + 1), std::string::npos);
+  EXPECT_EQ(b.opCount(), 2 * fn->op_count + 4);  // the two calls stand for their bodies; 2 constants, reshape, add
+  auto out = run(b, {{0, 1, 2, 3, 4, 5}});
+  for (int i = 0; i < 6; ++i) EXPECT_FLOAT_EQ(out[i], (2 * i + 1) * 2 - 3 + 2 * i);
+}
+
+TEST(IR, CallsPinTheFunctionBodyInTheFingerprint) {
+  auto build = [](double scale) {
+    ir::Builder b;
+    auto x = b.param({ir::DType::F32, {2, 3}});
+    b.output(b.call(scaleAndShift(scale), {x, b.constant(0.0, ir::DType::F64)})[0]);
+    return b.fingerprint();
+  };
+  EXPECT_EQ(build(2.0), build(2.0));
+  EXPECT_NE(build(2.0), build(3.0));
+}
+
+TEST(IR, CallChecksItsArguments) {
+  auto fn = scaleAndShift(2.0);
+  ir::Builder b;
+  auto x = b.param({ir::DType::F32, {3, 2}});
+  EXPECT_THROW(b.call(fn, {x, b.constant(0.0, ir::DType::F64)}), std::invalid_argument);
+  EXPECT_THROW(b.call(fn, {x}), std::invalid_argument);
+  ir::Builder empty;
+  empty.param({ir::DType::F32, {2}});
+  EXPECT_THROW(empty.asFunction(), std::invalid_argument);
+}
+
 TEST(Compile, WhileLoopThreadsItsState) {
   // Sum 0..4 into an accumulator: state (i, acc).
   ir::Builder b;

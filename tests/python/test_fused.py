@@ -38,7 +38,7 @@ def gpt_losses(mode, steps=20, seed=0, dropout=0.0):
         model = GPT(tok.vocab_size, block_size=32, n_layer=2, n_head=2, n_embd=32, dropout=dropout).to("tpu")
         opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
         gen = torch.Generator().manual_seed(seed)
-        losses, compiles = [], []
+        losses, compiles, lowerings = [], [], []
         for x, y in batches(tokens, 32, 8, gen, steps=steps):
             _, loss = model(x.to("tpu"), y.to("tpu"))
             opt.zero_grad(set_to_none=True)
@@ -47,17 +47,32 @@ def gpt_losses(mode, steps=20, seed=0, dropout=0.0):
             opt.step()
             losses.append(loss.item())
             compiles.append(torch_tpu.metrics()["compiles"])
-    return losses, compiles
+            lowerings.append(torch_tpu.metrics()["fused_lowerings"])
+    return losses, compiles, lowerings
 
 
 def test_fused_matches_strict_and_stops_compiling(fused):
-    strict, _ = gpt_losses("strict")
+    strict, _, _ = gpt_losses("strict")
     torch_tpu.reset_metrics()
-    fusedl, compiles = gpt_losses("fused")
+    fusedl, compiles, lowerings = gpt_losses("fused")
     torch.testing.assert_close(torch.tensor(fusedl), torch.tensor(strict), rtol=1e-4, atol=1e-4)
-    # After the warm-up steps the loop runs cached graphs only.
+    # After the warm-up steps the loop runs cached graphs only, and records
+    # each op as a call of its signature's lowering without lowering it again.
     assert compiles[-1] == compiles[3], compiles
+    assert lowerings[-1] == lowerings[1], lowerings
     assert torch_tpu.metrics()["fallbacks"] == {}
+
+
+def test_each_op_signature_is_lowered_once(fused):
+    x = torch.randn(7, 13, 3, device="tpu")
+    before = torch_tpu.metrics()["fused_lowerings"]
+    a = torch.atan2(x, x + 2.5)  # a signature no other test uses: add, then atan2
+    assert torch_tpu.metrics()["fused_lowerings"] == before + 2
+    b = torch.atan2(a, a + 2.5)  # the same two signatures: calls, no lowering
+    assert torch_tpu.metrics()["fused_lowerings"] == before + 2
+    xc = x.cpu()
+    ref = torch.atan2(torch.atan2(xc, xc + 2.5), torch.atan2(xc, xc + 2.5) + 2.5)
+    torch.testing.assert_close(b.cpu(), ref)
 
 
 def test_dropout_rng_same_in_both_modes():
