@@ -133,6 +133,16 @@ def _graph_compiler(kind: str):
     return compile_graph
 
 
+def _decompositions() -> dict:
+    """Core ATen decompositions, except attention: the device lowers the fused
+    attention op (and its backward) itself, see csrc/ops/attention.cpp."""
+    from torch._decomp import core_aten_decompositions
+
+    table = dict(core_aten_decompositions())
+    table.pop(torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default, None)
+    return table
+
+
 def tpu_backend(gm: torch.fx.GraphModule, example_inputs, **kwargs):
     """torch.compile(model, backend="tpu")."""
     from torch._decomp import core_aten_decompositions
@@ -142,7 +152,7 @@ def tpu_backend(gm: torch.fx.GraphModule, example_inputs, **kwargs):
         fw_compiler=_graph_compiler("forward"),
         bw_compiler=_graph_compiler("backward"),
         inference_compiler=_graph_compiler("inference"),
-        decompositions=core_aten_decompositions(),
+        decompositions=_decompositions(),
         keep_inference_input_mutations=True,
     )
     return backend(gm, example_inputs, **kwargs)

@@ -744,6 +744,19 @@ Plan planFor(const c10::OperatorHandle& op, const std::vector<IValue>& args, con
   return p;
 }
 
+// Scalar arguments and random states as parameters of `b`, each recorded in
+// `inputs` (strict programs and fused-eager fragments take them alike).
+void paramScalarSources(Sources& src, ir::Builder& b, std::vector<InputSource>& inputs) {
+  src.scalar = [&b, &inputs](const IValue&, ir::DType st, InputSource is) {
+    inputs.push_back(is);
+    return b.param({st, {}});
+  };
+  src.rng = [&inputs](ir::Builder& bb) {
+    inputs.push_back({InputSource::Kind::Rng, -1, -1, ir::DType::U64});
+    return bb.param({ir::DType::U64, {2}});
+  };
+}
+
 // Strict eager: a one-op program whose parameters are the flat inputs.
 std::shared_ptr<Entry> build(const c10::OperatorHandle& op, const std::vector<IValue>& args, const ops::Lowering* low,
                              bool foreach_expand, const std::string& base) {
@@ -765,14 +778,7 @@ std::shared_ptr<Entry> build(const c10::OperatorHandle& op, const std::vector<IV
     entry->inputs.push_back(is);
     return b.reshape(v, t.sizes().vec());
   };
-  src.scalar = [&](const IValue&, ir::DType st, InputSource is) {
-    entry->inputs.push_back(is);
-    return b.param({st, {}});
-  };
-  src.rng = [&](ir::Builder& bb) {
-    entry->inputs.push_back({InputSource::Kind::Rng, -1, -1, ir::DType::U64});
-    return bb.param({ir::DType::U64, {2}});
-  };
+  paramScalarSources(src, b, entry->inputs);
   Lowered l = lowerOp(op, args, low, foreach_expand, base, plan, b, src);
   entry->num_returns = l.num_returns;
   for (const auto& [ob, v] : l.bound) {
@@ -1099,14 +1105,7 @@ std::shared_ptr<const Fragment> buildFragment(const c10::OperatorHandle& op, con
     if (t.device().is_cpu()) return b.param({cpuScalarIr(t), {}});
     return b.param({toIr(t.scalar_type()), t.sizes().vec()});
   };
-  src.scalar = [&](const IValue&, ir::DType st, InputSource is) {
-    frag->inputs.push_back(is);
-    return b.param({st, {}});
-  };
-  src.rng = [&](ir::Builder& bb) {
-    frag->inputs.push_back({InputSource::Kind::Rng, -1, -1, ir::DType::U64});
-    return bb.param({ir::DType::U64, {2}});
-  };
+  paramScalarSources(src, b, frag->inputs);
   Lowered l = lowerOp(op, args, low, foreach_expand, base, plan, b, src);
   for (const auto& [ob, v] : l.bound) {
     b.output(v);

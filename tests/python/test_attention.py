@@ -1,0 +1,103 @@
+"""F.scaled_dot_product_attention against PyTorch on the CPU: one fused op (and
+one backward op) where the device's lowering covers the call, PyTorch's math
+path otherwise; both with the CPU fallback forbidden, in every mode."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import torch_tpu
+
+
+def qkv(shape_q, shape_kv, dtype=torch.float32, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(shape_q, generator=g).to(dtype)
+    k = torch.randn(shape_kv[:3] + shape_q[3:], generator=g).to(dtype)
+    v = torch.randn(shape_kv, generator=g).to(dtype)
+    return q, k, v
+
+
+def grads_both(q, k, v, **kw):
+    """Output and input gradients on the CPU and on tpu."""
+    res = []
+    for dev in ("cpu", "tpu"):
+        args = [t.detach().to(dev).requires_grad_() for t in (q, k, v)]
+        out = F.scaled_dot_product_attention(*args, **kw)
+        g = torch.Generator().manual_seed(1)
+        out.backward(torch.randn(out.shape, generator=g).to(out.dtype).to(dev))
+        res.append((out, [a.grad for a in args]))
+    return res
+
+
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("shape_q,shape_kv", [((2, 3, 16, 8), (2, 3, 16, 8)), ((1, 2, 5, 4), (1, 2, 9, 4))])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fused_attention_matches_cpu(fallback_error, causal, shape_q, shape_kv, dtype):
+    q, k, v = qkv(shape_q, shape_kv, dtype)
+    (ref, ref_g), (out, out_g) = grads_both(q, k, v, is_causal=causal, scale=0.3)
+    # One op forward and one backward: not PyTorch's math decomposition.
+    assert type(out.grad_fn).__name__ == "ScaledDotProductFlashAttentionForCpuBackward0"
+    tol = {} if dtype == torch.float32 else {"atol": 2e-2, "rtol": 2e-2}
+    torch.testing.assert_close(out.cpu(), ref, **tol)
+    for a, b in zip(out_g, ref_g):
+        torch.testing.assert_close(a.cpu(), b, **tol)
+
+
+@pytest.mark.parametrize(
+    "case",
+    ["bool_mask", "float_mask", "grouped_query", "value_width"],
+)
+def test_other_attention_calls_take_the_math_path(fallback_error, case):
+    kw, shape_q, shape_kv = {}, (2, 4, 6, 8), (2, 4, 6, 8)
+    if case == "bool_mask":
+        kw["attn_mask"] = torch.rand(6, 6, generator=torch.Generator().manual_seed(3)) > 0.3
+        kw["attn_mask"][:, 0] = True  # no row without a visible key
+    elif case == "float_mask":
+        kw["attn_mask"] = torch.randn(6, 6, generator=torch.Generator().manual_seed(3))
+    elif case == "grouped_query":
+        shape_kv, kw["enable_gqa"] = (2, 2, 6, 8), True
+    else:
+        shape_kv = (2, 4, 6, 5)
+    q, k, v = qkv(shape_q, shape_kv)
+    res = []
+    for dev in ("cpu", "tpu"):
+        args = [t.detach().to(dev).requires_grad_() for t in (q, k, v)]
+        extra = {n: (t.to(dev) if isinstance(t, torch.Tensor) else t) for n, t in kw.items()}
+        out = F.scaled_dot_product_attention(*args, **extra)
+        out.sum().backward()
+        res.append((out, [a.grad for a in args]))
+    (ref, ref_g), (out, out_g) = res
+    assert type(out.grad_fn).__name__ != "ScaledDotProductFlashAttentionForCpuBackward0"
+    torch.testing.assert_close(out.cpu(), ref)
+    for a, b in zip(out_g, ref_g):
+        torch.testing.assert_close(a.cpu(), b)
+
+
+def test_direct_call_with_dropout_runs_on_the_cpu_when_fallback_is_allowed():
+    # The fused op's lowering covers dropout_p == 0 only; a direct call with
+    # dropout is an op without a lowering: the CPU kernel, or an error.
+    q, k, v = (t.to("tpu") for t in qkv((1, 1, 4, 4), (1, 1, 4, 4)))
+    torch_tpu.set_fallback("error")
+    try:
+        with pytest.raises(RuntimeError, match="attention with dropout"):
+            torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.5, False)
+    finally:
+        torch_tpu.set_fallback("warn")
+
+
+def test_compiled_attention_is_one_node_and_matches_eager(fallback_error):
+    def f(q, k, v):
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+    q, k, v = qkv((2, 2, 8, 4), (2, 2, 8, 4))
+    eager = [t.to("tpu").requires_grad_() for t in (q, k, v)]
+    f(*eager).sum().backward()
+    comp = [t.to("tpu").requires_grad_() for t in (q, k, v)]
+    n = len(torch_tpu.compiled_graphs())
+    torch.compile(f, backend="tpu")(*comp).sum().backward()
+    for a, b in zip(comp, eager):
+        torch.testing.assert_close(a.grad.cpu(), b.grad.cpu())
+    graphs = torch_tpu.compiled_graphs()[n:]
+    # Forward: the attention op, its two results and the output saved for the
+    # backward; backward: one op and its three results (the math path: 10+ each).
+    assert [g["ops"] for g in graphs] == [4, 5], graphs
