@@ -822,6 +822,24 @@ std::vector<Value> Builder::rngBitGenerator(const Value& state, const Type& out)
   return results;
 }
 
+std::vector<Value> Builder::customCall(const std::string& target, const std::vector<Value>& args,
+                                       const std::vector<Type>& results) {
+  std::string operands, rtypes;
+  for (size_t i = 0; i < args.size(); ++i) operands += (i ? ", " : "") + ref(args[i]);
+  std::vector<Value> out;
+  for (size_t i = 0; i < results.size(); ++i) {
+    out.push_back(fresh(results[i]));
+    rtypes += (i ? ", " : "") + results[i].str();
+  }
+  std::string rhs = "\"stablehlo.custom_call\"(" + operands + ") {api_version = 4 : i32, call_target_name = \"" +
+                    target + "\"} : (" + types(args) + ") -> (" + rtypes + ")";
+  if (out.size() == 1)
+    emitLine(ref(out[0]) + " = " + rhs);
+  else
+    emitMulti(out, rhs);
+  return out;
+}
+
 void Builder::emitMulti(const std::vector<Value>& results, const std::string& rhs) {
   std::string group = "%g" + std::to_string(next_id_++);
   emitLine(group + ":" + std::to_string(results.size()) + " = " + rhs);

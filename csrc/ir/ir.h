@@ -181,6 +181,11 @@ class Builder {
   Value imag(const Value& v);
   Value complex(const Value& re, const Value& im);  // f32 pair -> c64
 
+  // stablehlo.custom_call of a typed-FFI target (api_version 4): a kernel the
+  // runtime registered with the plugin.
+  std::vector<Value> customCall(const std::string& target, const std::vector<Value>& args,
+                                const std::vector<Type>& results);
+
   // Scalar-typed helper (tensor<dtype>).
   static Type scalarType(DType t) { return Type{t, {}}; }
 

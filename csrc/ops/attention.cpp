@@ -9,6 +9,7 @@
 #include <cmath>
 
 #include "ops/common.h"
+#include "runtime/host_kernels.h"
 
 namespace tpu::ops {
 namespace {
@@ -63,9 +64,26 @@ Value asGemmInput(ir::Builder& b, const Attention& a, const Value& x) {
 
 // _scaled_dot_product_flash_attention_for_cpu(q, k, v, dropout_p, is_causal,
 // *, attn_mask?, scale?) -> (output, logsumexp [B, H, L] float)
+// float32 attention on the CPU plugin runs as the runtime's host kernel.
+bool useHostKernel(const Attention& a) {
+  return hostKernels() && a.in == DType::F32 && a.v.shape()[3] == a.q.shape()[3];
+}
+
+// The kernel's trailing operands: the scale and the causal flag.
+std::vector<Value> withFlags(ir::Builder& b, const Attention& a, std::vector<Value> operands) {
+  operands.push_back(b.constant(a.scale, DType::F32));
+  operands.push_back(b.constantInt(a.causal ? 1 : 0, DType::I32));
+  return operands;
+}
+
 Registrar reg_attention("_scaled_dot_product_flash_attention_for_cpu", [](Ctx& c) {
   ir::Builder& b = c.b;
   Attention a = readAttention(c, 0, 3, 4, 5, 6);
+  if (useHostKernel(a)) {
+    Shape lse_shape(a.q.shape().begin(), a.q.shape().end() - 1);
+    return b.customCall(runtime::kAttentionForward, withFlags(b, a, {a.q, a.k, a.v}),
+                        {a.q.type, Type{DType::F32, lse_shape}});
+  }
   Value s = scores(b, a);
   Value m = reduceMax(b, s, {3});
   m = b.select(b.unary("is_finite", m), m, b.zeros(m.type));  // a row with every key masked
@@ -86,6 +104,9 @@ Registrar reg_attention_backward("_scaled_dot_product_flash_attention_for_cpu_ba
   Value dout = b.convert(c.tensor(0), a.acc);
   Value out = b.convert(c.tensor(4), a.acc);
   Value lse = b.convert(c.tensor(5), a.acc);
+  if (useHostKernel(a))
+    return b.customCall(runtime::kAttentionBackward, withFlags(b, a, {dout, a.q, a.k, a.v, out, lse}),
+                        {a.q.type, a.k.type, a.v.type});
   Value s = scores(b, a);
   Value p = b.unary("exponential", sub(b, s, rowsLike(b, lse, s.shape())));  // masked keys: exp(-inf) = 0
   Value dv = b.dotGeneral(asGemmInput(b, a, p), dout, {0, 1}, {0, 1}, {2}, {2}, a.acc);

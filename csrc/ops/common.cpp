@@ -1,5 +1,6 @@
 #include "ops/common.h"
 
+#include <atomic>
 #include <cmath>
 #include <limits>
 #include <map>
@@ -29,6 +30,12 @@ const Lowering* findLowering(const std::string& name, const std::string& overloa
   auto it = t.find(name);
   return it == t.end() ? nullptr : &it->second;
 }
+
+namespace {
+std::atomic<bool> g_host_kernels{false};
+}
+void setHostKernels(bool available) { g_host_kernels = available; }
+bool hostKernels() { return g_host_kernels; }
 
 std::vector<std::string> loweredOps() {
   std::vector<std::string> out;

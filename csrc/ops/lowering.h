@@ -146,6 +146,12 @@ class Ctx {
   int rng_states_ = 0;
 };
 
+// Whether the runtime registered its host kernels with the plugin (the CPU
+// plugin's attention, runtime/host_kernels.h): lowerings that have one call it
+// instead of their StableHLO form. Set once, before anything is lowered.
+void setHostKernels(bool available);
+bool hostKernels();
+
 // Registry. Lowerings register by base name ("add") or by "name.overload"
 // ("sum.dim_IntList"); lookup tries the exact overload first.
 void registerLowering(const std::string& name, LowerFn fn, std::vector<int> const_scalars = {},

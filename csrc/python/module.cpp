@@ -184,5 +184,9 @@ PYBIND11_MODULE(_C, m) {
   m.def("_metrics_report", []() { return runtime::metrics().report(); });
   m.def("_reset_metrics", []() { runtime::metrics().reset(); });
   m.def("_lowered_ops", []() { return ops::loweredOps(); });
+  m.def("_host_kernels", []() {
+    rt();  // the runtime registers them when it starts
+    return ops::hostKernels();
+  });
   m.def("_register_lowered_kernels", &aten::registerLoweredKernels);
 }

@@ -7,6 +7,8 @@
 #include <cstdlib>
 #include <sstream>
 
+#include "ops/lowering.h"
+#include "runtime/host_kernels.h"
 #include "runtime/views.h"
 
 namespace tpu::runtime {
@@ -201,6 +203,11 @@ Runtime::Runtime() {
   auto api = pjrt::Api::load(path);
   client_ = pjrt::Client::create(api, envInt("TORCH_TPU_CPU_DEVICES", 1));
   if (client_->devices().empty()) throw pjrt::PluginError("The PJRT plugin '" + path + "' reports no devices.");
+  // The CPU plugin runs attention as the runtime's own kernels (XLA:CPU's
+  // batched small GEMMs are slow); TORCH_TPU_HOST_KERNELS=0 keeps StableHLO.
+  const char* hk = std::getenv("TORCH_TPU_HOST_KERNELS");
+  if (client_->platformName() == "cpu" && !(hk && std::string(hk) == "0"))
+    ops::setHostKernels(registerHostKernels(*api));
   options_ = pjrt::compileOptions(/*portable=*/true);
   struct stat st {};
   ::stat(path.c_str(), &st);

@@ -2,6 +2,11 @@
 one backward op) where the device's lowering covers the call, PyTorch's math
 path otherwise; both with the CPU fallback forbidden, in every mode."""
 
+import os
+import subprocess
+import sys
+import textwrap
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -101,3 +106,32 @@ def test_compiled_attention_is_one_node_and_matches_eager(fallback_error):
     # Forward: the attention op, its two results and the output saved for the
     # backward; backward: one op and its three results (the math path: 10+ each).
     assert [g["ops"] for g in graphs] == [4, 5], graphs
+
+
+def test_cpu_plugin_runs_float32_attention_as_host_kernels_and_the_portable_form_still_matches():
+    # On the CPU plugin float32 attention is the runtime's FFI kernel; the
+    # StableHLO form (what TPU and GPU plugins compile) is checked here with
+    # the kernels turned off, in a process of its own.
+    if torch_tpu._C._platform() == "cpu":
+        assert torch_tpu._C._host_kernels()
+    script = textwrap.dedent("""
+        import torch, torch_tpu
+        import torch.nn.functional as F
+        torch_tpu.set_fallback("error")
+        assert not torch_tpu._C._host_kernels()
+        g = torch.Generator().manual_seed(0)
+        q, k, v = (torch.randn(2, 3, 16, 8, generator=g) for _ in range(3))
+        for causal in (True, False):
+            res = []
+            for dev in ("cpu", "tpu"):
+                a = [t.detach().to(dev).requires_grad_() for t in (q, k, v)]
+                out = F.scaled_dot_product_attention(*a, is_causal=causal)
+                out.backward(torch.ones_like(out))
+                res.append([out.detach().cpu()] + [t.grad.cpu() for t in a])
+            for x, y in zip(*res):
+                torch.testing.assert_close(y, x)
+        print("ok")
+    """)
+    env = dict(os.environ, TORCH_TPU_HOST_KERNELS="0")
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env)
+    assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stderr[-2000:]

@@ -1,0 +1,454 @@
+#include "runtime/host_kernels.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <condition_variable>
+#include <cstring>
+#include <functional>
+#include <limits>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace tpu::runtime {
+namespace {
+
+// ------------------------------------------------------------- FFI ABI
+// The parts of XLA's FFI C ABI (xla/ffi/api/c_api.h, API 0.1) and PJRT's FFI
+// extension (pjrt_c_api_ffi_extension.h) used here. Neither header ships with
+// the plugin wheels; the layouts are the documented C structs.
+struct FfiExtensionBase {
+  size_t struct_size;
+  int type;
+  FfiExtensionBase* next;
+};
+constexpr int kFfiExtensionMetadata = 1;
+struct FfiApiVersion {
+  size_t struct_size;
+  FfiExtensionBase* extension_start;
+  int major_version;
+  int minor_version;
+};
+struct FfiMetadata {
+  size_t struct_size;
+  FfiApiVersion api_version;
+  uint32_t traits;
+};
+struct FfiMetadataExtension {
+  FfiExtensionBase base;
+  FfiMetadata* metadata;
+};
+struct FfiBuffer {
+  size_t struct_size;
+  FfiExtensionBase* extension_start;
+  int dtype;
+  void* data;
+  int64_t rank;
+  int64_t* dims;
+};
+struct FfiList {  // XLA_FFI_Args and XLA_FFI_Rets
+  size_t struct_size;
+  FfiExtensionBase* extension_start;
+  int64_t size;
+  int* types;
+  void** items;
+};
+struct FfiCallFrame {  // attributes and the future follow; not read here
+  size_t struct_size;
+  FfiExtensionBase* extension_start;
+  const void* api;
+  void* ctx;
+  int stage;
+  FfiList args;
+  FfiList rets;
+};
+struct FfiErrorCreateArgs {
+  size_t struct_size;
+  FfiExtensionBase* extension_start;
+  const char* message;
+  int errc;
+};
+struct FfiApiPrefix {  // XLA_FFI_Api up to XLA_FFI_Error_Create
+  size_t struct_size;
+  FfiExtensionBase* extension_start;
+  FfiApiVersion api_version;
+  void* internal_api;
+  void* (*error_create)(FfiErrorCreateArgs*);
+};
+constexpr int kFfiApiMinor = 1;
+constexpr int kStageExecute = 3;
+constexpr int kDTypeS32 = 4, kDTypeF32 = 11;
+constexpr int kErrorInvalidArgument = 3;
+
+struct PjrtFfiRegisterArgs {
+  size_t struct_size;
+  const char* target_name;
+  size_t target_name_size;
+  void* handler;
+  const char* platform_name;
+  size_t platform_name_size;
+  int traits;
+};
+struct PjrtFfiExtension {
+  PJRT_Extension_Base base;
+  void* type_id_register;
+  void* user_data_add;
+  PJRT_Error* (*register_handler)(PjrtFfiRegisterArgs*);
+};
+
+// ------------------------------------------------------------- threads
+
+// The kernels split their heads over this pool and the calling XLA thread
+// (XLA's own intra-op pool is not reachable through the FFI of this plugin).
+class HostPool {
+ public:
+  static HostPool& get() {
+    // Never destroyed: an XLA thread may still call a kernel while the
+    // process exits.
+    static HostPool* pool = new HostPool();
+    return *pool;
+  }
+  // fn(i) for every i in [0, n), spread over the workers and the caller.
+  void parallelFor(int64_t n, const std::function<void(int64_t)>& fn) {
+    std::lock_guard<std::mutex> call(call_mu_);  // one parallel loop at a time
+    if (workers_.empty() || n < 2) {
+      for (int64_t i = 0; i < n; ++i) fn(i);
+      return;
+    }
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      fn_ = &fn;
+      n_ = n;
+      next_ = 0;
+      busy_ = static_cast<int>(workers_.size());
+      ++generation_;
+    }
+    cv_.notify_all();
+    work();
+    std::unique_lock<std::mutex> g(mu_);
+    done_.wait(g, [&] { return busy_ == 0; });
+    fn_ = nullptr;
+  }
+
+ private:
+  HostPool() {
+    unsigned n = std::thread::hardware_concurrency();
+    for (unsigned i = 1; i < std::min(n, 8u); ++i) workers_.emplace_back([this] { loop(); });
+  }
+  void work() {
+    for (int64_t i = next_++; i < n_; i = next_++) (*fn_)(i);
+  }
+  void loop() {
+    uint64_t seen = 0;
+    for (;;) {
+      {
+        std::unique_lock<std::mutex> g(mu_);
+        cv_.wait(g, [&] { return generation_ != seen; });
+        seen = generation_;
+      }
+      work();
+      std::lock_guard<std::mutex> g(mu_);
+      if (--busy_ == 0) done_.notify_one();
+    }
+  }
+  std::mutex call_mu_, mu_;
+  std::condition_variable cv_, done_;
+  std::vector<std::thread> workers_;
+  const std::function<void(int64_t)>* fn_ = nullptr;
+  int64_t n_ = 0;
+  std::atomic<int64_t> next_{0};
+  int busy_ = 0;
+  uint64_t generation_ = 0;
+};
+
+// ------------------------------------------------------------- kernels
+// Plain loops the compiler vectorizes for AVX2/FMA (the functions are only
+// registered where the CPU has both). Per head: the scores of one query row
+// at a time, over keys vectorized; rows of the outputs over the head width.
+#define TPU_HOST_SIMD __attribute__((target("avx2,fma")))
+
+TPU_HOST_SIMD float rowMax(const float* x, int64_t n) {
+  float acc[8];
+  for (float& a : acc) a = -std::numeric_limits<float>::infinity();
+  int64_t j = 0;
+  for (; j + 8 <= n; j += 8)
+    for (int u = 0; u < 8; ++u) acc[u] = std::max(acc[u], x[j + u]);
+  float m = acc[0];
+  for (int u = 1; u < 8; ++u) m = std::max(m, acc[u]);
+  for (; j < n; ++j) m = std::max(m, x[j]);
+  return m;
+}
+
+TPU_HOST_SIMD float rowSum(const float* x, int64_t n) {
+  float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  int64_t j = 0;
+  for (; j + 8 <= n; j += 8)
+    for (int u = 0; u < 8; ++u) acc[u] += x[j + u];
+  float s = 0;
+  for (float a : acc) s += a;
+  for (; j < n; ++j) s += x[j];
+  return s;
+}
+
+// Scores are computed in blocks of 8 keys held in one vector register across
+// the head width; rows are padded to whole blocks (SP = S rounded up to 8), so
+// no loop has a scalar tail.
+constexpr int64_t kBlock = 8;
+int64_t blocks(int64_t n) { return (n + kBlock - 1) / kBlock; }
+
+typedef float v8f __attribute__((vector_size(32)));
+typedef int32_t v8i __attribute__((vector_size(32)));
+TPU_HOST_SIMD inline v8f load8(const float* p) {
+  v8f v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+TPU_HOST_SIMD inline void store8(float* p, v8f v) { std::memcpy(p, &v, sizeof v); }
+
+// s[j] = scale * q . K[j] for the first nb blocks of keys, from K transposed
+// and zero-padded (kt: [E, SP]).
+TPU_HOST_SIMD void scoreRow(const float* __restrict__ q, const float* __restrict__ kt, float* __restrict__ s,
+                            int64_t nb, int64_t SP, int64_t E, float scale) {
+  for (int64_t b = 0; b < nb; ++b) {
+    v8f acc{};
+    const float* col = kt + b * kBlock;
+    for (int64_t e = 0; e < E; ++e) acc += q[e] * load8(col + e * SP);
+    store8(s + b * kBlock, acc * scale);
+  }
+}
+
+// x[0..SP) zero-padded rows -> xt [E, SP].
+TPU_HOST_SIMD void transposePadded(const float* __restrict__ x, float* __restrict__ xt, int64_t rows, int64_t SP,
+                                   int64_t E) {
+  std::fill(xt, xt + E * SP, 0.0f);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t e = 0; e < E; ++e) xt[e * SP + r] = x[r * E + e];
+}
+
+// out[e] = sum_j w[j] * X[j, e] over j < n, eight columns at a time.
+TPU_HOST_SIMD void weightedRows(const float* __restrict__ w, const float* __restrict__ X, float* __restrict__ out,
+                                int64_t n, int64_t E) {
+  int64_t e0 = 0;
+  for (; e0 + kBlock <= E; e0 += kBlock) {
+    v8f acc{};
+    for (int64_t j = 0; j < n; ++j) acc += w[j] * load8(X + j * E + e0);
+    store8(out + e0, acc);
+  }
+  for (int64_t e = e0; e < E; ++e) {
+    float acc = 0;
+    for (int64_t j = 0; j < n; ++j) acc += w[j] * X[j * E + e];
+    out[e] = acc;
+  }
+}
+
+// out[e] = sum_{i0 <= i < L} w[i * stride] * X[i, e]: a column of a row-major
+// matrix as the weights.
+TPU_HOST_SIMD void weightedColumn(const float* __restrict__ w, int64_t stride, const float* __restrict__ X,
+                                  float* __restrict__ out, int64_t i0, int64_t L, int64_t E) {
+  int64_t e0 = 0;
+  for (; e0 + kBlock <= E; e0 += kBlock) {
+    v8f acc{};
+    for (int64_t i = i0; i < L; ++i) acc += w[i * stride] * load8(X + i * E + e0);
+    store8(out + e0, acc);
+  }
+  for (int64_t e = e0; e < E; ++e) {
+    float acc = 0;
+    for (int64_t i = i0; i < L; ++i) acc += w[i * stride] * X[i * E + e];
+    out[e] = acc;
+  }
+}
+
+// e^x for x <= 0 on eight lanes, to within about 2 ulp: Cody-Waite reduction
+// by ln 2 and a degree-6 polynomial; x below -87 gives e^-87 (~1e-38).
+TPU_HOST_SIMD inline v8f exp8(v8f x) {
+  const v8f lo = v8f{} - 87.0f;
+  x = x < lo ? lo : x;
+  const v8f round_magic = v8f{} + 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer
+  v8f n = (x * 1.44269504f + round_magic) - round_magic;
+  v8f r = x - n * 0.693359375f + n * 2.12194440e-4f;
+  v8f p =
+      1.0f +
+      r * (1.0f + r * (0.5f + r * (1.66666667e-1f + r * (4.16666667e-2f + r * (8.33333333e-3f + r * 1.38888889e-3f)))));
+  v8i bits = (__builtin_convertvector(n, v8i) + 127) << 23;
+  return p * (v8f)bits;  // a vector cast reinterprets the bits
+}
+
+// s[j] = e^(s[j] - shift) for the nb blocks; keys past the mask or the end get 0.
+TPU_HOST_SIMD void expRow(float* __restrict__ s, int64_t n, int64_t nb, float shift) {
+  for (int64_t b = 0; b < nb; ++b) {
+    v8f x;
+    std::memcpy(&x, s + b * kBlock, sizeof x);
+    x = exp8(x - shift);
+    std::memcpy(s + b * kBlock, &x, sizeof x);
+  }
+  for (int64_t j = n; j < nb * kBlock; ++j) s[j] = 0.0f;
+}
+
+// Keys visible from query row i: all, or j <= i (PyTorch's top-left causal mask).
+int64_t visible(int64_t i, int64_t S, bool causal) { return causal ? std::min(i + 1, S) : S; }
+
+TPU_HOST_SIMD void forwardHead(const float* Q, const float* K, const float* V, float* O, float* LSE, int64_t L,
+                               int64_t S, int64_t E, float scale, bool causal) {
+  int64_t SP = blocks(S) * kBlock;
+  std::vector<float> kt(E * SP), s(SP);
+  transposePadded(K, kt.data(), S, SP, E);
+  for (int64_t i = 0; i < L; ++i) {
+    int64_t n = visible(i, S, causal), nb = blocks(n);
+    scoreRow(Q + i * E, kt.data(), s.data(), nb, SP, E, scale);
+    float m = rowMax(s.data(), n);
+    expRow(s.data(), n, nb, m);
+    float l = rowSum(s.data(), nb * kBlock);
+    weightedRows(s.data(), V, O + i * E, n, E);
+    float inv = 1.0f / l;
+    for (int64_t e = 0; e < E; ++e) O[i * E + e] *= inv;
+    LSE[i] = m + std::log(l);
+  }
+}
+
+// The whole head's probabilities P and score gradients dS ([L, SP] each) are
+// formed row by row first; dV = P^T dO and dK = dS^T Q then accumulate each
+// key's row in registers (query rows i >= j only, under the causal mask).
+TPU_HOST_SIMD void backwardHead(const float* dO, const float* Q, const float* K, const float* V, const float* O,
+                                const float* LSE, float* dQ, float* dK, float* dV, int64_t L, int64_t S, int64_t E,
+                                float scale, bool causal) {
+  int64_t SP = blocks(S) * kBlock;
+  std::vector<float> kt(E * SP), vt(E * SP), P(L * SP), dS(L * SP);
+  transposePadded(K, kt.data(), S, SP, E);
+  transposePadded(V, vt.data(), S, SP, E);
+  for (int64_t i = 0; i < L; ++i) {
+    int64_t n = visible(i, S, causal), nb = blocks(n);
+    const float* gi = dO + i * E;
+    float* p = P.data() + i * SP;
+    float* ds = dS.data() + i * SP;
+    std::fill(p + nb * kBlock, p + SP, 0.0f);
+    std::fill(ds + nb * kBlock, ds + SP, 0.0f);
+    scoreRow(Q + i * E, kt.data(), p, nb, SP, E, scale);
+    expRow(p, n, nb, LSE[i]);
+    scoreRow(gi, vt.data(), ds, nb, SP, E, 1.0f);  // dp_j = dO_i . V_j
+    float delta = 0.0f;                            // dO_i . O_i
+    for (int64_t e = 0; e < E; ++e) delta += gi[e] * O[i * E + e];
+    for (int64_t j = 0; j < nb * kBlock; ++j) ds[j] = p[j] * (ds[j] - delta) * scale;
+    weightedRows(ds, K, dQ + i * E, n, E);
+  }
+  for (int64_t j = 0; j < S; ++j) {
+    int64_t i0 = causal ? j : 0;  // rows that see key j
+    weightedColumn(P.data() + j, SP, dO, dV + j * E, i0, L, E);
+    weightedColumn(dS.data() + j, SP, Q, dK + j * E, i0, L, E);
+  }
+}
+
+// ------------------------------------------------------------- handlers
+
+void* ffiError(const FfiCallFrame* f, const std::string& msg) {
+  auto* api = static_cast<const FfiApiPrefix*>(f->api);
+  FfiErrorCreateArgs a{sizeof(FfiErrorCreateArgs), nullptr, msg.c_str(), kErrorInvalidArgument};
+  return api->error_create(&a);
+}
+
+// Answers XLA's metadata query (the FFI version these layouts follow); true
+// when the call was one.
+bool metadataQuery(FfiCallFrame* f) {
+  for (FfiExtensionBase* e = f->extension_start; e; e = e->next) {
+    if (e->type != kFfiExtensionMetadata) continue;
+    FfiMetadata* md = reinterpret_cast<FfiMetadataExtension*>(e)->metadata;
+    md->api_version.major_version = 0;
+    md->api_version.minor_version = kFfiApiMinor;
+    md->traits = 0;
+    return true;
+  }
+  return false;
+}
+
+FfiBuffer* item(const FfiList& l, int i) { return static_cast<FfiBuffer*>(l.items[i]); }
+const float* f32(const FfiList& l, int i) { return static_cast<const float*>(item(l, i)->data); }
+float* f32Out(const FfiList& l, int i) { return static_cast<float*>(item(l, i)->data); }
+
+struct AttentionCall {
+  int64_t heads = 0, L = 0, S = 0, E = 0;
+  float scale = 1.0f;
+  bool causal = false;
+};
+
+// Reads an attention call: the operand and result counts, float32 operands
+// then the scale and the int32 causal flag, q-like buffers [B, H, L, E] and
+// k-like ones [B, H, S, E]. Returns an error message, or "" when `c` is set.
+std::string readCall(const FfiCallFrame* f, int n_args, int n_rets, AttentionCall* c) {
+  if (f->args.size != n_args || f->rets.size != n_rets) return "wrong number of operands or results";
+  for (int i = 0; i < n_args - 1; ++i)
+    if (item(f->args, i)->dtype != kDTypeF32) return "operand " + std::to_string(i) + " is not float32";
+  if (item(f->args, n_args - 1)->dtype != kDTypeS32) return "the causal flag is not int32";
+  const FfiBuffer* q = item(f->args, n_args == 5 ? 0 : 1);
+  const FfiBuffer* k = item(f->args, n_args == 5 ? 1 : 2);
+  if (q->rank != 4 || k->rank != 4 || q->dims[0] != k->dims[0] || q->dims[1] != k->dims[1] || q->dims[3] != k->dims[3])
+    return "query and key shapes do not match";
+  c->heads = q->dims[0] * q->dims[1];
+  c->L = q->dims[2];
+  c->S = k->dims[2];
+  c->E = q->dims[3];
+  c->scale = *f32(f->args, n_args - 2);
+  c->causal = *static_cast<const int32_t*>(item(f->args, n_args - 1)->data) != 0;
+  return "";
+}
+
+void* attentionForwardHandler(FfiCallFrame* f) {
+  if (metadataQuery(f) || f->stage != kStageExecute) return nullptr;
+  AttentionCall c;
+  std::string err = readCall(f, 5, 2, &c);
+  if (!err.empty()) return ffiError(f, std::string(kAttentionForward) + ": " + err);
+  const FfiList& a = f->args;
+  attentionForward(f32(a, 0), f32(a, 1), f32(a, 2), f32Out(f->rets, 0), f32Out(f->rets, 1), c.heads, c.L, c.S, c.E,
+                   c.scale, c.causal);
+  return nullptr;
+}
+
+void* attentionBackwardHandler(FfiCallFrame* f) {
+  if (metadataQuery(f) || f->stage != kStageExecute) return nullptr;
+  AttentionCall c;
+  std::string err = readCall(f, 8, 3, &c);
+  if (!err.empty()) return ffiError(f, std::string(kAttentionBackward) + ": " + err);
+  const FfiList& a = f->args;
+  attentionBackward(f32(a, 0), f32(a, 1), f32(a, 2), f32(a, 3), f32(a, 4), f32(a, 5), f32Out(f->rets, 0),
+                    f32Out(f->rets, 1), f32Out(f->rets, 2), c.heads, c.L, c.S, c.E, c.scale, c.causal);
+  return nullptr;
+}
+
+}  // namespace
+
+void attentionForward(const float* q, const float* k, const float* v, float* out, float* lse, int64_t heads, int64_t L,
+                      int64_t S, int64_t E, float scale, bool causal) {
+  HostPool::get().parallelFor(heads, [&](int64_t h) {
+    forwardHead(q + h * L * E, k + h * S * E, v + h * S * E, out + h * L * E, lse + h * L, L, S, E, scale, causal);
+  });
+}
+
+void attentionBackward(const float* dout, const float* q, const float* k, const float* v, const float* out,
+                       const float* lse, float* dq, float* dk, float* dv, int64_t heads, int64_t L, int64_t S,
+                       int64_t E, float scale, bool causal) {
+  HostPool::get().parallelFor(heads, [&](int64_t h) {
+    backwardHead(dout + h * L * E, q + h * L * E, k + h * S * E, v + h * S * E, out + h * L * E, lse + h * L,
+                 dq + h * L * E, dk + h * S * E, dv + h * S * E, L, S, E, scale, causal);
+  });
+}
+
+bool registerHostKernels(const pjrt::Api& api) {
+  if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma")) return false;
+  const PjrtFfiExtension* ffi = nullptr;
+  for (auto* e = api.raw()->extension_start; e; e = e->next)
+    if (e->type == PJRT_Extension_Type_FFI && e->struct_size >= sizeof(PjrtFfiExtension))
+      ffi = reinterpret_cast<const PjrtFfiExtension*>(e);
+  if (!ffi || !ffi->register_handler) return false;
+  for (auto [name, fn] : {std::pair<const char*, void* (*)(FfiCallFrame*)>{kAttentionForward, attentionForwardHandler},
+                          {kAttentionBackward, attentionBackwardHandler}}) {
+    PjrtFfiRegisterArgs a{
+        sizeof(PjrtFfiRegisterArgs), name, std::strlen(name), reinterpret_cast<void*>(fn), "Host", 4, 0};
+    if (PJRT_Error* err = ffi->register_handler(&a)) {
+      api.destroyError(err);
+      return false;
+    }
+  }
+  return true;
+}
+
+}  // namespace tpu::runtime

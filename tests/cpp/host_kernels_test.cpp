@@ -1,0 +1,171 @@
+// The CPU plugin's attention kernels against a plain double-precision
+// reference, and their FFI registration and error path through the plugin.
+#include "runtime/host_kernels.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <random>
+
+#include "ir/ir.h"
+
+using namespace tpu;
+
+namespace {
+
+struct Case {
+  int64_t heads, L, S, E;
+  bool causal;
+};
+
+std::vector<float> randomVec(size_t n, uint32_t seed) {
+  std::mt19937 g(seed);
+  std::normal_distribution<float> d;
+  std::vector<float> v(n);
+  for (auto& x : v) x = d(g);
+  return v;
+}
+
+// Softmax attention per head in double; p is [L, S].
+void reference(const Case& c, const std::vector<float>& q, const std::vector<float>& k, const std::vector<float>& v,
+               const std::vector<float>& dout, float scale, std::vector<double>& out, std::vector<double>& lse,
+               std::vector<double>& dq, std::vector<double>& dk, std::vector<double>& dv) {
+  out.assign(c.heads * c.L * c.E, 0);
+  lse.assign(c.heads * c.L, 0);
+  dq.assign(c.heads * c.L * c.E, 0);
+  dk.assign(c.heads * c.S * c.E, 0);
+  dv.assign(c.heads * c.S * c.E, 0);
+  for (int64_t h = 0; h < c.heads; ++h) {
+    auto Q = [&](int64_t i, int64_t e) { return double(q[(h * c.L + i) * c.E + e]); };
+    auto K = [&](int64_t j, int64_t e) { return double(k[(h * c.S + j) * c.E + e]); };
+    auto V = [&](int64_t j, int64_t e) { return double(v[(h * c.S + j) * c.E + e]); };
+    auto G = [&](int64_t i, int64_t e) { return double(dout[(h * c.L + i) * c.E + e]); };
+    std::vector<double> p(c.L * c.S, 0.0);
+    for (int64_t i = 0; i < c.L; ++i) {
+      int64_t n = c.causal ? std::min(i + 1, c.S) : c.S;
+      double m = -INFINITY;
+      for (int64_t j = 0; j < n; ++j) {
+        double s = 0;
+        for (int64_t e = 0; e < c.E; ++e) s += Q(i, e) * K(j, e);
+        p[i * c.S + j] = s * scale;
+        m = std::max(m, s * scale);
+      }
+      double l = 0;
+      for (int64_t j = 0; j < n; ++j) l += (p[i * c.S + j] = std::exp(p[i * c.S + j] - m));
+      for (int64_t j = 0; j < n; ++j) p[i * c.S + j] /= l;
+      lse[h * c.L + i] = m + std::log(l);
+      for (int64_t e = 0; e < c.E; ++e)
+        for (int64_t j = 0; j < n; ++j) out[(h * c.L + i) * c.E + e] += p[i * c.S + j] * V(j, e);
+    }
+    for (int64_t i = 0; i < c.L; ++i) {
+      double delta = 0;
+      for (int64_t e = 0; e < c.E; ++e) delta += G(i, e) * out[(h * c.L + i) * c.E + e];
+      for (int64_t j = 0; j < c.S; ++j) {
+        double pij = p[i * c.S + j];
+        if (pij == 0) continue;
+        double dp = 0;
+        for (int64_t e = 0; e < c.E; ++e) dp += G(i, e) * V(j, e);
+        double ds = pij * (dp - delta) * scale;
+        for (int64_t e = 0; e < c.E; ++e) {
+          dv[(h * c.S + j) * c.E + e] += pij * G(i, e);
+          dq[(h * c.L + i) * c.E + e] += ds * K(j, e);
+          dk[(h * c.S + j) * c.E + e] += ds * Q(i, e);
+        }
+      }
+    }
+  }
+}
+
+void expectNear(const std::vector<float>& got, const std::vector<double>& want, const char* what) {
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < got.size(); ++i)
+    ASSERT_NEAR(got[i], want[i], 2e-5 + 2e-5 * std::abs(want[i])) << what << " at " << i;
+}
+
+class AttentionKernel : public ::testing::TestWithParam<Case> {};
+
+TEST_P(AttentionKernel, MatchesTheDoublePrecisionReference) {
+  Case c = GetParam();
+  float scale = 1.0f / std::sqrt(float(c.E));
+  auto q = randomVec(c.heads * c.L * c.E, 1), k = randomVec(c.heads * c.S * c.E, 2),
+       v = randomVec(c.heads * c.S * c.E, 3), g = randomVec(c.heads * c.L * c.E, 4);
+  std::vector<double> out, lse, dq, dk, dv;
+  reference(c, q, k, v, g, scale, out, lse, dq, dk, dv);
+  std::vector<float> o(out.size()), l(lse.size()), gq(dq.size()), gk(dk.size()), gv(dv.size());
+  runtime::attentionForward(q.data(), k.data(), v.data(), o.data(), l.data(), c.heads, c.L, c.S, c.E, scale, c.causal);
+  expectNear(o, out, "out");
+  expectNear(l, lse, "logsumexp");
+  runtime::attentionBackward(g.data(), q.data(), k.data(), v.data(), o.data(), l.data(), gq.data(), gk.data(),
+                             gv.data(), c.heads, c.L, c.S, c.E, scale, c.causal);
+  expectNear(gq, dq, "dq");
+  expectNear(gk, dk, "dk");
+  expectNear(gv, dv, "dv");
+}
+
+// Widths that fill the 8-lane blocks and ones that leave a remainder; more
+// queries than keys and the reverse (the causal mask is top-left aligned).
+INSTANTIATE_TEST_SUITE_P(Shapes, AttentionKernel,
+                         ::testing::Values(Case{6, 64, 64, 16, true}, Case{6, 64, 64, 16, false},
+                                           Case{3, 13, 21, 12, true}, Case{3, 21, 13, 12, true},
+                                           Case{2, 9, 9, 5, false}, Case{1, 1, 1, 8, true}),
+                         [](const ::testing::TestParamInfo<Case>& i) {
+                           const Case& c = i.param;
+                           return "h" + std::to_string(c.heads) + "_L" + std::to_string(c.L) + "_S" +
+                                  std::to_string(c.S) + "_E" + std::to_string(c.E) + (c.causal ? "_causal" : "");
+                         });
+
+pjrt::Client& client() {
+  static std::unique_ptr<pjrt::Client> c = [] {
+    std::vector<std::string> dirs;
+    if (const char* p = std::getenv("TORCH_TPU_PLUGIN_PATH")) dirs.push_back(p);
+    auto api = pjrt::Api::load(pjrt::resolvePluginPath("cpu", dirs));
+    EXPECT_TRUE(runtime::registerHostKernels(*api));
+    return pjrt::Client::create(api, 1);
+  }();
+  return *c;
+}
+
+TEST(AttentionKernel, RunsInsideAnXlaProgram) {
+  Case c{2, 8, 8, 8, true};
+  ir::Builder b;
+  ir::Type t{ir::DType::F32, {1, c.heads, c.L, c.E}};
+  auto q = b.param(t), k = b.param(t), v = b.param(t);
+  auto r = b.customCall(runtime::kAttentionForward,
+                        {q, k, v, b.constant(0.5, ir::DType::F32), b.constantInt(1, ir::DType::I32)},
+                        {t, ir::Type{ir::DType::F32, {1, c.heads, c.L}}});
+  b.output(r[0]);
+  auto exe = client().compile(b.emit(), pjrt::compileOptions(true));
+  auto hq = randomVec(t.numel(), 5), hk = randomVec(t.numel(), 6), hv = randomVec(t.numel(), 7);
+  std::vector<std::unique_ptr<pjrt::Buffer>> bufs;
+  for (auto* h : {&hq, &hk, &hv}) bufs.push_back(client().fromHost(h->data(), pjrt::ElementType::F32, t.shape, 0));
+  auto outs = exe->execute({bufs[0]->raw(), bufs[1]->raw(), bufs[2]->raw()}, client().devices()[0].raw);
+  std::vector<float> got(t.numel());
+  outs[0]->toHost(got.data(), got.size() * sizeof(float));
+  std::vector<double> out, lse, dq, dk, dv;
+  reference(c, hq, hk, hv, hq, 0.5f, out, lse, dq, dk, dv);
+  expectNear(got, out, "out");
+}
+
+TEST(AttentionKernel, BadOperandsAreAnErrorWithTheTargetName) {
+  ir::Builder b;
+  ir::Type t{ir::DType::F32, {1, 1, 4, 8}};
+  auto q = b.param(t);
+  // Four operands instead of five.
+  auto r = b.customCall(runtime::kAttentionForward, {q, q, q, b.constant(0.5, ir::DType::F32)},
+                        {t, ir::Type{ir::DType::F32, {1, 1, 4}}});
+  b.output(r[0]);
+  auto exe = client().compile(b.emit(), pjrt::compileOptions(true));
+  std::vector<float> h(t.numel(), 1.0f);
+  auto buf = client().fromHost(h.data(), pjrt::ElementType::F32, t.shape, 0);
+  try {
+    auto outs = exe->execute({buf->raw()}, client().devices()[0].raw);
+    outs[0]->toHost(h.data(), h.size() * sizeof(float));
+    FAIL() << "expected an error";
+  } catch (const pjrt::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("torch_tpu_attention_fwd: wrong number of operands"), std::string::npos)
+        << e.what();
+  }
+}
+
+}  // namespace
