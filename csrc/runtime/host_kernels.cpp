@@ -209,9 +209,26 @@ TPU_HOST_SIMD inline void store8(float* p, v8f v) { std::memcpy(p, &v, sizeof v)
 
 // s[j] = scale * q . K[j] for the first nb blocks of keys, from K transposed
 // and zero-padded (kt: [E, SP]).
-TPU_HOST_SIMD void scoreRow(const float* __restrict__ q, const float* __restrict__ kt, float* __restrict__ s,
-                            int64_t nb, int64_t SP, int64_t E, float scale) {
-  for (int64_t b = 0; b < nb; ++b) {
+TPU_HOST_SIMD void scoreRow(const float* __restrict__ q, const float* __restrict__ kt, float* __restrict__ s, int64_t nb,
+                            int64_t SP, int64_t E, float scale) {
+  int64_t b = 0;
+  for (; b + 4 <= nb; b += 4) {  // four independent accumulator chains hide the FMA latency
+    v8f a0{}, a1{}, a2{}, a3{};
+    const float* col = kt + b * kBlock;
+    for (int64_t e = 0; e < E; ++e) {
+      float qe = q[e];
+      const float* kr = col + e * SP;
+      a0 += qe * load8(kr);
+      a1 += qe * load8(kr + kBlock);
+      a2 += qe * load8(kr + 2 * kBlock);
+      a3 += qe * load8(kr + 3 * kBlock);
+    }
+    store8(s + b * kBlock, a0 * scale);
+    store8(s + (b + 1) * kBlock, a1 * scale);
+    store8(s + (b + 2) * kBlock, a2 * scale);
+    store8(s + (b + 3) * kBlock, a3 * scale);
+  }
+  for (; b < nb; ++b) {
     v8f acc{};
     const float* col = kt + b * kBlock;
     for (int64_t e = 0; e < E; ++e) acc += q[e] * load8(col + e * SP);
@@ -227,35 +244,26 @@ TPU_HOST_SIMD void transposePadded(const float* __restrict__ x, float* __restric
     for (int64_t e = 0; e < E; ++e) xt[e * SP + r] = x[r * E + e];
 }
 
-// out[e] = sum_j w[j] * X[j, e] over j < n, eight columns at a time.
-TPU_HOST_SIMD void weightedRows(const float* __restrict__ w, const float* __restrict__ X, float* __restrict__ out,
-                                int64_t n, int64_t E) {
+// out[e] = sum_i w[i * stride] * X[i, e] over i0 <= i < n, eight columns at a
+// time with four accumulators over i (independent FMA chains).
+TPU_HOST_SIMD void weightedSum(const float* __restrict__ w, int64_t stride, const float* __restrict__ X,
+                               float* __restrict__ out, int64_t i0, int64_t n, int64_t E) {
   int64_t e0 = 0;
   for (; e0 + kBlock <= E; e0 += kBlock) {
-    v8f acc{};
-    for (int64_t j = 0; j < n; ++j) acc += w[j] * load8(X + j * E + e0);
-    store8(out + e0, acc);
+    v8f a0{}, a1{}, a2{}, a3{};
+    int64_t i = i0;
+    for (; i + 4 <= n; i += 4) {
+      a0 += w[i * stride] * load8(X + i * E + e0);
+      a1 += w[(i + 1) * stride] * load8(X + (i + 1) * E + e0);
+      a2 += w[(i + 2) * stride] * load8(X + (i + 2) * E + e0);
+      a3 += w[(i + 3) * stride] * load8(X + (i + 3) * E + e0);
+    }
+    for (; i < n; ++i) a0 += w[i * stride] * load8(X + i * E + e0);
+    store8(out + e0, (a0 + a1) + (a2 + a3));
   }
   for (int64_t e = e0; e < E; ++e) {
     float acc = 0;
-    for (int64_t j = 0; j < n; ++j) acc += w[j] * X[j * E + e];
-    out[e] = acc;
-  }
-}
-
-// out[e] = sum_{i0 <= i < L} w[i * stride] * X[i, e]: a column of a row-major
-// matrix as the weights.
-TPU_HOST_SIMD void weightedColumn(const float* __restrict__ w, int64_t stride, const float* __restrict__ X,
-                                  float* __restrict__ out, int64_t i0, int64_t L, int64_t E) {
-  int64_t e0 = 0;
-  for (; e0 + kBlock <= E; e0 += kBlock) {
-    v8f acc{};
-    for (int64_t i = i0; i < L; ++i) acc += w[i * stride] * load8(X + i * E + e0);
-    store8(out + e0, acc);
-  }
-  for (int64_t e = e0; e < E; ++e) {
-    float acc = 0;
-    for (int64_t i = i0; i < L; ++i) acc += w[i * stride] * X[i * E + e];
+    for (int64_t i = i0; i < n; ++i) acc += w[i * stride] * X[i * E + e];
     out[e] = acc;
   }
 }
@@ -300,7 +308,7 @@ TPU_HOST_SIMD void forwardHead(const float* Q, const float* K, const float* V, f
     float m = rowMax(s.data(), n);
     expRow(s.data(), n, nb, m);
     float l = rowSum(s.data(), nb * kBlock);
-    weightedRows(s.data(), V, O + i * E, n, E);
+    weightedSum(s.data(), 1, V, O + i * E, 0, n, E);
     float inv = 1.0f / l;
     for (int64_t e = 0; e < E; ++e) O[i * E + e] *= inv;
     LSE[i] = m + std::log(l);
@@ -330,12 +338,12 @@ TPU_HOST_SIMD void backwardHead(const float* dO, const float* Q, const float* K,
     float delta = 0.0f;                            // dO_i . O_i
     for (int64_t e = 0; e < E; ++e) delta += gi[e] * O[i * E + e];
     for (int64_t j = 0; j < nb * kBlock; ++j) ds[j] = p[j] * (ds[j] - delta) * scale;
-    weightedRows(ds, K, dQ + i * E, n, E);
+    weightedSum(ds, 1, K, dQ + i * E, 0, n, E);
   }
   for (int64_t j = 0; j < S; ++j) {
     int64_t i0 = causal ? j : 0;  // rows that see key j
-    weightedColumn(P.data() + j, SP, dO, dV + j * E, i0, L, E);
-    weightedColumn(dS.data() + j, SP, Q, dK + j * E, i0, L, E);
+    weightedSum(P.data() + j, SP, dO, dV + j * E, i0, L, E);
+    weightedSum(dS.data() + j, SP, Q, dK + j * E, i0, L, E);
   }
 }
 
