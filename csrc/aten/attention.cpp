@@ -18,6 +18,10 @@ int64_t fusedSdpChoice(const at::Tensor& q, const at::Tensor& k, const at::Tenso
                        const std::optional<at::Tensor>& attn_mask, double dropout_p, bool is_causal,
                        std::optional<double> scale, bool enable_gqa) {
   auto math = static_cast<int64_t>(sdp::SDPBackend::math);
+  // Symbolic shapes (torch.compile with dynamic shapes) keep the math path:
+  // the checks below read concrete sizes.
+  for (const at::Tensor* t : {&q, &k, &v})
+    if (t->unsafeGetTensorImpl()->has_symbolic_sizes_strides()) return math;
   if (attn_mask && attn_mask->defined()) return math;
   if (dropout_p != 0.0 || q.dim() != 4 || k.dim() != 4 || v.dim() != 4) return math;
   if (q.is_nested() || k.is_nested() || v.is_nested()) return math;

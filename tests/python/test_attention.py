@@ -137,3 +137,18 @@ def test_cpu_plugin_runs_float32_attention_as_host_kernels_and_the_portable_form
     env = dict(os.environ, TORCH_TPU_HOST_KERNELS="0")
     r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env)
     assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stderr[-2000:]
+
+
+def test_compiled_attention_with_dynamic_shapes_takes_the_math_path(fallback_error):
+    # Symbolic sizes cannot be checked against the fused op's conditions at trace
+    # time: PyTorch's math decomposition is traced instead (found by a Hugging
+    # Face Llama compiled with dynamic shapes).
+    def f(q, k, v):
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+    compiled = torch.compile(f, backend="tpu", dynamic=True)
+    for L in (6, 9):
+        q, k, v = qkv((1, 2, L, 8), (1, 2, L, 8), seed=L)
+        ref = f(q, k, v)
+        out = compiled(*(t.to("tpu") for t in (q, k, v)))
+        torch.testing.assert_close(out.cpu(), ref)
