@@ -209,8 +209,8 @@ TPU_HOST_SIMD inline void store8(float* p, v8f v) { std::memcpy(p, &v, sizeof v)
 
 // s[j] = scale * q . K[j] for the first nb blocks of keys, from K transposed
 // and zero-padded (kt: [E, SP]).
-TPU_HOST_SIMD void scoreRow(const float* __restrict__ q, const float* __restrict__ kt, float* __restrict__ s, int64_t nb,
-                            int64_t SP, int64_t E, float scale) {
+TPU_HOST_SIMD void scoreRow(const float* __restrict__ q, const float* __restrict__ kt, float* __restrict__ s,
+                            int64_t nb, int64_t SP, int64_t E, float scale) {
   int64_t b = 0;
   for (; b + 4 <= nb; b += 4) {  // four independent accumulator chains hide the FMA latency
     v8f a0{}, a1{}, a2{}, a3{};
@@ -400,26 +400,31 @@ std::string readCall(const FfiCallFrame* f, int n_args, int n_rets, AttentionCal
   return "";
 }
 
-void* attentionForwardHandler(FfiCallFrame* f) {
+// The shared part of both handlers: the metadata query and other stages
+// return at once; a call that does not read as attention is an FFI error
+// naming `target`; otherwise `run` computes.
+void* handleAttention(FfiCallFrame* f, const char* target, int n_args, int n_rets,
+                      void (*run)(const FfiList& a, const FfiList& r, const AttentionCall& c)) {
   if (metadataQuery(f) || f->stage != kStageExecute) return nullptr;
   AttentionCall c;
-  std::string err = readCall(f, 5, 2, &c);
-  if (!err.empty()) return ffiError(f, std::string(kAttentionForward) + ": " + err);
-  const FfiList& a = f->args;
-  attentionForward(f32(a, 0), f32(a, 1), f32(a, 2), f32Out(f->rets, 0), f32Out(f->rets, 1), c.heads, c.L, c.S, c.E,
-                   c.scale, c.causal);
+  std::string err = readCall(f, n_args, n_rets, &c);
+  if (!err.empty()) return ffiError(f, std::string(target) + ": " + err);
+  run(f->args, f->rets, c);
   return nullptr;
 }
 
+void* attentionForwardHandler(FfiCallFrame* f) {
+  return handleAttention(f, kAttentionForward, 5, 2, [](const FfiList& a, const FfiList& r, const AttentionCall& c) {
+    attentionForward(f32(a, 0), f32(a, 1), f32(a, 2), f32Out(r, 0), f32Out(r, 1), c.heads, c.L, c.S, c.E, c.scale,
+                     c.causal);
+  });
+}
+
 void* attentionBackwardHandler(FfiCallFrame* f) {
-  if (metadataQuery(f) || f->stage != kStageExecute) return nullptr;
-  AttentionCall c;
-  std::string err = readCall(f, 8, 3, &c);
-  if (!err.empty()) return ffiError(f, std::string(kAttentionBackward) + ": " + err);
-  const FfiList& a = f->args;
-  attentionBackward(f32(a, 0), f32(a, 1), f32(a, 2), f32(a, 3), f32(a, 4), f32(a, 5), f32Out(f->rets, 0),
-                    f32Out(f->rets, 1), f32Out(f->rets, 2), c.heads, c.L, c.S, c.E, c.scale, c.causal);
-  return nullptr;
+  return handleAttention(f, kAttentionBackward, 8, 3, [](const FfiList& a, const FfiList& r, const AttentionCall& c) {
+    attentionBackward(f32(a, 0), f32(a, 1), f32(a, 2), f32(a, 3), f32(a, 4), f32(a, 5), f32Out(r, 0), f32Out(r, 1),
+                      f32Out(r, 2), c.heads, c.L, c.S, c.E, c.scale, c.causal);
+  });
 }
 
 }  // namespace
