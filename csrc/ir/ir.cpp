@@ -1,5 +1,6 @@
 #include "ir/ir.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <sstream>
@@ -422,6 +423,20 @@ Value Builder::reshape(const Value& v, const Shape& shape) {
   return r;
 }
 
+namespace {
+bool g_xla_cpu_tuning = false;
+}  // namespace
+
+void setXlaCpuTuning(bool on) { g_xla_cpu_tuning = on; }
+bool xlaCpuTuning() { return g_xla_cpu_tuning; }
+
+Value Builder::barrier(const Value& v) {
+  Value r = fresh(v.type);
+  emitLine(ref(r) + " = \"stablehlo.optimization_barrier\"(" + ref(v) + ") : (" + v.type.str() + ") -> " +
+           v.type.str());
+  return r;
+}
+
 Value Builder::broadcastInDim(const Value& v, const Shape& shape, const std::vector<int64_t>& dims) {
   if (static_cast<int>(dims.size()) != v.rank()) fail("broadcast_in_dim rank");
   if (v.shape() == shape) {
@@ -619,6 +634,50 @@ std::string multiName(const std::string& base, size_t i) { return base + "#" + s
 
 std::vector<Value> Builder::reduce(const std::vector<Value>& inputs, const std::vector<Value>& inits,
                                    const std::vector<int64_t>& dims, const BodyFn& body) {
+  // Adjacent dims that are all reduced (or all kept) merge into one: XLA:CPU
+  // reduces [16,64,256] over {0,1} 3.5x slower than the same data as
+  // [1024,256] over {0}. The reshapes are free on row-major values.
+  const Shape& in_shape = inputs[0].shape();
+  const int rank = inputs[0].rank();
+  std::vector<bool> reduced(rank, false);
+  for (auto d : dims)
+    if (d >= 0 && d < rank) reduced[d] = true;
+  Shape merged;
+  std::vector<int64_t> merged_dims;
+  for (int i = 0; i < rank; ++i) {
+    if (i > 0 && reduced[i] == reduced[i - 1]) {
+      merged.back() *= in_shape[i];
+    } else {
+      if (reduced[i]) merged_dims.push_back(static_cast<int64_t>(merged.size()));
+      merged.push_back(in_shape[i]);
+    }
+  }
+  const bool mergeable = static_cast<int>(merged.size()) < rank &&
+                         static_cast<int64_t>(dims.size()) == std::count(reduced.begin(), reduced.end(), true);
+  // On XLA:CPU a reduction that keeps the minor dim (a column sum: bias
+  // gradients) is fast on a row-major [rows, cols] operand, but the
+  // simplifier folds a merging reshape back into a multi-dim reduce of the
+  // producer. A barrier keeps the merged operand: 450 -> 140 us for a
+  // [16,64,256] sum over {0,1} fed by an elementwise producer.
+  const bool barrier_first = xlaCpuTuning() && rank > 1 && !reduced[rank - 1] && !dims.empty();
+  if (mergeable || barrier_first) {
+    std::vector<Value> operands;
+    for (const auto& v : inputs) {
+      Value m = mergeable ? reshape(v, merged) : v;
+      operands.push_back(barrier_first ? barrier(m) : m);
+    }
+    std::vector<Value> res = reduceOp(operands, inits, mergeable ? merged_dims : dims, body);
+    Shape out;
+    for (int i = 0; i < rank; ++i)
+      if (!reduced[i]) out.push_back(in_shape[i]);
+    for (auto& r : res) r = reshape(r, out);
+    return res;
+  }
+  return reduceOp(inputs, inits, dims, body);
+}
+
+std::vector<Value> Builder::reduceOp(const std::vector<Value>& inputs, const std::vector<Value>& inits,
+                                     const std::vector<int64_t>& dims, const BodyFn& body) {
   std::vector<Type> argt;
   for (const auto& v : inits) argt.push_back(scalarType(v.dtype()));
   for (const auto& v : inits) argt.push_back(scalarType(v.dtype()));

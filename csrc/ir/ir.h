@@ -72,6 +72,12 @@ struct Function {
   int op_count = 0;
 };
 
+// Formulations chosen for XLA:CPU where its code for the portable form is
+// slow (set by the runtime when the plugin is the CPU one). Programs differ by
+// plugin anyway: the compilation cache keys the plugin's identity.
+void setXlaCpuTuning(bool on);
+bool xlaCpuTuning();
+
 class Builder {
  public:
   Builder();
@@ -103,6 +109,9 @@ class Builder {
   Value iota(const Type& t, int dim);
 
   // --- shape ops
+  // stablehlo.optimization_barrier: XLA keeps `v` as computed (no folding
+  // across it).
+  Value barrier(const Value& v);
   Value reshape(const Value& v, const Shape& shape);
   Value broadcastInDim(const Value& v, const Shape& shape, const std::vector<int64_t>& dims);
   // NumPy-style broadcast of v to `shape` (trailing alignment).
@@ -199,6 +208,9 @@ class Builder {
   std::string region(const std::vector<Type>& arg_types, const BodyFn& body);
   std::string types(const std::vector<Value>& vs) const;
   void emitMulti(const std::vector<Value>& results, const std::string& rhs);
+  // The stablehlo.reduce itself, operands as given.
+  std::vector<Value> reduceOp(const std::vector<Value>& inputs, const std::vector<Value>& inits,
+                              const std::vector<int64_t>& dims, const BodyFn& body);
 
   int next_id_ = 0;
   int op_count_ = 0;

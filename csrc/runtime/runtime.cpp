@@ -208,6 +208,7 @@ Runtime::Runtime() {
   const char* hk = std::getenv("TORCH_TPU_HOST_KERNELS");
   if (client_->platformName() == "cpu" && !(hk && std::string(hk) == "0"))
     ops::setHostKernels(registerHostKernels(*api));
+  ir::setXlaCpuTuning(client_->platformName() == "cpu");
   options_ = pjrt::compileOptions(/*portable=*/true);
   struct stat st {};
   ::stat(path.c_str(), &st);

@@ -3,6 +3,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 
@@ -100,6 +101,51 @@ TEST(Compile, ReduceAndDot) {
   auto out = run(b, {{1, 2, 3, 4, 5, 6}, {1, 0, 0, 1, 1, 1}});
   // rows: [1+3, 2+3] = [4,5] -> 9 ; [4+6, 5+6] = [10, 11] -> 21
   EXPECT_EQ(out, (std::vector<float>{9, 21}));
+}
+
+// Sums of a [2, 3, 4] iota over each set of dims: adjacent reduced dims merge
+// into one, and with the XLA:CPU tuning a reduction that keeps the minor dim
+// reads its operand through a barrier. Values must not change either way.
+TEST(Compile, ReduceMergesAdjacentDimsAndKeepsTheResultShape) {
+  auto sum = [](ir::Builder& b, const ir::Value& x, std::vector<int64_t> dims) {
+    return b.reduce({x}, {b.constant(0.0, ir::DType::F32)}, dims, [](ir::Builder& bb, const std::vector<ir::Value>& a) {
+      return std::vector<ir::Value>{bb.binary("add", a[0], a[1])};
+    })[0];
+  };
+  std::vector<float> in(24);
+  for (int i = 0; i < 24; ++i) in[i] = static_cast<float>(i);
+  auto want = [&](std::vector<int64_t> dims) {
+    std::vector<float> out;
+    std::vector<int64_t> shape{2, 3, 4}, kept;
+    for (int64_t d = 0; d < 3; ++d)
+      if (std::find(dims.begin(), dims.end(), d) == dims.end()) kept.push_back(d);
+    int64_t n = 1;
+    for (auto d : kept) n *= shape[d];
+    out.assign(std::max<int64_t>(n, 1), 0.0f);
+    for (int64_t i = 0; i < 2; ++i)
+      for (int64_t j = 0; j < 3; ++j)
+        for (int64_t k = 0; k < 4; ++k) {
+          int64_t idx[3] = {i, j, k}, o = 0;
+          for (auto d : kept) o = o * shape[d] + idx[d];
+          out[o] += in[(i * 3 + j) * 4 + k];
+        }
+    return out;
+  };
+  for (bool tuned : {false, true}) {
+    ir::setXlaCpuTuning(tuned);
+    for (const std::vector<int64_t>& dims : std::vector<std::vector<int64_t>>{{0, 1}, {1, 2}, {0, 2}, {0, 1, 2}, {0}}) {
+      ir::Builder b;
+      auto x = b.param({ir::DType::F32, {2, 3, 4}});
+      auto r = sum(b, x, dims);
+      b.output(b.reshape(r, {r.type.numel()}));
+      std::string text = b.emit();
+      bool keeps_minor = std::find(dims.begin(), dims.end(), 2) == dims.end();
+      EXPECT_EQ(text.find("optimization_barrier") != std::string::npos, tuned && keeps_minor) << text;
+      if (dims == std::vector<int64_t>{0, 1}) EXPECT_NE(text.find("tensor<6x4xf32>"), std::string::npos) << text;
+      EXPECT_EQ(run(b, {in}), want(dims)) << "dims " << dims.size() << " tuned " << tuned;
+    }
+  }
+  ir::setXlaCpuTuning(false);
 }
 
 TEST(Compile, SortAndGather) {
