@@ -1160,6 +1160,9 @@ void runFused(const c10::OperatorHandle& op, torch::jit::Stack* stack, std::vect
     return graph.read(arrayOf(t), geometryOf(t));
   };
   auto scalarValue = [&](const IValue& v, ir::DType st) -> ir::Value {
+    if (graph.bakeScalars())
+      return st == ir::DType::F64 ? b.constant(v.toDouble(), st)
+                                  : b.constantInt(st == ir::DType::Bool ? v.toBool() : v.toInt(), st);
     runtime::BufferPtr buf = st == ir::DType::F64    ? runtime::scalarBuffer(st, v.toDouble(), dev)
                              : st == ir::DType::Bool ? runtime::scalarBufferInt(st, v.toBool(), dev)
                                                      : runtime::scalarBufferInt(st, v.toInt(), dev);
@@ -1405,6 +1408,7 @@ bool captureBegin(const std::vector<at::Tensor>& inputs) {
   }
   auto& graph = fusion.graph(dev);
   graph.setCaptureInputs(std::move(arrays));
+  graph.setBakeScalars(true);
   g_capture.materializations = graph.materializations();
   return true;
 }
@@ -1414,6 +1418,7 @@ void captureAbort() {
   std::lock_guard<std::recursive_mutex> lock(fusion.mutex());
   if (!g_capture.active) return;
   fusion.graph(g_capture.device).setCaptureInputs({});
+  fusion.graph(g_capture.device).setBakeScalars(false);
   g_capture.active = false;
   fusion.endWholeGraph(g_capture.was_fused);
 }
@@ -1432,6 +1437,7 @@ std::shared_ptr<CapturedGraph> captureEnd(const std::vector<at::Tensor>& outputs
     runtime::LazyGraph& g;
     ~Finish() {
       g.setCaptureInputs({});
+      g.setBakeScalars(false);
       g_capture.active = false;
       f.endWholeGraph(g_capture.was_fused);
     }

@@ -44,6 +44,11 @@ ir::Value LazyGraph::scalar(const BufferPtr& buf, ir::DType t) {
   return v;
 }
 
+ir::Value LazyGraph::offset(const ViewGeometry& g) {
+  if (bake_scalars_) return b_->constantInt(g.offset, ir::DType::I64);
+  return scalar(scalarBufferInt(ir::DType::I64, g.offset, device_), ir::DType::I64);
+}
+
 ir::Value LazyGraph::storage(DeviceArray& a, ir::DType t) {
   ir::Value flat;
   if (a.lazy() && a.lazyValue()->graph != this) a.lazyValue()->graph->materialize();
@@ -78,8 +83,7 @@ ir::Value LazyGraph::read(DeviceArray& a, const ViewGeometry& g) {
   int64_t numel = g.numel();
   if (numel == 0) return b_->constant(0.0, g.dtype, g.sizes);
   if (g.offset == 0 && g.contiguous() && numel == flat.shape()[0]) return b_->reshape(flat, g.sizes);
-  ir::Value off = scalar(scalarBufferInt(ir::DType::I64, g.offset, device_), ir::DType::I64);
-  return b_->reshape(buildRead(*b_, flat, off, g), g.sizes);
+  return b_->reshape(buildRead(*b_, flat, offset(g), g), g.sizes);
 }
 
 void LazyGraph::write(DeviceArray& a, const ViewGeometry& g, const ir::Value& v) {
@@ -92,8 +96,7 @@ void LazyGraph::write(DeviceArray& a, const ViewGeometry& g, const ir::Value& v)
     return;
   }
   ir::Value flat = storage(a, g.dtype);
-  ir::Value off = scalar(scalarBufferInt(ir::DType::I64, g.offset, device_), ir::DType::I64);
-  bind(a, buildWrite(*b_, flat, vflat, off, g), g.dtype);
+  bind(a, buildWrite(*b_, flat, vflat, offset(g), g), g.dtype);
 }
 
 void LazyGraph::bind(DeviceArray& a, const ir::Value& flat, ir::DType t) {

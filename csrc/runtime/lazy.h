@@ -76,12 +76,20 @@ class LazyGraph {
   void materialize(CaptureResult* cap = nullptr);
   // Capture: reads of these arrays (argument index) become their own inputs.
   void setCaptureInputs(std::unordered_map<const DeviceArray*, int> arrays);
+  // While a torch.compile graph is captured, Python scalars and view offsets
+  // are fixed for every replay: they become constants of the program, which
+  // lets XLA fold them (alpha = 1 multiplies, static slices instead of
+  // dynamic ones). Fused eager keeps them as inputs, so new values reuse the
+  // program.
+  void setBakeScalars(bool on) { bake_scalars_ = on; }
+  bool bakeScalars() const { return bake_scalars_; }
   void tagLastInput(InputTag t) { tags_.back() = t; }
   int materializations() const { return materializations_; }
   std::string describeOps() const;
 
  private:
   void reset();
+  ir::Value offset(const ViewGeometry& g);  // a view's storage offset
   int device_;
   std::unique_ptr<ir::Builder> b_;
   std::vector<BufferPtr> inputs_;
@@ -90,6 +98,7 @@ class LazyGraph {
   std::unordered_map<const DeviceArray*, int> capture_inputs_;
   std::unordered_map<const DeviceArray*, ir::Value> capture_params_;
   int materializations_ = 0;
+  bool bake_scalars_ = false;
   std::vector<std::weak_ptr<LazyValue>> values_;
   std::vector<std::pair<ir::Value, std::string>> checks_;
   int ops_ = 0;

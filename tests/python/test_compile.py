@@ -213,6 +213,29 @@ def test_later_calls_replay_the_recorded_program():
         torch.testing.assert_close(cf(xt, y).cpu(), (xt.cpu() @ y.cpu()).relu().sum(0))
 
 
+def test_replays_keep_constants_and_view_offsets_of_the_recording():
+    # The recording bakes the graph's Python constants (alpha, the 0.5) and its
+    # views' storage offsets (the slices, the per-head split) into the program:
+    # replays on new values and on views at other offsets must stay exact.
+    def f(qkv, w):
+        q, k, v = qkv.split(8, dim=-1)
+        heads = [t.view(2, 5, 2, 4).transpose(1, 2) for t in (q, k, v)]
+        o = F.scaled_dot_product_attention(*heads, is_causal=True)
+        return torch.add(o.transpose(1, 2).reshape(2, 5, 8), w[1:], alpha=0.5) - 2
+
+    cf = torch.compile(f, backend="tpu")
+    n = len(torch_tpu.compiled_graphs())
+    base = torch.randn(3, 2, 5, 24)
+    w = torch.randn(6, 8)
+    for i in range(3):
+        qkv = base[i]
+        torch.testing.assert_close(cf(qkv.to("tpu"), w.to("tpu")).cpu(), f(qkv, w))
+    storage = base.to("tpu")
+    for i in range(3):  # views of one storage: other offsets record again, then replay
+        torch.testing.assert_close(cf(storage[i], w.to("tpu")).cpu(), f(base[i], w))
+    assert sum(g["replays"] for g in _graphs_since(n)) >= 2
+
+
 def test_timm_model_matches_eager():
     timm = pytest.importorskip("timm")  # needs a torchvision built for this torch
     torch.manual_seed(0)
