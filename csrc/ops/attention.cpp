@@ -72,6 +72,10 @@ bool useHostKernel(const Attention& a, bool backward) {
   return hostKernels() && a.in == DType::F32 && a.v.shape()[3] == a.q.shape()[3] && (!backward || a.q.shape()[3] <= 32);
 }
 
+// [B, H, L, E] <-> the kernels' sequence-major [B, L, H, E] (the permutation
+// is its own inverse).
+Value seqMajor(ir::Builder& b, const Value& x) { return b.transpose(x, {0, 2, 1, 3}); }
+
 // The kernel's trailing operands: the scale and the causal flag.
 std::vector<Value> withFlags(ir::Builder& b, const Attention& a, std::vector<Value> operands) {
   operands.push_back(b.constant(a.scale, DType::F32));
@@ -86,8 +90,10 @@ Registrar reg_attention("_scaled_dot_product_flash_attention_for_cpu", [](Ctx& c
   Attention a = readAttention(c, 0, 3, 4, 5, 6);
   if (useHostKernel(a, false)) {
     Shape lse_shape(a.q.shape().begin(), a.q.shape().end() - 1);
-    return b.customCall(runtime::kAttentionForward, withFlags(b, a, {a.q, a.k, a.v}),
-                        {a.q.type, Type{DType::F32, lse_shape}});
+    Value q = seqMajor(b, a.q);
+    auto r = b.customCall(runtime::kAttentionForward, withFlags(b, a, {q, seqMajor(b, a.k), seqMajor(b, a.v)}),
+                          {q.type, Type{DType::F32, lse_shape}});
+    return std::vector<Value>{seqMajor(b, r[0]), r[1]};
   }
   Value s = scores(b, a);
   Value m = reduceMax(b, s, {3});
@@ -109,9 +115,13 @@ Registrar reg_attention_backward("_scaled_dot_product_flash_attention_for_cpu_ba
   Value dout = b.convert(c.tensor(0), a.acc);
   Value out = b.convert(c.tensor(4), a.acc);
   Value lse = b.convert(c.tensor(5), a.acc);
-  if (useHostKernel(a, true))
-    return b.customCall(runtime::kAttentionBackward, withFlags(b, a, {dout, a.q, a.k, a.v, out, lse}),
-                        {a.q.type, a.k.type, a.v.type});
+  if (useHostKernel(a, true)) {
+    Value q = seqMajor(b, a.q), k = seqMajor(b, a.k), v = seqMajor(b, a.v);
+    auto r =
+        b.customCall(runtime::kAttentionBackward, withFlags(b, a, {seqMajor(b, dout), q, k, v, seqMajor(b, out), lse}),
+                     {q.type, k.type, v.type});
+    return std::vector<Value>{seqMajor(b, r[0]), seqMajor(b, r[1]), seqMajor(b, r[2])};
+  }
   Value s = scores(b, a);
   Value p = b.unary("exponential", sub(b, s, rowsLike(b, lse, s.shape())));  // masked keys: exp(-inf) = 0
   Value dv = b.dotGeneral(asGemmInput(b, a, p), dout, {0, 1}, {0, 1}, {2}, {2}, a.acc);

@@ -236,34 +236,35 @@ TPU_HOST_SIMD void scoreRow(const float* __restrict__ q, const float* __restrict
   }
 }
 
-// x[0..SP) zero-padded rows -> xt [E, SP].
+// x's rows (R elements apart) zero-padded to SP -> xt [E, SP].
 TPU_HOST_SIMD void transposePadded(const float* __restrict__ x, float* __restrict__ xt, int64_t rows, int64_t SP,
-                                   int64_t E) {
+                                   int64_t E, int64_t R) {
   std::fill(xt, xt + E * SP, 0.0f);
   for (int64_t r = 0; r < rows; ++r)
-    for (int64_t e = 0; e < E; ++e) xt[e * SP + r] = x[r * E + e];
+    for (int64_t e = 0; e < E; ++e) xt[e * SP + r] = x[r * R + e];
 }
 
-// out[e] = sum_i w[i * stride] * X[i, e] over i0 <= i < n, eight columns at a
-// time with four accumulators over i (independent FMA chains).
+// out[e] = sum_i w[i * stride] * X[i, e] over i0 <= i < n (X's rows R elements
+// apart), eight columns at a time with four accumulators over i (independent
+// FMA chains).
 TPU_HOST_SIMD void weightedSum(const float* __restrict__ w, int64_t stride, const float* __restrict__ X,
-                               float* __restrict__ out, int64_t i0, int64_t n, int64_t E) {
+                               float* __restrict__ out, int64_t i0, int64_t n, int64_t E, int64_t R) {
   int64_t e0 = 0;
   for (; e0 + kBlock <= E; e0 += kBlock) {
     v8f a0{}, a1{}, a2{}, a3{};
     int64_t i = i0;
     for (; i + 4 <= n; i += 4) {
-      a0 += w[i * stride] * load8(X + i * E + e0);
-      a1 += w[(i + 1) * stride] * load8(X + (i + 1) * E + e0);
-      a2 += w[(i + 2) * stride] * load8(X + (i + 2) * E + e0);
-      a3 += w[(i + 3) * stride] * load8(X + (i + 3) * E + e0);
+      a0 += w[i * stride] * load8(X + i * R + e0);
+      a1 += w[(i + 1) * stride] * load8(X + (i + 1) * R + e0);
+      a2 += w[(i + 2) * stride] * load8(X + (i + 2) * R + e0);
+      a3 += w[(i + 3) * stride] * load8(X + (i + 3) * R + e0);
     }
-    for (; i < n; ++i) a0 += w[i * stride] * load8(X + i * E + e0);
+    for (; i < n; ++i) a0 += w[i * stride] * load8(X + i * R + e0);
     store8(out + e0, (a0 + a1) + (a2 + a3));
   }
   for (int64_t e = e0; e < E; ++e) {
     float acc = 0;
-    for (int64_t i = i0; i < n; ++i) acc += w[i * stride] * X[i * E + e];
+    for (int64_t i = i0; i < n; ++i) acc += w[i * stride] * X[i * R + e];
     out[e] = acc;
   }
 }
@@ -297,20 +298,23 @@ TPU_HOST_SIMD void expRow(float* __restrict__ s, int64_t n, int64_t nb, float sh
 // Keys visible from query row i: all, or j <= i (PyTorch's top-left causal mask).
 int64_t visible(int64_t i, int64_t S, bool causal) { return causal ? std::min(i + 1, S) : S; }
 
+// One head: its rows of Q, K, V and O are R elements apart (the sequence-major
+// layout interleaves the heads).
 TPU_HOST_SIMD void forwardHead(const float* Q, const float* K, const float* V, float* O, float* LSE, int64_t L,
-                               int64_t S, int64_t E, float scale, bool causal) {
+                               int64_t S, int64_t E, int64_t R, float scale, bool causal) {
   int64_t SP = blocks(S) * kBlock;
   std::vector<float> kt(E * SP), s(SP);
-  transposePadded(K, kt.data(), S, SP, E);
+  transposePadded(K, kt.data(), S, SP, E, R);
   for (int64_t i = 0; i < L; ++i) {
     int64_t n = visible(i, S, causal), nb = blocks(n);
-    scoreRow(Q + i * E, kt.data(), s.data(), nb, SP, E, scale);
+    scoreRow(Q + i * R, kt.data(), s.data(), nb, SP, E, scale);
     float m = rowMax(s.data(), n);
     expRow(s.data(), n, nb, m);
     float l = rowSum(s.data(), nb * kBlock);
-    weightedSum(s.data(), 1, V, O + i * E, 0, n, E);
+    float* o = O + i * R;
+    weightedSum(s.data(), 1, V, o, 0, n, E, R);
     float inv = 1.0f / l;
-    for (int64_t e = 0; e < E; ++e) O[i * E + e] *= inv;
+    for (int64_t e = 0; e < E; ++e) o[e] *= inv;
     LSE[i] = m + std::log(l);
   }
 }
@@ -320,30 +324,30 @@ TPU_HOST_SIMD void forwardHead(const float* Q, const float* K, const float* V, f
 // key's row in registers (query rows i >= j only, under the causal mask).
 TPU_HOST_SIMD void backwardHead(const float* dO, const float* Q, const float* K, const float* V, const float* O,
                                 const float* LSE, float* dQ, float* dK, float* dV, int64_t L, int64_t S, int64_t E,
-                                float scale, bool causal) {
+                                int64_t R, float scale, bool causal) {
   int64_t SP = blocks(S) * kBlock;
   std::vector<float> kt(E * SP), vt(E * SP), P(L * SP), dS(L * SP);
-  transposePadded(K, kt.data(), S, SP, E);
-  transposePadded(V, vt.data(), S, SP, E);
+  transposePadded(K, kt.data(), S, SP, E, R);
+  transposePadded(V, vt.data(), S, SP, E, R);
   for (int64_t i = 0; i < L; ++i) {
     int64_t n = visible(i, S, causal), nb = blocks(n);
-    const float* gi = dO + i * E;
+    const float* gi = dO + i * R;
     float* p = P.data() + i * SP;
     float* ds = dS.data() + i * SP;
     std::fill(p + nb * kBlock, p + SP, 0.0f);
     std::fill(ds + nb * kBlock, ds + SP, 0.0f);
-    scoreRow(Q + i * E, kt.data(), p, nb, SP, E, scale);
+    scoreRow(Q + i * R, kt.data(), p, nb, SP, E, scale);
     expRow(p, n, nb, LSE[i]);
     scoreRow(gi, vt.data(), ds, nb, SP, E, 1.0f);  // dp_j = dO_i . V_j
     float delta = 0.0f;                            // dO_i . O_i
-    for (int64_t e = 0; e < E; ++e) delta += gi[e] * O[i * E + e];
+    for (int64_t e = 0; e < E; ++e) delta += gi[e] * O[i * R + e];
     for (int64_t j = 0; j < nb * kBlock; ++j) ds[j] = p[j] * (ds[j] - delta) * scale;
-    weightedSum(ds, 1, K, dQ + i * E, 0, n, E);
+    weightedSum(ds, 1, K, dQ + i * R, 0, n, E, R);
   }
   for (int64_t j = 0; j < S; ++j) {
     int64_t i0 = causal ? j : 0;  // rows that see key j
-    weightedSum(P.data() + j, SP, dO, dV + j * E, i0, L, E);
-    weightedSum(dS.data() + j, SP, Q, dK + j * E, i0, L, E);
+    weightedSum(P.data() + j, SP, dO, dV + j * R, i0, L, E, R);
+    weightedSum(dS.data() + j, SP, Q, dK + j * R, i0, L, E, R);
   }
 }
 
@@ -374,14 +378,14 @@ const float* f32(const FfiList& l, int i) { return static_cast<const float*>(ite
 float* f32Out(const FfiList& l, int i) { return static_cast<float*>(item(l, i)->data); }
 
 struct AttentionCall {
-  int64_t heads = 0, L = 0, S = 0, E = 0;
+  int64_t batch = 0, heads = 0, L = 0, S = 0, E = 0;
   float scale = 1.0f;
   bool causal = false;
 };
 
 // Reads an attention call: the operand and result counts, float32 operands
-// then the scale and the int32 causal flag, q-like buffers [B, H, L, E] and
-// k-like ones [B, H, S, E]. Returns an error message, or "" when `c` is set.
+// then the scale and the int32 causal flag, q-like buffers [B, L, H, E] and
+// k-like ones [B, S, H, E]. Returns an error message, or "" when `c` is set.
 std::string readCall(const FfiCallFrame* f, int n_args, int n_rets, AttentionCall* c) {
   if (f->args.size != n_args || f->rets.size != n_rets) return "wrong number of operands or results";
   for (int i = 0; i < n_args - 1; ++i)
@@ -389,11 +393,12 @@ std::string readCall(const FfiCallFrame* f, int n_args, int n_rets, AttentionCal
   if (item(f->args, n_args - 1)->dtype != kDTypeS32) return "the causal flag is not int32";
   const FfiBuffer* q = item(f->args, n_args == 5 ? 0 : 1);
   const FfiBuffer* k = item(f->args, n_args == 5 ? 1 : 2);
-  if (q->rank != 4 || k->rank != 4 || q->dims[0] != k->dims[0] || q->dims[1] != k->dims[1] || q->dims[3] != k->dims[3])
+  if (q->rank != 4 || k->rank != 4 || q->dims[0] != k->dims[0] || q->dims[2] != k->dims[2] || q->dims[3] != k->dims[3])
     return "query and key shapes do not match";
-  c->heads = q->dims[0] * q->dims[1];
-  c->L = q->dims[2];
-  c->S = k->dims[2];
+  c->batch = q->dims[0];
+  c->heads = q->dims[2];
+  c->L = q->dims[1];
+  c->S = k->dims[1];
   c->E = q->dims[3];
   c->scale = *f32(f->args, n_args - 2);
   c->causal = *static_cast<const int32_t*>(item(f->args, n_args - 1)->data) != 0;
@@ -415,33 +420,39 @@ void* handleAttention(FfiCallFrame* f, const char* target, int n_args, int n_ret
 
 void* attentionForwardHandler(FfiCallFrame* f) {
   return handleAttention(f, kAttentionForward, 5, 2, [](const FfiList& a, const FfiList& r, const AttentionCall& c) {
-    attentionForward(f32(a, 0), f32(a, 1), f32(a, 2), f32Out(r, 0), f32Out(r, 1), c.heads, c.L, c.S, c.E, c.scale,
-                     c.causal);
+    attentionForward(f32(a, 0), f32(a, 1), f32(a, 2), f32Out(r, 0), f32Out(r, 1), {c.batch, c.heads, c.L, c.S, c.E},
+                     c.scale, c.causal);
   });
 }
 
 void* attentionBackwardHandler(FfiCallFrame* f) {
   return handleAttention(f, kAttentionBackward, 8, 3, [](const FfiList& a, const FfiList& r, const AttentionCall& c) {
     attentionBackward(f32(a, 0), f32(a, 1), f32(a, 2), f32(a, 3), f32(a, 4), f32(a, 5), f32Out(r, 0), f32Out(r, 1),
-                      f32Out(r, 2), c.heads, c.L, c.S, c.E, c.scale, c.causal);
+                      f32Out(r, 2), {c.batch, c.heads, c.L, c.S, c.E}, c.scale, c.causal);
   });
 }
 
 }  // namespace
 
-void attentionForward(const float* q, const float* k, const float* v, float* out, float* lse, int64_t heads, int64_t L,
-                      int64_t S, int64_t E, float scale, bool causal) {
-  HostPool::get().parallelFor(heads, [&](int64_t h) {
-    forwardHead(q + h * L * E, k + h * S * E, v + h * S * E, out + h * L * E, lse + h * L, L, S, E, scale, causal);
+void attentionForward(const float* q, const float* k, const float* v, float* out, float* lse, const AttentionShape& a,
+                      float scale, bool causal) {
+  const int64_t R = a.heads * a.E;
+  HostPool::get().parallelFor(a.batch * a.heads, [&](int64_t bh) {
+    int64_t b = bh / a.heads, h = bh % a.heads;
+    int64_t qo = b * a.L * R + h * a.E, ko = b * a.S * R + h * a.E;
+    forwardHead(q + qo, k + ko, v + ko, out + qo, lse + bh * a.L, a.L, a.S, a.E, R, scale, causal);
   });
 }
 
 void attentionBackward(const float* dout, const float* q, const float* k, const float* v, const float* out,
-                       const float* lse, float* dq, float* dk, float* dv, int64_t heads, int64_t L, int64_t S,
-                       int64_t E, float scale, bool causal) {
-  HostPool::get().parallelFor(heads, [&](int64_t h) {
-    backwardHead(dout + h * L * E, q + h * L * E, k + h * S * E, v + h * S * E, out + h * L * E, lse + h * L,
-                 dq + h * L * E, dk + h * S * E, dv + h * S * E, L, S, E, scale, causal);
+                       const float* lse, float* dq, float* dk, float* dv, const AttentionShape& a, float scale,
+                       bool causal) {
+  const int64_t R = a.heads * a.E;
+  HostPool::get().parallelFor(a.batch * a.heads, [&](int64_t bh) {
+    int64_t b = bh / a.heads, h = bh % a.heads;
+    int64_t qo = b * a.L * R + h * a.E, ko = b * a.S * R + h * a.E;
+    backwardHead(dout + qo, q + qo, k + ko, v + ko, out + qo, lse + bh * a.L, dq + qo, dk + ko, dv + ko, a.L, a.S, a.E,
+                 R, scale, causal);
   });
 }
 

@@ -11,9 +11,13 @@
 
 namespace tpu::runtime {
 
-// Custom-call targets, operands and results (all float32, row-major):
-//   attention forward:  q [B,H,L,E], k [B,H,S,E], v [B,H,S,E], scale [], causal (i32) []
-//                       -> out [B,H,L,E], logsumexp [B,H,L]
+// Custom-call targets, operands and results (all float32, row-major). The
+// kernels take the sequence-major layout a model's projections produce
+// ([batch, sequence, heads, width]): the lowering transposes to it, and XLA
+// cancels that transpose against the model's own head split and merge, so
+// neither a gather nor a copy is left around the call.
+//   attention forward:  q [B,L,H,E], k [B,S,H,E], v [B,S,H,E], scale [], causal (i32) []
+//                       -> out [B,L,H,E], logsumexp [B,H,L]
 //   attention backward: dout, q, k, v, out, logsumexp, scale, causal -> dq, dk, dv
 inline constexpr const char* kAttentionForward = "torch_tpu_attention_fwd";
 inline constexpr const char* kAttentionBackward = "torch_tpu_attention_bwd";
@@ -23,11 +27,16 @@ inline constexpr const char* kAttentionBackward = "torch_tpu_attention_bwd";
 // CPU lacks AVX2/FMA: the lowerings then use their StableHLO form.
 bool registerHostKernels(const pjrt::Api& api);
 
-// The kernels themselves, on plain arrays (for the unit tests).
-void attentionForward(const float* q, const float* k, const float* v, float* out, float* lse, int64_t heads, int64_t L,
-                      int64_t S, int64_t E, float scale, bool causal);
+struct AttentionShape {
+  int64_t batch = 0, heads = 0, L = 0, S = 0, E = 0;  // queries L, keys S, head width E
+};
+
+// The kernels themselves, on plain arrays (for the unit tests), in the
+// layouts above.
+void attentionForward(const float* q, const float* k, const float* v, float* out, float* lse, const AttentionShape& a,
+                      float scale, bool causal);
 void attentionBackward(const float* dout, const float* q, const float* k, const float* v, const float* out,
-                       const float* lse, float* dq, float* dk, float* dv, int64_t heads, int64_t L, int64_t S,
-                       int64_t E, float scale, bool causal);
+                       const float* lse, float* dq, float* dk, float* dv, const AttentionShape& a, float scale,
+                       bool causal);
 
 }  // namespace tpu::runtime

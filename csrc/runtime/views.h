@@ -24,7 +24,10 @@ struct ViewGeometry {
 // flat value; write a flat value into a view of a flat storage value. The
 // offset is a 0-d i64 value.
 ir::Value reinterpret(ir::Builder& b, const ir::Value& v, ir::DType to);
-ir::Value buildRead(ir::Builder& b, const ir::Value& flat, const ir::Value& offset, const ViewGeometry& g);
+// `standalone`: the read is a program of its own (strict eager materialising
+// a view), not part of a graph whose consumers may absorb a transpose.
+ir::Value buildRead(ir::Builder& b, const ir::Value& flat, const ir::Value& offset, const ViewGeometry& g,
+                    bool standalone = false);
 ir::Value buildWrite(ir::Builder& b, const ir::Value& flat, const ir::Value& value, const ir::Value& offset,
                      const ViewGeometry& g);
 

@@ -15,8 +15,11 @@ using namespace tpu;
 namespace {
 
 struct Case {
-  int64_t heads, L, S, E;
+  int64_t batch, heads, L, S, E;
   bool causal;
+  runtime::AttentionShape shape() const { return {batch, heads, L, S, E}; }
+  int64_t qSize() const { return batch * L * heads * E; }
+  int64_t kSize() const { return batch * S * heads * E; }
 };
 
 std::vector<float> randomVec(size_t n, uint32_t seed) {
@@ -27,50 +30,55 @@ std::vector<float> randomVec(size_t n, uint32_t seed) {
   return v;
 }
 
-// Softmax attention per head in double; p is [L, S].
+// Softmax attention per (batch, head) in double, in the kernels' layouts
+// (q-like [B, L, H, E], k-like [B, S, H, E], logsumexp [B, H, L]); p is [L, S].
 void reference(const Case& c, const std::vector<float>& q, const std::vector<float>& k, const std::vector<float>& v,
                const std::vector<float>& dout, float scale, std::vector<double>& out, std::vector<double>& lse,
                std::vector<double>& dq, std::vector<double>& dk, std::vector<double>& dv) {
-  out.assign(c.heads * c.L * c.E, 0);
-  lse.assign(c.heads * c.L, 0);
-  dq.assign(c.heads * c.L * c.E, 0);
-  dk.assign(c.heads * c.S * c.E, 0);
-  dv.assign(c.heads * c.S * c.E, 0);
-  for (int64_t h = 0; h < c.heads; ++h) {
-    auto Q = [&](int64_t i, int64_t e) { return double(q[(h * c.L + i) * c.E + e]); };
-    auto K = [&](int64_t j, int64_t e) { return double(k[(h * c.S + j) * c.E + e]); };
-    auto V = [&](int64_t j, int64_t e) { return double(v[(h * c.S + j) * c.E + e]); };
-    auto G = [&](int64_t i, int64_t e) { return double(dout[(h * c.L + i) * c.E + e]); };
-    std::vector<double> p(c.L * c.S, 0.0);
-    for (int64_t i = 0; i < c.L; ++i) {
-      int64_t n = c.causal ? std::min(i + 1, c.S) : c.S;
-      double m = -INFINITY;
-      for (int64_t j = 0; j < n; ++j) {
-        double s = 0;
-        for (int64_t e = 0; e < c.E; ++e) s += Q(i, e) * K(j, e);
-        p[i * c.S + j] = s * scale;
-        m = std::max(m, s * scale);
+  out.assign(c.qSize(), 0);
+  lse.assign(c.batch * c.heads * c.L, 0);
+  dq.assign(c.qSize(), 0);
+  dk.assign(c.kSize(), 0);
+  dv.assign(c.kSize(), 0);
+  for (int64_t bb = 0; bb < c.batch; ++bb) {
+    for (int64_t h = 0; h < c.heads; ++h) {
+      auto qi = [&](int64_t i, int64_t e) { return ((bb * c.L + i) * c.heads + h) * c.E + e; };
+      auto ki = [&](int64_t j, int64_t e) { return ((bb * c.S + j) * c.heads + h) * c.E + e; };
+      auto Q = [&](int64_t i, int64_t e) { return double(q[qi(i, e)]); };
+      auto K = [&](int64_t j, int64_t e) { return double(k[ki(j, e)]); };
+      auto V = [&](int64_t j, int64_t e) { return double(v[ki(j, e)]); };
+      auto G = [&](int64_t i, int64_t e) { return double(dout[qi(i, e)]); };
+      std::vector<double> p(c.L * c.S, 0.0);
+      for (int64_t i = 0; i < c.L; ++i) {
+        int64_t n = c.causal ? std::min(i + 1, c.S) : c.S;
+        double m = -INFINITY;
+        for (int64_t j = 0; j < n; ++j) {
+          double s = 0;
+          for (int64_t e = 0; e < c.E; ++e) s += Q(i, e) * K(j, e);
+          p[i * c.S + j] = s * scale;
+          m = std::max(m, s * scale);
+        }
+        double l = 0;
+        for (int64_t j = 0; j < n; ++j) l += (p[i * c.S + j] = std::exp(p[i * c.S + j] - m));
+        for (int64_t j = 0; j < n; ++j) p[i * c.S + j] /= l;
+        lse[(bb * c.heads + h) * c.L + i] = m + std::log(l);
+        for (int64_t e = 0; e < c.E; ++e)
+          for (int64_t j = 0; j < n; ++j) out[qi(i, e)] += p[i * c.S + j] * V(j, e);
       }
-      double l = 0;
-      for (int64_t j = 0; j < n; ++j) l += (p[i * c.S + j] = std::exp(p[i * c.S + j] - m));
-      for (int64_t j = 0; j < n; ++j) p[i * c.S + j] /= l;
-      lse[h * c.L + i] = m + std::log(l);
-      for (int64_t e = 0; e < c.E; ++e)
-        for (int64_t j = 0; j < n; ++j) out[(h * c.L + i) * c.E + e] += p[i * c.S + j] * V(j, e);
-    }
-    for (int64_t i = 0; i < c.L; ++i) {
-      double delta = 0;
-      for (int64_t e = 0; e < c.E; ++e) delta += G(i, e) * out[(h * c.L + i) * c.E + e];
-      for (int64_t j = 0; j < c.S; ++j) {
-        double pij = p[i * c.S + j];
-        if (pij == 0) continue;
-        double dp = 0;
-        for (int64_t e = 0; e < c.E; ++e) dp += G(i, e) * V(j, e);
-        double ds = pij * (dp - delta) * scale;
-        for (int64_t e = 0; e < c.E; ++e) {
-          dv[(h * c.S + j) * c.E + e] += pij * G(i, e);
-          dq[(h * c.L + i) * c.E + e] += ds * K(j, e);
-          dk[(h * c.S + j) * c.E + e] += ds * Q(i, e);
+      for (int64_t i = 0; i < c.L; ++i) {
+        double delta = 0;
+        for (int64_t e = 0; e < c.E; ++e) delta += G(i, e) * out[qi(i, e)];
+        for (int64_t j = 0; j < c.S; ++j) {
+          double pij = p[i * c.S + j];
+          if (pij == 0) continue;
+          double dp = 0;
+          for (int64_t e = 0; e < c.E; ++e) dp += G(i, e) * V(j, e);
+          double ds = pij * (dp - delta) * scale;
+          for (int64_t e = 0; e < c.E; ++e) {
+            dv[ki(j, e)] += pij * G(i, e);
+            dq[qi(i, e)] += ds * K(j, e);
+            dk[ki(j, e)] += ds * Q(i, e);
+          }
         }
       }
     }
@@ -88,16 +96,16 @@ class AttentionKernel : public ::testing::TestWithParam<Case> {};
 TEST_P(AttentionKernel, MatchesTheDoublePrecisionReference) {
   Case c = GetParam();
   float scale = 1.0f / std::sqrt(float(c.E));
-  auto q = randomVec(c.heads * c.L * c.E, 1), k = randomVec(c.heads * c.S * c.E, 2),
-       v = randomVec(c.heads * c.S * c.E, 3), g = randomVec(c.heads * c.L * c.E, 4);
+  auto q = randomVec(c.qSize(), 1), k = randomVec(c.kSize(), 2), v = randomVec(c.kSize(), 3),
+       g = randomVec(c.qSize(), 4);
   std::vector<double> out, lse, dq, dk, dv;
   reference(c, q, k, v, g, scale, out, lse, dq, dk, dv);
   std::vector<float> o(out.size()), l(lse.size()), gq(dq.size()), gk(dk.size()), gv(dv.size());
-  runtime::attentionForward(q.data(), k.data(), v.data(), o.data(), l.data(), c.heads, c.L, c.S, c.E, scale, c.causal);
+  runtime::attentionForward(q.data(), k.data(), v.data(), o.data(), l.data(), c.shape(), scale, c.causal);
   expectNear(o, out, "out");
   expectNear(l, lse, "logsumexp");
   runtime::attentionBackward(g.data(), q.data(), k.data(), v.data(), o.data(), l.data(), gq.data(), gk.data(),
-                             gv.data(), c.heads, c.L, c.S, c.E, scale, c.causal);
+                             gv.data(), c.shape(), scale, c.causal);
   expectNear(gq, dq, "dq");
   expectNear(gk, dk, "dk");
   expectNear(gv, dv, "dv");
@@ -106,13 +114,14 @@ TEST_P(AttentionKernel, MatchesTheDoublePrecisionReference) {
 // Widths that fill the 8-lane blocks and ones that leave a remainder; more
 // queries than keys and the reverse (the causal mask is top-left aligned).
 INSTANTIATE_TEST_SUITE_P(Shapes, AttentionKernel,
-                         ::testing::Values(Case{6, 64, 64, 16, true}, Case{6, 64, 64, 16, false},
-                                           Case{3, 13, 21, 12, true}, Case{3, 21, 13, 12, true},
-                                           Case{2, 9, 9, 5, false}, Case{1, 1, 1, 8, true}),
+                         ::testing::Values(Case{2, 3, 64, 64, 16, true}, Case{3, 2, 64, 64, 16, false},
+                                           Case{1, 3, 13, 21, 12, true}, Case{3, 1, 21, 13, 12, true},
+                                           Case{2, 1, 9, 9, 5, false}, Case{1, 1, 1, 1, 8, true}),
                          [](const ::testing::TestParamInfo<Case>& i) {
                            const Case& c = i.param;
-                           return "h" + std::to_string(c.heads) + "_L" + std::to_string(c.L) + "_S" +
-                                  std::to_string(c.S) + "_E" + std::to_string(c.E) + (c.causal ? "_causal" : "");
+                           return "b" + std::to_string(c.batch) + "h" + std::to_string(c.heads) + "_L" +
+                                  std::to_string(c.L) + "_S" + std::to_string(c.S) + "_E" + std::to_string(c.E) +
+                                  (c.causal ? "_causal" : "");
                          });
 
 pjrt::Client& client() {
@@ -127,9 +136,9 @@ pjrt::Client& client() {
 }
 
 TEST(AttentionKernel, RunsInsideAnXlaProgram) {
-  Case c{2, 8, 8, 8, true};
+  Case c{1, 2, 8, 8, 8, true};
   ir::Builder b;
-  ir::Type t{ir::DType::F32, {1, c.heads, c.L, c.E}};
+  ir::Type t{ir::DType::F32, {1, c.L, c.heads, c.E}};
   auto q = b.param(t), k = b.param(t), v = b.param(t);
   auto r = b.customCall(runtime::kAttentionForward,
                         {q, k, v, b.constant(0.5, ir::DType::F32), b.constantInt(1, ir::DType::I32)},

@@ -52,7 +52,7 @@ TEST(Views, BoxWindowPastTheEndOfStorage) {
 }
 
 // One head's block of a fused QKV projection, transposed to (head, token, dim)
-// (a transposing box: read by the gather):
+// (a transposing box: read alone on XLA:CPU by the gather):
 // storage [tokens=3, 3 * heads=2 * dim=2], k starts at column 4.
 TEST(Views, PerHeadSplitOfAFusedProjection) {
   auto ap = filled(36);  // 3 tokens x 12
@@ -62,6 +62,26 @@ TEST(Views, PerHeadSplitOfAFusedProjection) {
     for (int t = 0; t < 3; ++t)
       for (int d = 0; d < 2; ++d) want.push_back(static_cast<float>(t * 12 + 4 + h * 2 + d));
   EXPECT_EQ(host(runtime::readView(*ap, g), 12), want);
+}
+
+// The same per-head split read inside a graph (not standalone): a slice of
+// its window and a transpose, whatever the plugin.
+TEST(Views, PerHeadSplitInsideAGraphIsASliceAndATranspose) {
+  auto ap = filled(36);
+  runtime::ViewGeometry g{ir::DType::F32, {2, 3, 2}, {2, 12, 1}, 4};
+  ir::Builder b;
+  ir::Value flat = b.param({ir::DType::F32, {36}});
+  b.output(runtime::buildRead(b, flat, b.constantInt(4, ir::DType::I64), g, /*standalone=*/false));
+  std::string text = b.emit();
+  EXPECT_EQ(text.find("stablehlo.gather"), std::string::npos) << text;
+  EXPECT_NE(text.find("stablehlo.transpose"), std::string::npos) << text;
+  auto prog = runtime::Runtime::get().compile(b, "view_read_test");
+  auto out = runtime::execute(*prog, {ap->buffer()}, 0)[0];
+  std::vector<float> want;
+  for (int h = 0; h < 2; ++h)
+    for (int t = 0; t < 3; ++t)
+      for (int d = 0; d < 2; ++d) want.push_back(static_cast<float>(t * 12 + 4 + h * 2 + d));
+  EXPECT_EQ(host(out, 12), want);
 }
 
 // Overlapping windows (an as_strided unfold) cannot be a box: the gather reads them.
