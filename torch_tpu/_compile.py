@@ -54,17 +54,6 @@ def _run_whole_graph(fn, args):
     return out
 
 
-def _signature(args):
-    """What a captured program depends on besides tensor contents."""
-    sig = []
-    for a in args:
-        if isinstance(a, torch.Tensor):
-            sig.append((a.device, a.dtype, tuple(a.shape), tuple(a.stride()), a.storage_offset()))
-        else:
-            return None  # symbolic sizes and other non-tensor arguments: no replay
-    return tuple(sig)
-
-
 class _Graph:
     """One AOTAutograd graph. The first call per argument signature records it as one
     program (through the eager lowerings); later calls replay that program with the new
@@ -74,7 +63,9 @@ class _Graph:
 
     def __init__(self, gm, kind):
         self.run = gm.forward
-        self.captured = {}
+        # Recorded programs, one per argument signature (dtype, device, sizes,
+        # strides, storage offset: checked by the replay itself).
+        self.captured = []
         self.entry = {"name": f"{kind}_{next(_counter)}",
                       "ops": sum(1 for n in gm.graph.nodes if n.op == "call_function"),
                       "calls": 0, "replays": 0, "programs_compiled": 0, "compile_seconds": 0.0}
@@ -100,14 +91,15 @@ class _Graph:
         return out
 
     def _call(self, args):
-        sig = _signature(args)
-        graph = self.captured.get(sig) if sig is not None else None
-        if graph is not None:
-            outs = _C._replay(graph, list(args))
-            if outs is not None:
-                self.entry["replays"] += 1
-                return tuple(outs)
-        if sig is None or not _C._capture_begin(list(args)):
+        # Symbolic sizes and other non-tensor arguments: no replay.
+        tensors = all(isinstance(a, torch.Tensor) for a in args)
+        if tensors:
+            for graph in self.captured:
+                outs = _C._replay(graph, args)
+                if outs is not None:
+                    self.entry["replays"] += 1
+                    return tuple(outs)
+        if not tensors or not _C._capture_begin(list(args)):
             return _run_whole_graph(self.run, args)
         try:
             out = self.run(*args)
@@ -120,7 +112,7 @@ class _Graph:
             return out
         graph = _C._capture_end(flat)
         if graph is not None:
-            self.captured[sig] = graph
+            self.captured.append(graph)
         return out
 
 

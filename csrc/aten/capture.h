@@ -24,7 +24,8 @@ std::shared_ptr<CapturedGraph> captureEnd(const std::vector<at::Tensor>& outputs
 // Ends a recording after an exception.
 void captureAbort();
 // Runs a captured graph on new arguments; nullopt when they do not fit it
-// (another layout or aliasing): the caller records again.
+// (another dtype, device, size, stride, storage offset or aliasing): the
+// caller records again.
 std::optional<std::vector<at::Tensor>> replay(CapturedGraph& g, const std::vector<at::Tensor>& inputs);
 // How many programs the graph's recording compiled, and its op count.
 int capturedOps(const CapturedGraph& g);
