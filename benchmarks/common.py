@@ -92,3 +92,9 @@ def provenance() -> dict:
         "torch": torch.__version__,
         "plugin": f"{torch_tpu._C._platform()} ({os.path.basename(torch_tpu._C._plugin_path())})",
     }
+
+
+def provenance_lines(prov: dict) -> list:
+    """The run's provenance as markdown list items, for the docs the benchmarks write."""
+    return [f"- date: {prov['date']}", f"- machine: {prov['machine']}", f"- commit: {prov['commit']}",
+            f"- torch {prov['torch']}, PJRT plugin {prov['plugin']}"]

@@ -18,7 +18,7 @@ import itertools
 import statistics
 import time
 
-from common import provenance, sync
+from common import provenance, provenance_lines, sync
 
 import torch
 
@@ -107,10 +107,7 @@ def main(argv=None):
             f"{args.steps} steps each per round, {args.rounds} rounds; median round, and the ratio of the",
             "medians with the lowest and highest round. Time per phase: lower is better.",
             "",
-            f"- date: {prov['date']}",
-            f"- machine: {prov['machine']}",
-            f"- commit: {prov['commit']}",
-            f"- torch {prov['torch']}, PJRT plugin {prov['plugin']}",
+            *provenance_lines(prov),
             "",
             "| phase | tpu (ms) | inductor (ms) | tpu / inductor | rounds |",
             "| --- | ---: | ---: | ---: | ---: |",
