@@ -186,13 +186,23 @@ def test_singular():
         assert torch.linalg.det(tpu(m)).item() == 0
         sign, logabs = torch.linalg.slogdet(tpu(m))
         assert sign.item() == 0 and logabs.item() == float("-inf")
-        assert torch.linalg.inv_ex(tpu(m)).info.item() == torch.linalg.inv_ex(m).info.item() > 0
+        info = torch.linalg.inv_ex(tpu(m)).info.item()
+        assert info > 0
+        # The CPU's LAPACK may round an exactly zero pivot to a tiny one (MKL on an
+        # AVX-512 machine does for s.mT): its answer is the reference only where it
+        # found the zero pivot too.
+        cpu_found = torch.linalg.inv_ex(m).info.item() > 0
+        if cpu_found:
+            assert info == torch.linalg.inv_ex(m).info.item()
         for fn in (torch.linalg.inv, lambda x: torch.linalg.solve(x, torch.ones(3, device=x.device))):
-            with pytest.raises(torch.linalg.LinAlgError) as cpu_err:
-                fn(m)
             with pytest.raises(torch.linalg.LinAlgError) as tpu_err:
                 fn(tpu(m))
-            assert str(tpu_err.value) == str(cpu_err.value)
+            if cpu_found:
+                with pytest.raises(torch.linalg.LinAlgError) as cpu_err:
+                    fn(m)
+                assert str(tpu_err.value) == str(cpu_err.value)
+            else:
+                assert "singular" in str(tpu_err.value)
 
 
 def test_empty():
