@@ -92,15 +92,16 @@ void LazyGraph::write(DeviceArray& a, const ViewGeometry& g, const ir::Value& v)
   ir::Value vflat = b_->reshape(v, {numel});
   int64_t n_as = static_cast<int64_t>(a.nbytes() / ir::itemSize(g.dtype));
   if (g.offset == 0 && g.contiguous() && numel == n_as) {
-    bind(a, vflat, g.dtype);
+    bind(a, vflat, g.dtype, g.sizes);
     return;
   }
   ir::Value flat = storage(a, g.dtype);
   bind(a, buildWrite(*b_, flat, vflat, offset(g), g), g.dtype);
 }
 
-void LazyGraph::bind(DeviceArray& a, const ir::Value& flat, ir::DType t) {
+void LazyGraph::bind(DeviceArray& a, const ir::Value& flat, ir::DType t, const ir::Shape& natural) {
   auto lv = std::make_shared<LazyValue>();
+  lv->natural = natural;
   lv->graph = this;
   lv->value = flat;
   lv->owner = &a;
@@ -150,7 +151,12 @@ void LazyGraph::materialize(CaptureResult* cap) {
     reset();
     return;
   }
-  for (const auto& lv : outs) b_->output(lv->value);
+  // On the CPU plugin results leave in their tensors' shapes: XLA:CPU
+  // vectorizes the loop that computes a result only over its real shape (see
+  // naturalShape in aten/dispatch.cpp); the buffers are still read as flat
+  // storage.
+  for (const auto& lv : outs)
+    b_->output(ir::xlaCpuTuning() && lv->natural.size() > 1 ? b_->reshape(lv->value, lv->natural) : lv->value);
   for (const auto& [ok, op] : checks_) b_->output(ok);
   int64_t compiles_before = metrics().compiles;
   std::shared_ptr<Program> prog;

@@ -43,6 +43,7 @@ struct LazyValue {
   LazyGraph* graph = nullptr;
   ir::Value value;
   DeviceArray* owner = nullptr;
+  ir::Shape natural;  // the tensor shape it was written as, when that covers the whole array
 };
 
 class LazyGraph {
@@ -64,7 +65,7 @@ class LazyGraph {
   // Writes a value of the view's shape into the view of `a`.
   void write(DeviceArray& a, const ViewGeometry& g, const ir::Value& v);
   // A new array holding `flat` (memory order), pending.
-  void bind(DeviceArray& a, const ir::Value& flat, ir::DType t);
+  void bind(DeviceArray& a, const ir::Value& flat, ir::DType t, const ir::Shape& natural = {});
   // An index check: `ok` must hold, else `op` raises at materialisation.
   void check(const ir::Value& ok, const std::string& op);
 
