@@ -126,12 +126,16 @@ def _graph_compiler(kind: str):
 
 
 def _decompositions() -> dict:
-    """Core ATen decompositions, except attention: the device lowers the fused
-    attention op (and its backward) itself, see csrc/ops/attention.cpp."""
+    """Core ATen decompositions, except attention and layer norm: the device
+    lowers the fused attention op and layer norm, forward and backward, as one op
+    each (on the CPU plugin, one kernel each), see csrc/ops/attention.cpp and
+    csrc/ops/nn.cpp."""
     from torch._decomp import core_aten_decompositions
 
     table = dict(core_aten_decompositions())
-    table.pop(torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default, None)
+    for op in (torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default,
+               torch.ops.aten.layer_norm.default, torch.ops.aten.native_layer_norm_backward.default):
+        table.pop(op, None)
     return table
 
 

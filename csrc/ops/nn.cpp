@@ -1,8 +1,10 @@
 // Neural-network ops: softmax, normalisation, convolution, pooling, losses,
 // with their backward ops.
 #include <cmath>
+#include <optional>
 
 #include "ops/common.h"
+#include "runtime/host_kernels.h"
 
 namespace tpu::ops {
 namespace {
@@ -54,6 +56,14 @@ Registrar reg_log_softmax_backward("_log_softmax_backward_data", [](Ctx& c) { re
 
 // --------------------------------------------------------------- layer norm
 
+// On the CPU plugin float32 layer norm runs as the runtime's kernels
+// (runtime/host_kernels.h): XLA:CPU splits each row reduction into two
+// unvectorized kernels, and its forward and backward took 6-8 kernels each.
+bool useHostLayerNorm(const Value& x, const std::optional<Value>& w, const std::optional<Value>& bias, int64_t n) {
+  return hostKernels() && x.dtype() == DType::F32 && (!w || w->dtype() == DType::F32) &&
+         (!bias || bias->dtype() == DType::F32) && n >= 8 && x.type.numel() > 0;
+}
+
 // native_layer_norm(input, normalized_shape, weight?, bias?, eps) -> (out, mean, rstd)
 Registrar reg_native_layer_norm("native_layer_norm", [](Ctx& c) {
   Value x = c.tensor(0);
@@ -67,6 +77,18 @@ Registrar reg_native_layer_norm("native_layer_norm", [](Ctx& c) {
   for (int64_t d = axis; d < x.rank(); ++d) {
     dims.push_back(d);
     n *= x.shape()[d];
+  }
+  if (useHostLayerNorm(x, c.optTensor(2), c.optTensor(3), n)) {
+    const int64_t m = x.type.numel() / n;
+    Value w = c.optTensor(2) ? b.reshape(*c.optTensor(2), {n}) : b.constant(1.0, DType::F32, {n});
+    Value bias = c.optTensor(3) ? b.reshape(*c.optTensor(3), {n}) : b.constant(0.0, DType::F32, {n});
+    auto r = b.customCall(runtime::kLayerNormForward, {b.reshape(x, {m, n}), w, bias, b.constant(eps, DType::F32)},
+                          {Type{DType::F32, {m, n}}, Type{DType::F32, {m}}, Type{DType::F32, {m}}});
+    Shape stat_shape = x.shape();
+    for (auto d : dims) stat_shape[d] = 1;
+    DType stat = c.hasExpected() && c.expected().size() > 1 ? c.expectedAt(1).dtype : acc;
+    return std::vector<Value>{b.reshape(r[0], x.shape()), b.convert(b.reshape(r[1], stat_shape), stat),
+                              b.convert(b.reshape(r[2], stat_shape), stat)};
   }
   Value xx = b.convert(x, acc);
   Value sum = reduceSum(b, xx, dims);
@@ -102,11 +124,26 @@ Registrar reg_native_layer_norm_backward("native_layer_norm_backward", [](Ctx& c
       bdims.push_back(d);
     }
   }
+  auto w = c.optTensor(5);
+  auto bias = c.optTensor(6);
+  if (useHostLayerNorm(x, w, bias, n) && g.dtype() == DType::F32 && c.tensor(3).dtype() == DType::F32 &&
+      c.tensor(4).dtype() == DType::F32) {
+    const int64_t m = x.type.numel() / n;
+    Value wv = w ? b.reshape(*w, {n}) : b.constant(1.0, DType::F32, {n});
+    auto r = b.customCall(
+        runtime::kLayerNormBackward,
+        {b.reshape(g, {m, n}), b.reshape(x, {m, n}), b.reshape(c.tensor(3), {m}), b.reshape(c.tensor(4), {m}), wv},
+        {Type{DType::F32, {m, n}}, Type{DType::F32, {n}}, Type{DType::F32, {n}}});
+    std::vector<Value> res(3);
+    if (mask.size() < 1 || mask[0]) res[0] = b.reshape(r[0], x.shape());
+    if (w && mask.size() > 1 && mask[1]) res[1] = b.reshape(r[1], w->shape());
+    if (bias && mask.size() > 2 && mask[2]) res[2] = b.reshape(r[2], bias->shape());
+    return res;
+  }
   Value gg = b.convert(g, acc), xx = b.convert(x, acc);
   Value mean = bcast(b, b.convert(c.tensor(3), acc), x.shape());
   Value rstd = bcast(b, b.convert(c.tensor(4), acc), x.shape());
   Value xhat = mul(b, sub(b, xx, mean), rstd);
-  auto w = c.optTensor(5);
   Value gw = w ? mul(b, gg, b.broadcastTo(b.convert(*w, acc), x.shape())) : gg;
   std::vector<Value> res(3);
   if (mask.size() < 1 || mask[0]) {
@@ -117,7 +154,6 @@ Registrar reg_native_layer_norm_backward("native_layer_norm_backward", [](Ctx& c
     res[0] = b.convert(mul(b, rstd, sub(b, sub(b, gw, m1), mul(b, xhat, m2))), x.dtype());
   }
   if (w && mask.size() > 1 && mask[1]) res[1] = b.convert(reduceSum(b, mul(b, gg, xhat), bdims), w->dtype());
-  auto bias = c.optTensor(6);
   if (bias && mask.size() > 2 && mask[2]) res[2] = b.convert(reduceSum(b, gg, bdims), bias->dtype());
   return res;
 });

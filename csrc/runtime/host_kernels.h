@@ -21,6 +21,12 @@ namespace tpu::runtime {
 //   attention backward: dout, q, k, v, out, logsumexp, scale, causal -> dq, dk, dv
 inline constexpr const char* kAttentionForward = "torch_tpu_attention_fwd";
 inline constexpr const char* kAttentionBackward = "torch_tpu_attention_bwd";
+//   layer norm over the rows of x (the lowering passes ones and zeros for an
+//   absent weight or bias):
+//   forward:  x [M, N], w [N], b [N], eps [] -> y [M, N], mean [M], rstd [M]
+//   backward: dy [M, N], x [M, N], mean [M], rstd [M], w [N] -> dx [M, N], dw [N], db [N]
+inline constexpr const char* kLayerNormForward = "torch_tpu_layer_norm_fwd";
+inline constexpr const char* kLayerNormBackward = "torch_tpu_layer_norm_bwd";
 
 // Registers the kernels with a plugin whose platform is the host CPU. False
 // when the plugin has no FFI extension, refuses the registration, or this
@@ -38,5 +44,10 @@ void attentionForward(const float* q, const float* k, const float* v, float* out
 void attentionBackward(const float* dout, const float* q, const float* k, const float* v, const float* out,
                        const float* lse, float* dq, float* dk, float* dv, const AttentionShape& a, float scale,
                        bool causal);
+
+void layerNormForward(const float* x, const float* w, const float* b, float* y, float* mean, float* rstd, int64_t M,
+                      int64_t N, float eps);
+void layerNormBackward(const float* dy, const float* x, const float* mean, const float* rstd, const float* w, float* dx,
+                       float* dw, float* db, int64_t M, int64_t N);
 
 }  // namespace tpu::runtime

