@@ -765,25 +765,12 @@ Lowered lowerOp(const c10::OperatorHandle& op, const std::vector<IValue>& args, 
   return out;
 }
 
-// On the CPU plugin, a program result in the shape its tensor has (the bound
-// value is the flat storage). XLA:CPU emits the fusion that computes a result
-// as a loop over the result's shape: over a flat shape a broadcast operand is
-// indexed modulo its size and the loop is not vectorized (x * w + b over
-// [1024, 64] in a compiled graph: 8.3 us with flat results, 2.8 us with
-// [1024, 64] ones). Later programs still take the buffer as flat storage,
-// which the CPU plugin accepts because both are the same dense bytes; other
-// plugins lay out an N-d buffer in tiles, so there results stay flat.
+// The sizes of a result in memory order (its layout's permutation applied).
 std::vector<int64_t> memorySizes(const OutputBinding& ob) {
   if (ob.perm.empty()) return ob.sizes;
   std::vector<int64_t> sizes;
   for (int64_t d : ob.perm) sizes.push_back(ob.sizes[d]);
   return sizes;
-}
-ir::Value naturalShape(ir::Builder& b, const ir::Value& flat, const OutputBinding& ob) {
-  if (!ir::xlaCpuTuning() || ob.sizes.size() < 2) return flat;
-  int64_t n = 1;
-  for (int64_t d : ob.sizes) n *= d;
-  return n == flat.type.numel() ? b.reshape(flat, memorySizes(ob)) : flat;
 }
 
 // PyTorch's view of the op for this signature (meta kernel results).
@@ -831,7 +818,7 @@ std::shared_ptr<Entry> build(const c10::OperatorHandle& op, const std::vector<IV
   Lowered l = lowerOp(op, args, low, foreach_expand, base, plan, b, src);
   entry->num_returns = l.num_returns;
   for (const auto& [ob, v] : l.bound) {
-    b.output(l.dynamic_results.empty() ? naturalShape(b, v, ob) : v);
+    b.output(l.dynamic_results.empty() ? runtime::resultInShape(b, v, memorySizes(ob)) : v);
     entry->outputs.push_back(ob);
   }
   for (int r : l.none_returns) entry->outputs.push_back({OutputBinding::Kind::ReturnNone, r, -1, at::kFloat, {}});

@@ -19,6 +19,13 @@ void LazyGraph::reset() {
   keys_.clear();
 }
 
+ir::Value resultInShape(ir::Builder& b, const ir::Value& flat, const ir::Shape& shape) {
+  if (!ir::xlaCpuTuning() || shape.size() < 2) return flat;
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n == flat.type.numel() ? b.reshape(flat, shape) : flat;
+}
+
 ir::Value LazyGraph::input(const BufferPtr& buf, const ir::Type& type) {
   auto it = input_of_.find(buf->raw());
   if (it != input_of_.end() && it->second.type == type) return it->second;
@@ -151,12 +158,7 @@ void LazyGraph::materialize(CaptureResult* cap) {
     reset();
     return;
   }
-  // On the CPU plugin results leave in their tensors' shapes: XLA:CPU
-  // vectorizes the loop that computes a result only over its real shape (see
-  // naturalShape in aten/dispatch.cpp); the buffers are still read as flat
-  // storage.
-  for (const auto& lv : outs)
-    b_->output(ir::xlaCpuTuning() && lv->natural.size() > 1 ? b_->reshape(lv->value, lv->natural) : lv->value);
+  for (const auto& lv : outs) b_->output(resultInShape(*b_, lv->value, lv->natural));
   for (const auto& [ok, op] : checks_) b_->output(ok);
   int64_t compiles_before = metrics().compiles;
   std::shared_ptr<Program> prog;
