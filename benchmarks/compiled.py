@@ -92,13 +92,18 @@ CONFIGS = [
 ]
 
 
-def main(argv=None):
-    ap = argparse.ArgumentParser()
+def add_run_args(ap: argparse.ArgumentParser) -> None:
+    """The timing and GPT-batch options `setup` reads (compiled_phases.py uses them too)."""
     ap.add_argument("--steps", type=int, default=20, help="calls per configuration per round")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--warmup", type=int, default=10)
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--block", type=int, default=64)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser()
+    add_run_args(ap)
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     text = load_corpus()

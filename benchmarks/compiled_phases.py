@@ -18,12 +18,12 @@ import itertools
 import statistics
 import time
 
+import compiled
 from common import provenance, provenance_lines, sync
 
 import torch
 
-from torch_tpu.data import CharTokenizer, batches, load_corpus
-from torch_tpu.models import GPT
+from torch_tpu.data import CharTokenizer, load_corpus
 
 PHASES = ("forward", "backward", "optimizer step", "whole step")
 
@@ -31,14 +31,9 @@ PHASES = ("forward", "backward", "optimizer step", "whole step")
 def build(device: str, backend: str, tok, tokens, args):
     """A compiled model and optimizer step, warmed up; returns a function that runs one
     training step and returns its phase times in seconds."""
-    torch.manual_seed(0)
-    model = GPT(tok.vocab_size, block_size=args.block, n_layer=2, n_head=4, n_embd=64, dropout=0.0).to(device)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, capturable=backend == "tpu")
-    fwd = torch.compile(model, backend=backend)
-    opt_step = torch.compile(opt.step, backend=backend)
-    data = [(x.to(device), y.to(device))
-            for x, y in batches(tokens, args.block, args.batch, torch.Generator().manual_seed(0), steps=10)]
-    batches_ = itertools.cycle(data)
+    _, opt, fwd, opt_step, data = compiled.setup(device, backend, tok, tokens, args)
+    # The batches are on the device first, so that the forward's timer holds no copy.
+    batches_ = itertools.cycle([(x.to(device), y.to(device)) for x, y in data])
 
     def step():
         x, y = next(batches_)
@@ -62,11 +57,7 @@ def build(device: str, backend: str, tok, tokens, args):
 
 def main(argv=None):
     ap = argparse.ArgumentParser()
-    ap.add_argument("--steps", type=int, default=20, help="steps per configuration per round")
-    ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--warmup", type=int, default=10)
-    ap.add_argument("--batch", type=int, default=16)
-    ap.add_argument("--block", type=int, default=64)
+    compiled.add_run_args(ap)
     ap.add_argument("--markdown", default=None, help="write the table, with provenance, to this file")
     args = ap.parse_args(argv)
     text = load_corpus()
