@@ -164,33 +164,10 @@ class HostPool {
 };
 
 // ------------------------------------------------------------- kernels
-// Plain loops the compiler vectorizes for AVX2/FMA (the functions are only
-// registered where the CPU has both). Per head: the scores of one query row
-// at a time, over keys vectorized; rows of the outputs over the head width.
+// Eight-lane vector code for AVX2/FMA (the functions are only registered where
+// the CPU has both). Per head, every product is a register-tiled loop (below);
+// the softmax works a row at a time over whole blocks of 8 keys.
 #define TPU_HOST_SIMD __attribute__((target("avx2,fma")))
-
-TPU_HOST_SIMD float rowMax(const float* x, int64_t n) {
-  float acc[8];
-  for (float& a : acc) a = -std::numeric_limits<float>::infinity();
-  int64_t j = 0;
-  for (; j + 8 <= n; j += 8)
-    for (int u = 0; u < 8; ++u) acc[u] = std::max(acc[u], x[j + u]);
-  float m = acc[0];
-  for (int u = 1; u < 8; ++u) m = std::max(m, acc[u]);
-  for (; j < n; ++j) m = std::max(m, x[j]);
-  return m;
-}
-
-TPU_HOST_SIMD float rowSum(const float* x, int64_t n) {
-  float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-  int64_t j = 0;
-  for (; j + 8 <= n; j += 8)
-    for (int u = 0; u < 8; ++u) acc[u] += x[j + u];
-  float s = 0;
-  for (float a : acc) s += a;
-  for (; j < n; ++j) s += x[j];
-  return s;
-}
 
 // Scores are computed in blocks of 8 keys held in one vector register across
 // the head width; rows are padded to whole blocks (SP = S rounded up to 8), so
@@ -207,66 +184,34 @@ TPU_HOST_SIMD inline v8f load8(const float* p) {
 }
 TPU_HOST_SIMD inline void store8(float* p, v8f v) { std::memcpy(p, &v, sizeof v); }
 
-// s[j] = scale * q . K[j] for the first nb blocks of keys, from K transposed
-// and zero-padded (kt: [E, SP]).
-TPU_HOST_SIMD void scoreRow(const float* __restrict__ q, const float* __restrict__ kt, float* __restrict__ s,
-                            int64_t nb, int64_t SP, int64_t E, float scale) {
-  int64_t b = 0;
-  for (; b + 4 <= nb; b += 4) {  // four independent accumulator chains hide the FMA latency
-    v8f a0{}, a1{}, a2{}, a3{};
-    const float* col = kt + b * kBlock;
-    for (int64_t e = 0; e < E; ++e) {
-      float qe = q[e];
-      const float* kr = col + e * SP;
-      a0 += qe * load8(kr);
-      a1 += qe * load8(kr + kBlock);
-      a2 += qe * load8(kr + 2 * kBlock);
-      a3 += qe * load8(kr + 3 * kBlock);
-    }
-    store8(s + b * kBlock, a0 * scale);
-    store8(s + (b + 1) * kBlock, a1 * scale);
-    store8(s + (b + 2) * kBlock, a2 * scale);
-    store8(s + (b + 3) * kBlock, a3 * scale);
+TPU_HOST_SIMD inline v8f splat8(float x) { return v8f{} + x; }
+TPU_HOST_SIMD inline float lanesSum(v8f v) {
+  float s = 0;
+  for (int u = 0; u < kBlock; ++u) s += v[u];
+  return s;
+}
+
+// The largest of x[0:n] (-inf for none); a NaN reaches the result through
+// the exponentials, as in PyTorch's softmax.
+TPU_HOST_SIMD float rowMax(const float* x, int64_t n) {
+  v8f m = splat8(-std::numeric_limits<float>::infinity());
+  int64_t j = 0;
+  for (; j + kBlock <= n; j += kBlock) {
+    v8f v = load8(x + j);
+    m = v > m ? v : m;
   }
-  for (; b < nb; ++b) {
-    v8f acc{};
-    const float* col = kt + b * kBlock;
-    for (int64_t e = 0; e < E; ++e) acc += q[e] * load8(col + e * SP);
-    store8(s + b * kBlock, acc * scale);
-  }
+  float r = m[0];
+  for (int u = 1; u < kBlock; ++u) r = std::max(r, m[u]);
+  for (; j < n; ++j) r = std::max(r, x[j]);
+  return r;
 }
 
 // x's rows (R elements apart) zero-padded to SP -> xt [E, SP].
 TPU_HOST_SIMD void transposePadded(const float* __restrict__ x, float* __restrict__ xt, int64_t rows, int64_t SP,
                                    int64_t E, int64_t R) {
-  std::fill(xt, xt + E * SP, 0.0f);
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t e = 0; e < E; ++e) xt[e * SP + r] = x[r * R + e];
-}
-
-// out[e] = sum_i w[i * stride] * X[i, e] over i0 <= i < n (X's rows R elements
-// apart), eight columns at a time with four accumulators over i (independent
-// FMA chains).
-TPU_HOST_SIMD void weightedSum(const float* __restrict__ w, int64_t stride, const float* __restrict__ X,
-                               float* __restrict__ out, int64_t i0, int64_t n, int64_t E, int64_t R) {
-  int64_t e0 = 0;
-  for (; e0 + kBlock <= E; e0 += kBlock) {
-    v8f a0{}, a1{}, a2{}, a3{};
-    int64_t i = i0;
-    for (; i + 4 <= n; i += 4) {
-      a0 += w[i * stride] * load8(X + i * R + e0);
-      a1 += w[(i + 1) * stride] * load8(X + (i + 1) * R + e0);
-      a2 += w[(i + 2) * stride] * load8(X + (i + 2) * R + e0);
-      a3 += w[(i + 3) * stride] * load8(X + (i + 3) * R + e0);
-    }
-    for (; i < n; ++i) a0 += w[i * stride] * load8(X + i * R + e0);
-    store8(out + e0, (a0 + a1) + (a2 + a3));
-  }
-  for (int64_t e = e0; e < E; ++e) {
-    float acc = 0;
-    for (int64_t i = i0; i < n; ++i) acc += w[i * stride] * X[i * R + e];
-    out[e] = acc;
-  }
+  for (int64_t e = 0; e < E; ++e) std::fill(xt + e * SP + rows, xt + (e + 1) * SP, 0.0f);
 }
 
 // e^x for x <= 0 on eight lanes, to within about 2 ulp: Cody-Waite reduction
@@ -284,83 +229,231 @@ TPU_HOST_SIMD inline v8f exp8(v8f x) {
   return p * (v8f)bits;  // a vector cast reinterprets the bits
 }
 
-// s[j] = e^(s[j] - shift) for the nb blocks; keys past the mask or the end get 0.
-TPU_HOST_SIMD void expRow(float* __restrict__ s, int64_t n, int64_t nb, float shift) {
+// s[j] = e^(s[j] - shift) for j < n and 0 for n <= j < 8 nb; returns the sum.
+TPU_HOST_SIMD float expRow(float* __restrict__ s, int64_t n, int64_t nb, float shift) {
+  const v8i lane = {0, 1, 2, 3, 4, 5, 6, 7};
+  const v8f sh = splat8(shift);
+  v8f sum{};
   for (int64_t b = 0; b < nb; ++b) {
-    v8f x;
-    std::memcpy(&x, s + b * kBlock, sizeof x);
-    x = exp8(x - shift);
-    std::memcpy(s + b * kBlock, &x, sizeof x);
+    v8f x = exp8(load8(s + b * kBlock) - sh);
+    if ((b + 1) * kBlock > n) x = (lane + static_cast<int32_t>(b * kBlock)) < static_cast<int32_t>(n) ? x : v8f{};
+    sum += x;
+    store8(s + b * kBlock, x);
   }
-  for (int64_t j = n; j < nb * kBlock; ++j) s[j] = 0.0f;
+  return lanesSum(sum);
+}
+
+// Per-thread scratch for one head's operands: reused across heads and calls,
+// so a head costs no allocation and no zeroing beyond what it reads.
+float* scratch(int slot, size_t n) {
+  thread_local std::vector<float> buf[4];
+  if (buf[slot].size() < n) buf[slot].resize(n);
+  return buf[slot].data();
 }
 
 // Keys visible from query row i: all, or j <= i (PyTorch's top-left causal mask).
 int64_t visible(int64_t i, int64_t S, bool causal) { return causal ? std::min(i + 1, S) : S; }
 
+// ------------------------------------------------------------- tiled products
+// Every product of attention, forward and backward, is C (+)= alpha * A B with
+// B's rows contiguous and a multiple of 8 wide: a register tile of up to 4
+// rows of C by 16 columns keeps 8 independent FMA chains, and each step loads
+// one row of B per 8 columns and broadcasts one element of A per row, so the
+// loop is FMA-bound rather than load-bound (about 2x the row-at-a-time loops
+// it replaced). A is read through strides, so a transposed operand (P^T in
+// dV = P^T dO) costs nothing.
+struct Strided {
+  const float* p;
+  int64_t rs, cs;  // element (r, k) at p[r * rs + k * cs]
+};
+
+template <int MR, int NR>
+TPU_HOST_SIMD void productTile(Strided A, const float* __restrict__ B, int64_t brs, float* __restrict__ C, int64_t crs,
+                               int64_t k0, int64_t k1, float alpha, bool accumulate) {
+  v8f acc[MR][NR] = {};
+  for (int64_t k = k0; k < k1; ++k) {
+    v8f b[NR];
+#pragma GCC unroll 2
+    for (int c = 0; c < NR; ++c) b[c] = load8(B + k * brs + c * kBlock);
+#pragma GCC unroll 4
+    for (int r = 0; r < MR; ++r) {
+      const float a = A.p[r * A.rs + k * A.cs];
+#pragma GCC unroll 2
+      for (int c = 0; c < NR; ++c) acc[r][c] += a * b[c];
+    }
+  }
+#pragma GCC unroll 4
+  for (int r = 0; r < MR; ++r)
+#pragma GCC unroll 2
+    for (int c = 0; c < NR; ++c) {
+      v8f v = acc[r][c] * alpha;
+      if (accumulate) v += load8(C + r * crs + c * kBlock);
+      store8(C + r * crs + c * kBlock, v);
+    }
+}
+
+template <int MR>
+TPU_HOST_SIMD void productRows(Strided A, const float* B, int64_t brs, float* C, int64_t crs, int64_t N, int64_t k0,
+                               int64_t k1, float alpha, bool accumulate) {
+  int64_t c = 0;
+  for (; c + 2 * kBlock <= N; c += 2 * kBlock) productTile<MR, 2>(A, B + c, brs, C + c, crs, k0, k1, alpha, accumulate);
+  if (c < N) productTile<MR, 1>(A, B + c, brs, C + c, crs, k0, k1, alpha, accumulate);
+}
+
+// C[M, cols] (+)= alpha * A[M, k0:k1] B[k0:k1, cols] for each tile of up to 4
+// rows starting at i, where span(i, rows) gives {cols, k0, k1} (cols a
+// multiple of 8): the causal mask shrinks both with the tile's position.
+template <typename Span>
+TPU_HOST_SIMD void product(int64_t M, Strided A, const float* B, int64_t brs, float* C, int64_t crs, float alpha,
+                           bool accumulate, Span span) {
+  for (int64_t i = 0; i < M; i += 4) {
+    const int64_t rows = std::min<int64_t>(4, M - i);
+    auto [cols, k0, k1] = span(i, rows);
+    Strided Ai{A.p + i * A.rs, A.rs, A.cs};
+    float* Ci = C + i * crs;
+    switch (rows) {
+      case 4:
+        productRows<4>(Ai, B, brs, Ci, crs, cols, k0, k1, alpha, accumulate);
+        break;
+      case 3:
+        productRows<3>(Ai, B, brs, Ci, crs, cols, k0, k1, alpha, accumulate);
+        break;
+      case 2:
+        productRows<2>(Ai, B, brs, Ci, crs, cols, k0, k1, alpha, accumulate);
+        break;
+      default:
+        productRows<1>(Ai, B, brs, Ci, crs, cols, k0, k1, alpha, accumulate);
+        break;
+    }
+  }
+}
+
+struct ProductSpan {
+  int64_t cols, k0, k1;
+};
+
+// One head's operands: rows R elements apart in the sequence-major layout, or,
+// when the head width is not a multiple of 8, zero-padded copies EP wide (the
+// tiles need whole vectors of columns); results are copied back.
+struct HeadRows {
+  const float* p;
+  int64_t stride;
+  std::vector<float> copy;
+  HeadRows(const float* x, int64_t rows, int64_t E, int64_t R, int64_t EP) : p(x), stride(R) {
+    if (E == EP) return;
+    copy.assign(rows * EP, 0.0f);
+    for (int64_t r = 0; r < rows; ++r) std::copy(x + r * R, x + r * R + E, copy.data() + r * EP);
+    p = copy.data();
+    stride = EP;
+  }
+};
+struct HeadOut {
+  float* dst;
+  int64_t rows, E, R;
+  float* p;
+  int64_t stride;
+  std::vector<float> copy;
+  HeadOut(float* x, int64_t rows_, int64_t E_, int64_t R_, int64_t EP)
+      : dst(x), rows(rows_), E(E_), R(R_), p(x), stride(R_) {
+    if (E == EP) return;
+    copy.assign(rows * EP, 0.0f);
+    p = copy.data();
+    stride = EP;
+  }
+  void flush() {
+    if (copy.empty()) return;
+    for (int64_t r = 0; r < rows; ++r) std::copy(p + r * stride, p + r * stride + E, dst + r * R);
+  }
+};
+
+// Keys a tile of query rows [i, i + rows) reads, rounded up to whole blocks.
+int64_t tileKeys(int64_t i, int64_t rows, int64_t S, bool causal) {
+  return blocks(visible(i + rows - 1, S, causal)) * kBlock;
+}
+
+// P = softmax(scale * Q K^T) for one head into p ([L, SP]); row i's entries
+// past its visible keys are 0. With lse, P is exp(s - lse) (the backward);
+// without, each row is normalised and its logsumexp written to lse_out.
+TPU_HOST_SIMD void headProbabilities(const float* Q, int64_t R, const float* kt, float* p, int64_t L, int64_t S,
+                                     int64_t SP, int64_t E, float scale, bool causal, const float* lse,
+                                     float* lse_out) {
+  product(L, Strided{Q, R, 1}, kt, SP, p, SP, scale, false,
+          [&](int64_t i, int64_t rows) { return ProductSpan{tileKeys(i, rows, S, causal), 0, E}; });
+  for (int64_t i = 0; i < L; ++i) {
+    float* row = p + i * SP;
+    const int64_t n = visible(i, S, causal),
+                  cols = tileKeys(i - i % 4, std::min<int64_t>(4, L - (i - i % 4)), S, causal);
+    if (lse) {
+      expRow(row, n, cols / kBlock, lse[i]);
+    } else {
+      const float m = rowMax(row, n);
+      const float l = expRow(row, n, cols / kBlock, m);
+      const v8f inv = splat8(1.0f / l);
+      for (int64_t j = 0; j < cols; j += kBlock) store8(row + j, load8(row + j) * inv);
+      lse_out[i] = m + std::log(l);
+    }
+    std::fill(row + cols, row + SP, 0.0f);
+  }
+}
+
 // One head: its rows of Q, K, V and O are R elements apart (the sequence-major
 // layout interleaves the heads).
 TPU_HOST_SIMD void forwardHead(const float* Q, const float* K, const float* V, float* O, float* LSE, int64_t L,
                                int64_t S, int64_t E, int64_t R, float scale, bool causal) {
-  int64_t SP = blocks(S) * kBlock;
-  std::vector<float> kt(E * SP), s(SP);
-  transposePadded(K, kt.data(), S, SP, E, R);
-  for (int64_t i = 0; i < L; ++i) {
-    int64_t n = visible(i, S, causal), nb = blocks(n);
-    scoreRow(Q + i * R, kt.data(), s.data(), nb, SP, E, scale);
-    float m = rowMax(s.data(), n);
-    expRow(s.data(), n, nb, m);
-    float l = rowSum(s.data(), nb * kBlock);
-    float* o = O + i * R;
-    weightedSum(s.data(), 1, V, o, 0, n, E, R);
-    float inv = 1.0f / l;
-    for (int64_t e = 0; e < E; ++e) o[e] *= inv;
-    LSE[i] = m + std::log(l);
-  }
+  const int64_t SP = blocks(S) * kBlock, EP = blocks(E) * kBlock;
+  float* kt = scratch(0, E * SP);
+  float* p = scratch(1, L * SP);
+  transposePadded(K, kt, S, SP, E, R);
+  headProbabilities(Q, R, kt, p, L, S, SP, E, scale, causal, nullptr, LSE);
+  HeadRows v(V, S, E, R, EP);
+  HeadOut o(O, L, E, R, EP);
+  product(L, Strided{p, SP, 1}, v.p, v.stride, o.p, o.stride, 1.0f, false,
+          [&](int64_t i, int64_t rows) { return ProductSpan{EP, 0, std::min(S, tileKeys(i, rows, S, causal))}; });
+  o.flush();
 }
 
-// The whole head's probabilities P and score gradients dS ([L, SP] each) are
-// formed row by row first; dV = P^T dO and dK = dS^T Q then accumulate each
-// key's row in registers (query rows i >= j only, under the causal mask).
+// dV = P^T dO, dP = dO V^T, dS = P * (dP - rowsum(dO * O)) * scale,
+// dQ = dS K, dK = dS^T Q, each a tiled product over the head; under the
+// causal mask a key tile starting at j reads query rows i >= j only.
 TPU_HOST_SIMD void backwardHead(const float* dO, const float* Q, const float* K, const float* V, const float* O,
                                 const float* LSE, float* dQ, float* dK, float* dV, int64_t L, int64_t S, int64_t E,
                                 int64_t R, float scale, bool causal) {
-  int64_t SP = blocks(S) * kBlock;
-  std::vector<float> kt(E * SP), vt(E * SP), P(L * SP), dS(L * SP);
-  transposePadded(K, kt.data(), S, SP, E, R);
-  transposePadded(V, vt.data(), S, SP, E, R);
+  const int64_t SP = blocks(S) * kBlock, EP = blocks(E) * kBlock;
+  float *kt = scratch(0, E * SP), *vt = scratch(1, E * SP), *P = scratch(2, L * SP), *dS = scratch(3, L * SP);
+  transposePadded(K, kt, S, SP, E, R);
+  transposePadded(V, vt, S, SP, E, R);
+  headProbabilities(Q, R, kt, P, L, S, SP, E, scale, causal, LSE, nullptr);
+  auto queryTile = [&](int64_t i, int64_t rows) { return ProductSpan{tileKeys(i, rows, S, causal), 0, E}; };
+  product(L, Strided{dO, R, 1}, vt, SP, dS, SP, 1.0f, false, queryTile);  // dP
   for (int64_t i = 0; i < L; ++i) {
-    int64_t n = visible(i, S, causal), nb = blocks(n);
-    const float* gi = dO + i * R;
-    float* p = P.data() + i * SP;
-    float* ds = dS.data() + i * SP;
-    std::fill(p + nb * kBlock, p + SP, 0.0f);
-    std::fill(ds + nb * kBlock, ds + SP, 0.0f);
-    scoreRow(Q + i * R, kt.data(), p, nb, SP, E, scale);
-    expRow(p, n, nb, LSE[i]);
-    scoreRow(gi, vt.data(), ds, nb, SP, E, 1.0f);  // dp_j = dO_i . V_j
-    float delta = 0.0f;                            // dO_i . O_i
-    for (int64_t e = 0; e < E; ++e) delta += gi[e] * O[i * R + e];
-    for (int64_t j = 0; j < nb * kBlock; ++j) ds[j] = p[j] * (ds[j] - delta) * scale;
-    weightedSum(ds, 1, K, dQ + i * R, 0, n, E, R);
+    v8f dot{};  // dO_i . O_i
+    int64_t e = 0;
+    for (; e + kBlock <= E; e += kBlock) dot += load8(dO + i * R + e) * load8(O + i * R + e);
+    float delta = lanesSum(dot);
+    for (; e < E; ++e) delta += dO[i * R + e] * O[i * R + e];
+    float* ds = dS + i * SP;
+    const float* p = P + i * SP;
+    const int64_t cols = tileKeys(i - i % 4, std::min<int64_t>(4, L - (i - i % 4)), S, causal);
+    const v8f d = splat8(delta), sc = splat8(scale);
+    for (int64_t j = 0; j < cols; j += kBlock) store8(ds + j, load8(p + j) * (load8(ds + j) - d) * sc);
+    std::fill(ds + cols, ds + SP, 0.0f);  // as P is
   }
-  for (int64_t j = 0; j < S; ++j) {
-    int64_t i0 = causal ? j : 0;  // rows that see key j
-    weightedSum(P.data() + j, SP, dO, dV + j * R, i0, L, E, R);
-    weightedSum(dS.data() + j, SP, Q, dK + j * R, i0, L, E, R);
-  }
+  HeadRows k(K, S, E, R, EP), q(Q, L, E, R, EP), dout(dO, L, E, R, EP);
+  HeadOut dq(dQ, L, E, R, EP), dk(dK, S, E, R, EP), dv(dV, S, E, R, EP);
+  product(L, Strided{dS, SP, 1}, k.p, k.stride, dq.p, dq.stride, 1.0f, false,
+          [&](int64_t i, int64_t rows) { return ProductSpan{EP, 0, std::min(S, tileKeys(i, rows, S, causal))}; });
+  auto keyTile = [&](int64_t j, int64_t) { return ProductSpan{EP, causal ? std::min(j, L) : 0, L}; };
+  product(S, Strided{P, 1, SP}, dout.p, dout.stride, dv.p, dv.stride, 1.0f, false, keyTile);
+  product(S, Strided{dS, 1, SP}, q.p, q.stride, dk.p, dk.stride, 1.0f, false, keyTile);
+  dq.flush();
+  dk.flush();
+  dv.flush();
 }
 
 // Layer norm over rows of n, eight lanes at a time: two passes over each row
 // for the moments (as exact as the CPU's two-pass form), then the affine
 // output; the backward forms the two row sums of the input gradient in one
 // pass and accumulates the weight and bias gradients.
-TPU_HOST_SIMD inline float lanesSum(v8f v) {
-  float s = 0;
-  for (int u = 0; u < kBlock; ++u) s += v[u];
-  return s;
-}
-
 TPU_HOST_SIMD void layerNormRow(const float* __restrict__ x, const float* __restrict__ w, const float* __restrict__ b,
                                 float* __restrict__ y, float* mean, float* rstd, int64_t n, float eps) {
   const int64_t nv = n / kBlock * kBlock, n4 = n / (4 * kBlock) * (4 * kBlock);

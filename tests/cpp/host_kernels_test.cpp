@@ -112,12 +112,15 @@ TEST_P(AttentionKernel, MatchesTheDoublePrecisionReference) {
   expectNear(gv, dv, "dv");
 }
 
-// Widths that fill the 8-lane blocks and ones that leave a remainder; more
-// queries than keys and the reverse (the causal mask is top-left aligned).
+// Widths that fill the 8-lane blocks and ones that leave a remainder (copied
+// into padded rows), up to the 64 the backward takes; row counts that leave
+// partial 4-row tiles; more queries than keys and the reverse (the causal
+// mask is top-left aligned).
 INSTANTIATE_TEST_SUITE_P(Shapes, AttentionKernel,
                          ::testing::Values(Case{2, 3, 64, 64, 16, true}, Case{3, 2, 64, 64, 16, false},
                                            Case{1, 3, 13, 21, 12, true}, Case{3, 1, 21, 13, 12, true},
-                                           Case{2, 1, 9, 9, 5, false}, Case{1, 1, 1, 1, 8, true}),
+                                           Case{2, 1, 9, 9, 5, false}, Case{1, 1, 1, 1, 8, true},
+                                           Case{1, 2, 11, 11, 64, true}, Case{2, 1, 7, 10, 40, false}),
                          [](const ::testing::TestParamInfo<Case>& i) {
                            const Case& c = i.param;
                            return "b" + std::to_string(c.batch) + "h" + std::to_string(c.heads) + "_L" +
