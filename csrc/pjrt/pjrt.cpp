@@ -18,7 +18,7 @@ T makeArgs() {
 }
 
 bool fileExists(const std::string& p) {
-  struct stat st {};
+  struct stat st{};
   return ::stat(p.c_str(), &st) == 0 && S_ISREG(st.st_mode);
 }
 
@@ -194,6 +194,17 @@ void Buffer::toHost(void* dst, size_t dst_size) const {
   api_->check(api_->raw()->PJRT_Buffer_ToHostBuffer(&args), "PJRT_Buffer_ToHostBuffer");
   Event ev(api_, args.event);
   ev.await("device-to-host copy");
+}
+
+const void* Buffer::unsafePointer() const {
+  if (!api_->raw()->PJRT_Buffer_UnsafePointer) return nullptr;
+  auto args = makeArgs<PJRT_Buffer_UnsafePointer_Args>();
+  args.buffer = buf_;
+  if (PJRT_Error* err = api_->raw()->PJRT_Buffer_UnsafePointer(&args)) {
+    api_->destroyError(err);
+    return nullptr;
+  }
+  return reinterpret_cast<const void*>(args.buffer_pointer);
 }
 
 void Buffer::awaitReady() const {

@@ -116,6 +116,10 @@ class Buffer {
   size_t onDeviceBytes() const;
   // Copies to host synchronously. `dst` must hold hostBytes().
   void toHost(void* dst, size_t dst_size) const;
+  // The buffer's address as the plugin reports it (PJRT_Buffer_UnsafePointer),
+  // or nullptr where the plugin gives none (or the buffer was deleted). Only a
+  // plugin whose device memory is host memory makes it readable.
+  const void* unsafePointer() const;
   size_t hostBytes() const;
   // Blocks until the buffer's value is computed; throws the producing
   // computation's error if it failed.

@@ -107,6 +107,7 @@ class Runtime {
   std::string options_;
   std::string identity_;
   std::unique_ptr<DiskCache> disk_;
+  bool host_memory_ = false;  // device buffers are host memory (the CPU plugin): downloads read them in place
   std::mutex mu_;
   std::unordered_map<std::string, std::shared_ptr<Program>> programs_;
   struct Mem {

@@ -77,6 +77,18 @@ TEST(Client, HostRoundTrip) {
   EXPECT_EQ(x, y);
 }
 
+TEST(Client, CpuBuffersAreReadableInPlace) {
+  // The runtime reads CPU-plugin results at this address instead of asking
+  // the plugin for a copy: it must be the dense row-major value.
+  std::vector<float> x{1, 2, 3, 4, 5, 6};
+  auto buf = client().fromHost(x.data(), pjrt::ElementType::F32, {2, 3}, 0);
+  buf->awaitReady();
+  const void* p = buf->unsafePointer();
+  ASSERT_NE(p, nullptr);
+  ASSERT_EQ(buf->onDeviceBytes(), x.size() * 4);
+  EXPECT_EQ(std::memcmp(p, x.data(), x.size() * 4), 0);
+}
+
 TEST(Compile, ElementwiseProgramRuns) {
   ir::Builder b;
   auto x = b.param({ir::DType::F32, {2, 3}});

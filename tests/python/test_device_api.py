@@ -3,6 +3,11 @@ random-number state, memory statistics, streams/events, serialization, printing.
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
+import pytest
 import torch
 
 import torch_tpu
@@ -300,6 +305,36 @@ def test_item_tolist_numpy():
     assert n.shape == (2, 2) and n[1, 1] == 4.0
     assert float(t.sum()) == 10.0
     assert bool(torch.tensor(True, device="tpu"))
+
+
+_HOST_READS = """
+import torch, torch_tpu
+g = torch.Generator().manual_seed(0)
+x = torch.randn(4, 6, generator=g)
+t = x.to("tpu")
+y = (t * 2 + 1).t()[1:3]  # a computed result read through a strided view
+cases = [
+    (y.cpu(), (x * 2 + 1).t()[1:3]),
+    (t.sum(), x.sum()),
+    ((t > 0), (x > 0)),
+    (t.to(torch.int64), x.to(torch.int64)),
+    (t.to(torch.bfloat16), x.to(torch.bfloat16)),
+]
+for a, b in cases:
+    torch.testing.assert_close(a.cpu(), b)
+assert (t.sum() * 0 + 3).item() == 3.0 and (t[0] > 100).tolist() == [False] * 6
+print("ok", torch_tpu.metrics()["d2h_transfers"] > 0)
+"""
+
+
+@pytest.mark.parametrize("host_reads", ["1", "0"])
+def test_reading_results_in_place_and_through_the_plugin_copy(host_reads):
+    # On the CPU plugin results are read in place (device memory is host
+    # memory); TORCH_TPU_HOST_READS=0 takes the plugin's own copy, the path
+    # every other plugin uses. Both must give the same values.
+    env = dict(os.environ, TORCH_TPU_HOST_READS=host_reads)
+    r = subprocess.run([sys.executable, "-c", _HOST_READS], capture_output=True, text=True, env=env, timeout=300)
+    assert r.returncode == 0 and r.stdout.strip().splitlines()[-1] == "ok True", r.stderr[-2000:]
 
 
 def test_metrics_api():
