@@ -204,7 +204,8 @@ const void* Buffer::unsafePointer() const {
     api_->destroyError(err);
     return nullptr;
   }
-  return reinterpret_cast<const void*>(args.buffer_pointer);
+  // The C API hands the address over as an integer.
+  return reinterpret_cast<const void*>(args.buffer_pointer);  // NOLINT(performance-no-int-to-ptr)
 }
 
 void Buffer::awaitReady() const {
