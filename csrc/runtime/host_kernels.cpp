@@ -255,7 +255,7 @@ float* scratch(int slot, size_t n) {
 int64_t visible(int64_t i, int64_t S, bool causal) { return causal ? std::min(i + 1, S) : S; }
 
 // ------------------------------------------------------------- tiled products
-// Every product of attention, forward and backward, is C (+)= alpha * A B with
+// Every product of attention, forward and backward, is C = alpha * A B with
 // B's rows contiguous and a multiple of 8 wide: a register tile of up to 4
 // rows of C by 16 columns keeps 8 independent FMA chains, and each step loads
 // one row of B per 8 columns and broadcasts one element of A per row, so the
@@ -269,7 +269,7 @@ struct Strided {
 
 template <int MR, int NR>
 TPU_HOST_SIMD void productTile(Strided A, const float* __restrict__ B, int64_t brs, float* __restrict__ C, int64_t crs,
-                               int64_t k0, int64_t k1, float alpha, bool accumulate) {
+                               int64_t k0, int64_t k1, float alpha) {
   v8f acc[MR][NR] = {};
   for (int64_t k = k0; k < k1; ++k) {
     v8f b[NR];
@@ -285,27 +285,23 @@ TPU_HOST_SIMD void productTile(Strided A, const float* __restrict__ B, int64_t b
 #pragma GCC unroll 4
   for (int r = 0; r < MR; ++r)
 #pragma GCC unroll 2
-    for (int c = 0; c < NR; ++c) {
-      v8f v = acc[r][c] * alpha;
-      if (accumulate) v += load8(C + r * crs + c * kBlock);
-      store8(C + r * crs + c * kBlock, v);
-    }
+    for (int c = 0; c < NR; ++c) store8(C + r * crs + c * kBlock, acc[r][c] * alpha);
 }
 
 template <int MR>
 TPU_HOST_SIMD void productRows(Strided A, const float* B, int64_t brs, float* C, int64_t crs, int64_t N, int64_t k0,
-                               int64_t k1, float alpha, bool accumulate) {
+                               int64_t k1, float alpha) {
   int64_t c = 0;
-  for (; c + 2 * kBlock <= N; c += 2 * kBlock) productTile<MR, 2>(A, B + c, brs, C + c, crs, k0, k1, alpha, accumulate);
-  if (c < N) productTile<MR, 1>(A, B + c, brs, C + c, crs, k0, k1, alpha, accumulate);
+  for (; c + 2 * kBlock <= N; c += 2 * kBlock) productTile<MR, 2>(A, B + c, brs, C + c, crs, k0, k1, alpha);
+  if (c < N) productTile<MR, 1>(A, B + c, brs, C + c, crs, k0, k1, alpha);
 }
 
-// C[M, cols] (+)= alpha * A[M, k0:k1] B[k0:k1, cols] for each tile of up to 4
+// C[M, cols] = alpha * A[M, k0:k1] B[k0:k1, cols] for each tile of up to 4
 // rows starting at i, where span(i, rows) gives {cols, k0, k1} (cols a
 // multiple of 8): the causal mask shrinks both with the tile's position.
 template <typename Span>
 TPU_HOST_SIMD void product(int64_t M, Strided A, const float* B, int64_t brs, float* C, int64_t crs, float alpha,
-                           bool accumulate, Span span) {
+                           Span span) {
   for (int64_t i = 0; i < M; i += 4) {
     const int64_t rows = std::min<int64_t>(4, M - i);
     auto [cols, k0, k1] = span(i, rows);
@@ -313,16 +309,16 @@ TPU_HOST_SIMD void product(int64_t M, Strided A, const float* B, int64_t brs, fl
     float* Ci = C + i * crs;
     switch (rows) {
       case 4:
-        productRows<4>(Ai, B, brs, Ci, crs, cols, k0, k1, alpha, accumulate);
+        productRows<4>(Ai, B, brs, Ci, crs, cols, k0, k1, alpha);
         break;
       case 3:
-        productRows<3>(Ai, B, brs, Ci, crs, cols, k0, k1, alpha, accumulate);
+        productRows<3>(Ai, B, brs, Ci, crs, cols, k0, k1, alpha);
         break;
       case 2:
-        productRows<2>(Ai, B, brs, Ci, crs, cols, k0, k1, alpha, accumulate);
+        productRows<2>(Ai, B, brs, Ci, crs, cols, k0, k1, alpha);
         break;
       default:
-        productRows<1>(Ai, B, brs, Ci, crs, cols, k0, k1, alpha, accumulate);
+        productRows<1>(Ai, B, brs, Ci, crs, cols, k0, k1, alpha);
         break;
     }
   }
@@ -371,18 +367,33 @@ int64_t tileKeys(int64_t i, int64_t rows, int64_t S, bool causal) {
   return blocks(visible(i + rows - 1, S, causal)) * kBlock;
 }
 
+// The same for the 4-row tile of L query rows that holds row i: the columns a
+// score product wrote in row i.
+int64_t rowTileKeys(int64_t i, int64_t L, int64_t S, bool causal) {
+  const int64_t first = i - i % 4;
+  return tileKeys(first, std::min<int64_t>(4, L - first), S, causal);
+}
+
+// Spans of the two product shapes over query-row tiles. Scores (Q K^T, dO V^T):
+// the tile's keys as columns, over the head width E. Sums over keys (P V, dS K):
+// the padded head width EP as columns, over the tile's keys that exist.
+auto scoreSpan(int64_t S, int64_t E, bool causal) {
+  return [=](int64_t i, int64_t rows) { return ProductSpan{tileKeys(i, rows, S, causal), 0, E}; };
+}
+auto keySumSpan(int64_t S, int64_t EP, bool causal) {
+  return [=](int64_t i, int64_t rows) { return ProductSpan{EP, 0, std::min(S, tileKeys(i, rows, S, causal))}; };
+}
+
 // P = softmax(scale * Q K^T) for one head into p ([L, SP]); row i's entries
 // past its visible keys are 0. With lse, P is exp(s - lse) (the backward);
 // without, each row is normalised and its logsumexp written to lse_out.
 TPU_HOST_SIMD void headProbabilities(const float* Q, int64_t R, const float* kt, float* p, int64_t L, int64_t S,
                                      int64_t SP, int64_t E, float scale, bool causal, const float* lse,
                                      float* lse_out) {
-  product(L, Strided{Q, R, 1}, kt, SP, p, SP, scale, false,
-          [&](int64_t i, int64_t rows) { return ProductSpan{tileKeys(i, rows, S, causal), 0, E}; });
+  product(L, Strided{Q, R, 1}, kt, SP, p, SP, scale, scoreSpan(S, E, causal));
   for (int64_t i = 0; i < L; ++i) {
     float* row = p + i * SP;
-    const int64_t n = visible(i, S, causal),
-                  cols = tileKeys(i - i % 4, std::min<int64_t>(4, L - (i - i % 4)), S, causal);
+    const int64_t n = visible(i, S, causal), cols = rowTileKeys(i, L, S, causal);
     if (lse) {
       expRow(row, n, cols / kBlock, lse[i]);
     } else {
@@ -407,8 +418,7 @@ TPU_HOST_SIMD void forwardHead(const float* Q, const float* K, const float* V, f
   headProbabilities(Q, R, kt, p, L, S, SP, E, scale, causal, nullptr, LSE);
   HeadRows v(V, S, E, R, EP);
   HeadOut o(O, L, E, R, EP);
-  product(L, Strided{p, SP, 1}, v.p, v.stride, o.p, o.stride, 1.0f, false,
-          [&](int64_t i, int64_t rows) { return ProductSpan{EP, 0, std::min(S, tileKeys(i, rows, S, causal))}; });
+  product(L, Strided{p, SP, 1}, v.p, v.stride, o.p, o.stride, 1.0f, keySumSpan(S, EP, causal));
   o.flush();
 }
 
@@ -423,8 +433,7 @@ TPU_HOST_SIMD void backwardHead(const float* dO, const float* Q, const float* K,
   transposePadded(K, kt, S, SP, E, R);
   transposePadded(V, vt, S, SP, E, R);
   headProbabilities(Q, R, kt, P, L, S, SP, E, scale, causal, LSE, nullptr);
-  auto queryTile = [&](int64_t i, int64_t rows) { return ProductSpan{tileKeys(i, rows, S, causal), 0, E}; };
-  product(L, Strided{dO, R, 1}, vt, SP, dS, SP, 1.0f, false, queryTile);  // dP
+  product(L, Strided{dO, R, 1}, vt, SP, dS, SP, 1.0f, scoreSpan(S, E, causal));  // dP
   for (int64_t i = 0; i < L; ++i) {
     v8f dot{};  // dO_i . O_i
     int64_t e = 0;
@@ -433,18 +442,17 @@ TPU_HOST_SIMD void backwardHead(const float* dO, const float* Q, const float* K,
     for (; e < E; ++e) delta += dO[i * R + e] * O[i * R + e];
     float* ds = dS + i * SP;
     const float* p = P + i * SP;
-    const int64_t cols = tileKeys(i - i % 4, std::min<int64_t>(4, L - (i - i % 4)), S, causal);
+    const int64_t cols = rowTileKeys(i, L, S, causal);
     const v8f d = splat8(delta), sc = splat8(scale);
     for (int64_t j = 0; j < cols; j += kBlock) store8(ds + j, load8(p + j) * (load8(ds + j) - d) * sc);
     std::fill(ds + cols, ds + SP, 0.0f);  // as P is
   }
   HeadRows k(K, S, E, R, EP), q(Q, L, E, R, EP), dout(dO, L, E, R, EP);
   HeadOut dq(dQ, L, E, R, EP), dk(dK, S, E, R, EP), dv(dV, S, E, R, EP);
-  product(L, Strided{dS, SP, 1}, k.p, k.stride, dq.p, dq.stride, 1.0f, false,
-          [&](int64_t i, int64_t rows) { return ProductSpan{EP, 0, std::min(S, tileKeys(i, rows, S, causal))}; });
+  product(L, Strided{dS, SP, 1}, k.p, k.stride, dq.p, dq.stride, 1.0f, keySumSpan(S, EP, causal));
   auto keyTile = [&](int64_t j, int64_t) { return ProductSpan{EP, causal ? std::min(j, L) : 0, L}; };
-  product(S, Strided{P, 1, SP}, dout.p, dout.stride, dv.p, dv.stride, 1.0f, false, keyTile);
-  product(S, Strided{dS, 1, SP}, q.p, q.stride, dk.p, dk.stride, 1.0f, false, keyTile);
+  product(S, Strided{P, 1, SP}, dout.p, dout.stride, dv.p, dv.stride, 1.0f, keyTile);
+  product(S, Strided{dS, 1, SP}, q.p, q.stride, dk.p, dk.stride, 1.0f, keyTile);
   dq.flush();
   dk.flush();
   dv.flush();

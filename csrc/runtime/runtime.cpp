@@ -154,6 +154,12 @@ int envInt(const char* name, int dflt) {
   return static_cast<int>(x);
 }
 
+// A switch that is on unless the variable is "0".
+bool envOn(const char* name) {
+  const char* v = std::getenv(name);
+  return !(v && std::string(v) == "0");
+}
+
 // TORCH_TPU_MEMORY_LIMIT: bytes, or with a K/M/G suffix.
 int64_t envBytes(const char* name) {
   const char* v = std::getenv(name);
@@ -206,13 +212,11 @@ Runtime::Runtime() {
   if (client_->devices().empty()) throw pjrt::PluginError("The PJRT plugin '" + path + "' reports no devices.");
   // The CPU plugin runs attention as the runtime's own kernels (XLA:CPU's
   // batched small GEMMs are slow); TORCH_TPU_HOST_KERNELS=0 keeps StableHLO.
-  const char* hk = std::getenv("TORCH_TPU_HOST_KERNELS");
-  if (client_->platformName() == "cpu" && !(hk && std::string(hk) == "0"))
-    ops::setHostKernels(registerHostKernels(*api));
-  ir::setXlaCpuTuning(client_->platformName() == "cpu");
+  const bool cpu = client_->platformName() == "cpu";
+  if (cpu && envOn("TORCH_TPU_HOST_KERNELS")) ops::setHostKernels(registerHostKernels(*api));
+  ir::setXlaCpuTuning(cpu);
   // TORCH_TPU_HOST_READS=0 keeps the plugin's copy (as other plugins do).
-  const char* hr = std::getenv("TORCH_TPU_HOST_READS");
-  host_memory_ = client_->platformName() == "cpu" && !(hr && std::string(hr) == "0");
+  host_memory_ = cpu && envOn("TORCH_TPU_HOST_READS");
   options_ = pjrt::compileOptions(/*portable=*/true);
   struct stat st{};
   ::stat(path.c_str(), &st);
