@@ -633,7 +633,7 @@ std::string multiName(const std::string& base, size_t i) { return base + "#" + s
 }  // namespace
 
 std::vector<Value> Builder::reduce(const std::vector<Value>& inputs, const std::vector<Value>& inits,
-                                   const std::vector<int64_t>& dims, const BodyFn& body) {
+                                   const std::vector<int64_t>& dims, const BodyFn& body, bool lane_body) {
   // Adjacent dims that are all reduced (or all kept) merge into one: XLA:CPU
   // reduces [16,64,256] over {0,1} 3.5x slower than the same data as
   // [1024,256] over {0}. The reshapes are free on row-major values.
@@ -652,8 +652,30 @@ std::vector<Value> Builder::reduce(const std::vector<Value>& inputs, const std::
       merged.push_back(in_shape[i]);
     }
   }
-  const bool mergeable = static_cast<int>(merged.size()) < rank &&
-                         static_cast<int64_t>(dims.size()) == std::count(reduced.begin(), reduced.end(), true);
+  const bool distinct_dims = static_cast<int64_t>(dims.size()) == std::count(reduced.begin(), reduced.end(), true);
+  const bool mergeable = static_cast<int>(merged.size()) < rank && distinct_dims;
+  Shape out;
+  for (int i = 0; i < rank; ++i)
+    if (!reduced[i]) out.push_back(in_shape[i]);
+  // XLA:CPU emits a reduction over the minor dim as one scalar add chain per
+  // output (4 cycles an element). Split the minor extent into [groups, lanes]
+  // and reduce the groups first: that reduction keeps a contiguous minor dim,
+  // which LLVM vectorizes across the lanes; the barrier stops the simplifier
+  // from merging the two reductions back. At most 32 groups, as XLA rewrites a
+  // longer reduced dim into an unvectorized reduce-window. Sums of [256,512]
+  // over the last dim: 66 -> 25 us for (x*x).sum(-1), var 80 -> 38 us.
+  if (lane_body && xlaCpuTuning() && inputs.size() == 1 && rank > 0 && reduced[rank - 1] && distinct_dims) {
+    const int64_t extent = merged.back();
+    const int64_t groups = std::min<int64_t>(32, extent / 16);
+    if (extent % 16 == 0 && groups >= 2 && extent % groups == 0 && (extent / groups) % 8 == 0) {
+      Shape split = merged;
+      split.back() = groups;
+      split.push_back(extent / groups);
+      Value part = reduceOp({reshape(inputs[0], split)}, inits, merged_dims, body)[0];
+      Value r = reduceOp({barrier(part)}, inits, {part.rank() - 1}, body)[0];
+      return {reshape(r, out)};
+    }
+  }
   // On XLA:CPU a reduction that keeps the minor dim (a column sum: bias
   // gradients) is fast on a row-major [rows, cols] operand, but the
   // simplifier folds a merging reshape back into a multi-dim reduce of the
@@ -667,9 +689,6 @@ std::vector<Value> Builder::reduce(const std::vector<Value>& inputs, const std::
       operands.push_back(barrier_first ? barrier(m) : m);
     }
     std::vector<Value> res = reduceOp(operands, inits, mergeable ? merged_dims : dims, body);
-    Shape out;
-    for (int i = 0; i < rank; ++i)
-      if (!reduced[i]) out.push_back(in_shape[i]);
     for (auto& r : res) r = reshape(r, out);
     return res;
   }

@@ -134,9 +134,10 @@ class Builder {
   // --- reductions and structured ops
   using BodyFn = std::function<std::vector<Value>(Builder&, const std::vector<Value>& args)>;
   // Reduces `inputs` over `dims` with the body (args: accumulators then
-  // elements, all scalars).
+  // elements, all scalars). `lane_body`: the body is a single add, which
+  // XLA:CPU vectorizes across lanes when a minor-dim reduction is split.
   std::vector<Value> reduce(const std::vector<Value>& inputs, const std::vector<Value>& inits,
-                            const std::vector<int64_t>& dims, const BodyFn& body);
+                            const std::vector<int64_t>& dims, const BodyFn& body, bool lane_body = false);
   std::vector<Value> reduceWindow(const std::vector<Value>& inputs, const std::vector<Value>& inits,
                                   const Shape& window, const Shape& strides, const Shape& base_dilations,
                                   const Shape& window_dilations,

@@ -2,6 +2,7 @@
 
 #include <atomic>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <map>
 #include <stdexcept>
@@ -292,9 +293,10 @@ Value extremeConst(ir::Builder& b, DType t, bool lowest, const Shape& shape) {
 namespace {
 Value reduceWith(ir::Builder& b, const Value& v, const std::vector<int64_t>& dims, const char* op, const Value& init) {
   if (dims.empty()) return v;
-  return b.reduce({v}, {init}, dims, [op](ir::Builder& bb, const std::vector<Value>& a) {
-    return std::vector<Value>{bb.binary(op, a[0], a[1])};
-  })[0];
+  return b.reduce(
+      {v}, {init}, dims,
+      [op](ir::Builder& bb, const std::vector<Value>& a) { return std::vector<Value>{bb.binary(op, a[0], a[1])}; },
+      std::strcmp(op, "add") == 0)[0];
 }
 }  // namespace
 

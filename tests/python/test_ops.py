@@ -193,6 +193,39 @@ def test_reductions(dtype):
         check(lambda t: torch.log_softmax(t, 1), x, **tol)
 
 
+SPLIT_SUMS = [((5, 512), (-1,)), ((7, 96), (-1,)), ((3, 4096), (-1,)), ((2, 768), (1,)), ((6, 48), (1,)),
+              ((8, 64, 4), (0, 1, 2)), ((4, 3, 64), (0, 2)), ((3, 8, 16), (1, 2)), ((6, 40), (-1,))]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64, torch.int64, torch.int32,
+                                   torch.bool], ids=str)
+def test_sums_over_the_minor_dim_at_split_widths(dtype):
+    # On the CPU plugin a sum over the last dim with a width that is a multiple
+    # of 16 runs as [groups, lanes] partial sums (ir::Builder::reduce); the
+    # values must be those of a single sum. Floats are checked against float64
+    # sums (the CPU's float32 order is one more rounding, not the truth).
+    tol = {torch.float32: {"rtol": 1e-5, "atol": 1e-4}, torch.bfloat16: {"rtol": 1.6e-2, "atol": 1e-2}}.get(dtype, {})
+    for shape, dims in SPLIT_SUMS:
+        x = make(shape, dtype)
+        out = x.to("tpu").sum(dims)
+        want = x.double().sum(dims).to(out.dtype) if dtype.is_floating_point else x.sum(dims)
+        torch.testing.assert_close(out.cpu(), want, **tol, msg=lambda m, s=shape, d=dims: f"sum{d} of {s}: {m}")
+
+
+@pytest.mark.parametrize("width", [96, 512, 4096])
+def test_row_reductions_built_on_split_sums(width):
+    x = make((6, width), torch.float32)
+    t = torch.randint(0, width, (6,), generator=torch.Generator().manual_seed(1))
+    tol = {"rtol": 1e-5, "atol": 1e-5}
+    check(lambda a: a.mean(-1), x, **tol)
+    check(lambda a: a.var(-1), x, **tol)
+    check(lambda a: torch.linalg.vector_norm(a, dim=-1), x, **tol)
+    check(lambda a: torch.softmax(a, -1), x, **tol)
+    check(lambda a: torch.log_softmax(a, -1), x, **tol)
+    check(lambda a, b: F.cross_entropy(a, b), x, t, **tol)
+    check(lambda a: F.rms_norm(a, (width,)), x, **tol)
+
+
 def test_nan_propagation():
     x = torch.tensor([[1.0, float("nan"), 3.0], [4.0, 5.0, 6.0]])
     check(lambda t: t.max(1), x, equal_nan=True)
