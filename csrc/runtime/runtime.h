@@ -84,6 +84,9 @@ class Runtime {
   // Plugin path, build (size, mtime), platform and API version: executables
   // serialized by one plugin build are only loaded by the same build.
   const std::string& pluginIdentity() const { return identity_; }
+  // Whether glibc malloc keeps freed device memory in the process (the CPU
+  // plugin, unless TORCH_TPU_MALLOC_TUNING=0).
+  bool hostMallocTuned() const { return host_malloc_tuned_; }
 
   // Compiles the builder's program, or returns the cached executable for the
   // same text. `what` names the program in metrics (an op name).
@@ -108,6 +111,7 @@ class Runtime {
   std::string identity_;
   std::unique_ptr<DiskCache> disk_;
   bool host_memory_ = false;  // device buffers are host memory (the CPU plugin): downloads read them in place
+  bool host_malloc_tuned_ = false;
   std::mutex mu_;
   std::unordered_map<std::string, std::shared_ptr<Program>> programs_;
   struct Mem {

@@ -337,6 +337,40 @@ def test_reading_results_in_place_and_through_the_plugin_copy(host_reads):
     assert r.returncode == 0 and r.stdout.strip().splitlines()[-1] == "ok True", r.stderr[-2000:]
 
 
+_MALLOC_TUNING = r"""
+import ctypes
+import torch, torch_tpu
+torch.ones(1, device="tpu").cpu()
+libc = ctypes.CDLL("libc.so.6")
+class MallInfo2(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_size_t) for n in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
+                                                "fsmblks", "uordblks", "fordblks", "keepcost")]
+libc.mallinfo2.restype = MallInfo2
+libc.malloc.restype = ctypes.c_void_p
+libc.free.argtypes = [ctypes.c_void_p]
+p = libc.malloc(24 << 20)
+libc.free(p)
+print("tuned", torch_tpu._C._host_malloc_tuned(), libc.mallinfo2().fordblks >= 24 << 20)
+"""
+
+
+@pytest.mark.parametrize("tuning", ["1", "0"])
+def test_cpu_plugin_keeps_freed_host_memory_unless_told_not_to(tuning):
+    # The CPU plugin's buffers come from malloc; glibc's defaults hand freed
+    # blocks back to the kernel, so each new program output page-faults. The
+    # runtime keeps freed blocks (up to 32 MB) in the process:
+    # a freed 24 MB block stays free in the heap. TORCH_TPU_MALLOC_TUNING=0
+    # leaves malloc as it was.
+    env = dict(os.environ, TORCH_TPU_MALLOC_TUNING=tuning)
+    r = subprocess.run([sys.executable, "-c", _MALLOC_TUNING], capture_output=True, text=True, env=env, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    line = r.stdout.strip().splitlines()[-1]
+    if tuning == "1":
+        assert line == "tuned True True", line
+    else:
+        assert line.startswith("tuned False"), line
+
+
 def test_metrics_api():
     torch_tpu.reset_metrics()
     x = torch.ones(3, device="tpu") + 1
