@@ -169,8 +169,9 @@ bool envOn(const char* name) {
 // come from the heap, and up to 256 MB of free heap stays in the process.
 bool tuneHostMalloc() {
 #ifdef __GLIBC__
-  return mallopt(M_MMAP_THRESHOLD, 32 << 20) == 1 && mallopt(M_TRIM_THRESHOLD, 256 << 20) == 1 &&
-         mallopt(M_TOP_PAD, 16 << 20) == 1;
+  constexpr int kMiB = 1024 * 1024;
+  return mallopt(M_MMAP_THRESHOLD, 32 * kMiB) == 1 && mallopt(M_TRIM_THRESHOLD, 256 * kMiB) == 1 &&
+         mallopt(M_TOP_PAD, 16 * kMiB) == 1;
 #else
   return false;
 #endif
