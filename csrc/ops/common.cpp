@@ -2,7 +2,6 @@
 
 #include <atomic>
 #include <cmath>
-#include <cstring>
 #include <limits>
 #include <map>
 #include <stdexcept>
@@ -291,18 +290,20 @@ Value extremeConst(ir::Builder& b, DType t, bool lowest, const Shape& shape) {
 }
 
 namespace {
-Value reduceWith(ir::Builder& b, const Value& v, const std::vector<int64_t>& dims, const char* op, const Value& init) {
+// `lane_body`: see ir::Builder::reduce (true for the float and integer add).
+Value reduceWith(ir::Builder& b, const Value& v, const std::vector<int64_t>& dims, const char* op, const Value& init,
+                 bool lane_body = false) {
   if (dims.empty()) return v;
   return b.reduce(
       {v}, {init}, dims,
       [op](ir::Builder& bb, const std::vector<Value>& a) { return std::vector<Value>{bb.binary(op, a[0], a[1])}; },
-      std::strcmp(op, "add") == 0)[0];
+      lane_body)[0];
 }
 }  // namespace
 
 Value reduceSum(ir::Builder& b, const Value& v, const std::vector<int64_t>& dims) {
   if (v.dtype() == DType::Bool) return reduceWith(b, v, dims, "or", b.constantInt(0, DType::Bool));
-  return reduceWith(b, v, dims, "add", b.constant(0.0, v.dtype()));
+  return reduceWith(b, v, dims, "add", b.constant(0.0, v.dtype()), /*lane_body=*/true);
 }
 
 Value reduceMax(ir::Builder& b, const Value& v, const std::vector<int64_t>& dims) {

@@ -307,6 +307,15 @@ def test_item_tolist_numpy():
     assert bool(torch.tensor(True, device="tpu"))
 
 
+def _last_line(code: str, **env) -> str:
+    """Runs `code` in a fresh interpreter with these environment variables set;
+    it must succeed. Returns the last line it printed."""
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       env=dict(os.environ, **env), timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    return r.stdout.strip().splitlines()[-1]
+
+
 _HOST_READS = """
 import torch, torch_tpu
 g = torch.Generator().manual_seed(0)
@@ -332,9 +341,7 @@ def test_reading_results_in_place_and_through_the_plugin_copy(host_reads):
     # On the CPU plugin results are read in place (device memory is host
     # memory); TORCH_TPU_HOST_READS=0 takes the plugin's own copy, the path
     # every other plugin uses. Both must give the same values.
-    env = dict(os.environ, TORCH_TPU_HOST_READS=host_reads)
-    r = subprocess.run([sys.executable, "-c", _HOST_READS], capture_output=True, text=True, env=env, timeout=300)
-    assert r.returncode == 0 and r.stdout.strip().splitlines()[-1] == "ok True", r.stderr[-2000:]
+    assert _last_line(_HOST_READS, TORCH_TPU_HOST_READS=host_reads) == "ok True"
 
 
 _MALLOC_TUNING = r"""
@@ -361,10 +368,7 @@ def test_cpu_plugin_keeps_freed_host_memory_unless_told_not_to(tuning):
     # runtime keeps freed blocks (up to 32 MB) in the process:
     # a freed 24 MB block stays free in the heap. TORCH_TPU_MALLOC_TUNING=0
     # leaves malloc as it was.
-    env = dict(os.environ, TORCH_TPU_MALLOC_TUNING=tuning)
-    r = subprocess.run([sys.executable, "-c", _MALLOC_TUNING], capture_output=True, text=True, env=env, timeout=300)
-    assert r.returncode == 0, r.stderr[-2000:]
-    line = r.stdout.strip().splitlines()[-1]
+    line = _last_line(_MALLOC_TUNING, TORCH_TPU_MALLOC_TUNING=tuning)
     if tuning == "1":
         assert line == "tuned True True", line
     else:
