@@ -423,12 +423,42 @@ MemoryStats Client::memoryStats(int device) const {
   return s;
 }
 
-std::string compileOptions(bool portable) {
+namespace {
+// Protobuf wire format: a varint field key is (field << 3) | wire type.
+constexpr uint64_t kWireVarint = 0, kWireBytes = 2;
+uint64_t fieldKey(uint64_t field, uint64_t wire) { return (field << 3U) | wire; }
+
+void putVarint(std::string& out, uint64_t v) {
+  constexpr uint64_t kLow7 = 0x7fU, kMore = 0x80U;
+  while (v >= kMore) {
+    out += static_cast<char>((v & kLow7) | kMore);
+    v >>= 7U;
+  }
+  out += static_cast<char>(v);
+}
+void putBytes(std::string& out, uint64_t field, const std::string& bytes) {
+  putVarint(out, fieldKey(field, kWireBytes));
+  putVarint(out, bytes.size());
+  out += bytes;
+}
+}  // namespace
+
+std::string compileOptions(bool portable, const OptionOverrides& overrides) {
   // CompileOptionsProto{ compile_portable_executable(4)=true,
-  //   executable_build_options(3){ num_replicas(4)=1, num_partitions(5)=1 } }
+  //   executable_build_options(3){ num_replicas(4)=1, num_partitions(5)=1 },
+  //   env_option_overrides(7): map entries {key(1), value(2): OptionOverrideProto{int_field(3)}} }
   std::string out;
   if (portable) out += std::string("\x20\x01", 2);
   out += std::string("\x1a\x04\x20\x01\x28\x01", 6);
+  for (const auto& [name, value] : overrides) {
+    std::string override_value;
+    putVarint(override_value, fieldKey(3, kWireVarint));
+    putVarint(override_value, static_cast<uint64_t>(value));
+    std::string entry;
+    putBytes(entry, 1, name);
+    putBytes(entry, 2, override_value);
+    putBytes(out, 7, entry);
+  }
   return out;
 }
 

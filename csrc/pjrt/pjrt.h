@@ -204,7 +204,10 @@ class Client {
 // The serialized xla.CompileOptionsProto for one replica, one partition.
 // `portable` sets compile_portable_executable so one executable runs on any
 // device of the client.
-std::string compileOptions(bool portable);
+// Integer overrides of XLA's debug options (env_option_overrides: applied on
+// top of the defaults and XLA_FLAGS), e.g. {"xla_cpu_prefer_vector_width", 512}.
+using OptionOverrides = std::vector<std::pair<std::string, int64_t>>;
+std::string compileOptions(bool portable, const OptionOverrides& overrides = {});
 
 size_t elementSize(ElementType t);
 

@@ -92,6 +92,7 @@ PYBIND11_MODULE(_C, m) {
   m.def("_platform_version", []() { return rt().client().platformVersion(); });
   m.def("_plugin_path", []() { return rt().pluginPath(); });
   m.def("_host_malloc_tuned", []() { return rt().hostMallocTuned(); });
+  m.def("_compile_option_overrides", []() { return rt().optionOverrides(); });
   m.def("_device_kind", [](int d) {
     aten::checkDeviceIndex(d);
     return rt().client().devices().at(d).kind;

@@ -155,6 +155,26 @@ int envInt(const char* name, int dflt) {
   return static_cast<int>(x);
 }
 
+// XLA:CPU's code uses 256-bit vectors unless told otherwise. Where the host
+// has AVX-512, 512-bit vectors ran elementwise-heavy programs in 0.6-0.85x
+// the time (a GELU backward over [16,64,256]: 221 -> 155 us; silu, softmax,
+// cross-entropy: docs/benchmarks.md). TORCH_TPU_CPU_VECTOR_WIDTH picks the
+// width (128, 256 or 512); a width in XLA_FLAGS is left to XLA.
+pjrt::OptionOverrides cpuOptionOverrides() {
+  constexpr const char* kFlag = "xla_cpu_prefer_vector_width";
+  const char* flags = std::getenv("XLA_FLAGS");
+  if (flags && std::string(flags).find(kFlag) != std::string::npos) return {};
+  int64_t width = __builtin_cpu_supports("avx512f") ? 512 : 0;
+  if (const char* v = std::getenv("TORCH_TPU_CPU_VECTOR_WIDTH"); v && *v) {
+    const std::string s = v;
+    if (s != "128" && s != "256" && s != "512")
+      throw std::invalid_argument("TORCH_TPU_CPU_VECTOR_WIDTH='" + s + "' must be 128, 256 or 512");
+    width = std::stoi(s);
+  }
+  if (width == 0) return {};
+  return {{kFlag, width}};
+}
+
 // A switch that is on unless the variable is "0".
 bool envOn(const char* name) {
   const char* v = std::getenv(name);
@@ -235,7 +255,8 @@ Runtime::Runtime() {
   // TORCH_TPU_HOST_READS=0 keeps the plugin's copy (as other plugins do).
   host_memory_ = cpu && envOn("TORCH_TPU_HOST_READS");
   host_malloc_tuned_ = cpu && envOn("TORCH_TPU_MALLOC_TUNING") && tuneHostMalloc();
-  options_ = pjrt::compileOptions(/*portable=*/true);
+  if (cpu) option_overrides_ = cpuOptionOverrides();
+  options_ = pjrt::compileOptions(/*portable=*/true, option_overrides_);
   struct stat st{};
   ::stat(path.c_str(), &st);
   identity_ = path + "|" + std::to_string(st.st_size) + "|" + std::to_string(st.st_mtime) + "|" +

@@ -84,6 +84,8 @@ class Runtime {
   // Plugin path, build (size, mtime), platform and API version: executables
   // serialized by one plugin build are only loaded by the same build.
   const std::string& pluginIdentity() const { return identity_; }
+  // The XLA debug options every compile sets (the CPU plugin's vector width).
+  const pjrt::OptionOverrides& optionOverrides() const { return option_overrides_; }
   // Whether glibc malloc keeps freed device memory in the process (the CPU
   // plugin, unless TORCH_TPU_MALLOC_TUNING=0).
   bool hostMallocTuned() const { return host_malloc_tuned_; }
@@ -108,6 +110,7 @@ class Runtime {
   Runtime();
   std::unique_ptr<pjrt::Client> client_;
   std::string options_;
+  pjrt::OptionOverrides option_overrides_;  // XLA debug options set through options_
   std::string identity_;
   std::unique_ptr<DiskCache> disk_;
   bool host_memory_ = false;  // device buffers are host memory (the CPU plugin): downloads read them in place

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 
@@ -316,4 +317,27 @@ TEST(IR, BroadcastShapes) {
   auto y = b.broadcastTo(x, {2, 3, 4});
   EXPECT_EQ(y.shape(), (ir::Shape{2, 3, 4}));
   EXPECT_THROW(b.broadcastTo(x, {2, 4, 4}), std::invalid_argument);
+}
+
+// The overrides travel as CompileOptionsProto.env_option_overrides: the plugin
+// applies a known debug option and names an unknown one in its error, so a
+// mis-encoded override could not pass silently.
+TEST(Compile, OptionOverridesReachXla) {
+  ir::Builder b;
+  auto x = b.param({ir::DType::F32, {40}});
+  b.output(b.unary("exponential", x));
+  auto exe = client().compile(b.emit(), pjrt::compileOptions(true, {{"xla_cpu_prefer_vector_width", 512}}));
+  std::vector<float> in(40);
+  for (size_t i = 0; i < in.size(); ++i) in[i] = 0.1f * static_cast<float>(i) - 2.0f;
+  auto buf = client().fromHost(in.data(), pjrt::ElementType::F32, {40}, 0);
+  auto outs = exe->execute({buf->raw()}, client().devices()[0].raw);
+  std::vector<float> got(40);
+  outs[0]->toHost(got.data(), got.size() * sizeof(float));
+  for (size_t i = 0; i < in.size(); ++i) EXPECT_NEAR(got[i], std::exp(in[i]), 1e-6 * std::exp(in[i])) << i;
+  try {
+    client().compile(b.emit(), pjrt::compileOptions(true, {{"xla_no_such_debug_option", 1}}));
+    FAIL() << "expected pjrt::Error";
+  } catch (const pjrt::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("xla_no_such_debug_option"), std::string::npos) << e.what();
+  }
 }

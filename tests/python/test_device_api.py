@@ -375,6 +375,45 @@ def test_cpu_plugin_keeps_freed_host_memory_unless_told_not_to(tuning):
         assert line.startswith("tuned False"), line
 
 
+_VECTOR_WIDTH = """
+import torch, torch_tpu
+import torch.nn.functional as F
+torch_tpu.set_fallback("error")
+x = torch.linspace(-4, 4, 17 * 241).reshape(17, 241)
+torch.testing.assert_close(F.gelu(x.to("tpu")).cpu(), F.gelu(x))
+torch.testing.assert_close(torch.softmax(x.to("tpu"), -1).cpu(), torch.softmax(x, -1))
+print(torch_tpu._C._compile_option_overrides())
+"""
+
+
+def _host_has_avx512() -> bool:
+    with open("/proc/cpuinfo") as f:
+        return any(line.startswith("flags") and " avx512f" in line for line in f)
+
+
+@pytest.mark.skipif(torch_tpu._C._platform() != "cpu", reason="the vector width is a CPU-plugin option")
+@pytest.mark.parametrize("env, want", [
+    ({}, "auto"),
+    ({"TORCH_TPU_CPU_VECTOR_WIDTH": "256"}, "[('xla_cpu_prefer_vector_width', 256)]"),
+    ({"TORCH_TPU_CPU_VECTOR_WIDTH": "512", "XLA_FLAGS": "--xla_cpu_prefer_vector_width=256"}, "[]"),
+])
+def test_cpu_plugin_compiles_for_the_host_vector_width(env, want):
+    # XLA:CPU targets 256-bit vectors unless told otherwise; on AVX-512 hosts
+    # the runtime asks for 512 (a compile option), TORCH_TPU_CPU_VECTOR_WIDTH
+    # picks the width, and a width in XLA_FLAGS is left to XLA.
+    if want == "auto":
+        want = "[('xla_cpu_prefer_vector_width', 512)]" if _host_has_avx512() else "[]"
+    assert _last_line(_VECTOR_WIDTH, **env) == want
+
+
+def test_a_bad_vector_width_is_a_clear_error():
+    code = "import torch, torch_tpu\ntorch.ones(1, device='tpu')"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                       env=dict(os.environ, TORCH_TPU_CPU_VECTOR_WIDTH="300"))
+    assert r.returncode != 0
+    assert "RuntimeError" in r.stderr and "TORCH_TPU_CPU_VECTOR_WIDTH='300' must be 128, 256 or 512" in r.stderr
+
+
 def test_metrics_api():
     torch_tpu.reset_metrics()
     x = torch.ones(3, device="tpu") + 1
