@@ -158,7 +158,7 @@ int envInt(const char* name, int dflt) {
 // XLA:CPU's code uses 256-bit vectors unless told otherwise. Where the host
 // has AVX-512, 512-bit vectors ran elementwise-heavy programs in 0.6-0.85x
 // the time (a GELU backward over [16,64,256]: 221 -> 155 us; silu, softmax,
-// cross-entropy: docs/benchmarks.md). TORCH_TPU_CPU_VECTOR_WIDTH picks the
+// cross-entropy: docs/vector_width.md). TORCH_TPU_CPU_VECTOR_WIDTH picks the
 // width (128, 256 or 512); a width in XLA_FLAGS is left to XLA.
 pjrt::OptionOverrides cpuOptionOverrides() {
   constexpr const char* kFlag = "xla_cpu_prefer_vector_width";
