@@ -307,11 +307,15 @@ def test_item_tolist_numpy():
     assert bool(torch.tensor(True, device="tpu"))
 
 
+def _run(code: str, **env) -> subprocess.CompletedProcess:
+    """Runs `code` in a fresh interpreter with these environment variables set."""
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env=dict(os.environ, **env), timeout=300)
+
+
 def _last_line(code: str, **env) -> str:
-    """Runs `code` in a fresh interpreter with these environment variables set;
-    it must succeed. Returns the last line it printed."""
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                       env=dict(os.environ, **env), timeout=300)
+    """Runs `code` (it must succeed); returns the last line it printed."""
+    r = _run(code, **env)
     assert r.returncode == 0, r.stderr[-2000:]
     return r.stdout.strip().splitlines()[-1]
 
@@ -408,8 +412,7 @@ def test_cpu_plugin_compiles_for_the_host_vector_width(env, want):
 
 def test_a_bad_vector_width_is_a_clear_error():
     code = "import torch, torch_tpu\ntorch.ones(1, device='tpu')"
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
-                       env=dict(os.environ, TORCH_TPU_CPU_VECTOR_WIDTH="300"))
+    r = _run(code, TORCH_TPU_CPU_VECTOR_WIDTH="300")
     assert r.returncode != 0
     assert "RuntimeError" in r.stderr and "TORCH_TPU_CPU_VECTOR_WIDTH='300' must be 128, 256 or 512" in r.stderr
 
