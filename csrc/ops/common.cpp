@@ -173,12 +173,6 @@ std::vector<Value> broadcastAll(ir::Builder& b, std::vector<Value> vs) {
 }
 
 namespace {
-int cat(DType t) {
-  if (t == DType::Bool) return 0;
-  if (ir::isInt(t)) return 1;
-  if (ir::isFloat(t)) return 2;
-  return 3;
-}
 // c10's combine_categories.
 std::optional<DType> combine(std::optional<DType> higher, std::optional<DType> lower) {
   if (!higher) return lower;
