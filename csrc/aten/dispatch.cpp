@@ -6,6 +6,7 @@
 #include <ATen/native/CPUFallback.h>
 #include <torch/library.h>
 
+#include <charconv>
 #include <mutex>
 #include <set>
 #include <unordered_map>
@@ -358,11 +359,14 @@ void keyTensor(std::string& k, const at::Tensor& t) {
     k += "N";
     return;
   }
-  k += t.device().is_cpu() ? (t.unsafeGetTensorImpl()->is_wrapped_number() ? "w" : "c") : "t";
-  k += std::to_string(static_cast<int>(t.scalar_type()));
+  // Built for every argument of every op: digits go straight into the key.
+  char buf[24];
+  auto num = [&](int64_t v) { k.append(buf, std::to_chars(buf, buf + sizeof buf, v).ptr); };
+  k += t.device().is_cpu() ? (t.unsafeGetTensorImpl()->is_wrapped_number() ? 'w' : 'c') : 't';
+  num(static_cast<int>(t.scalar_type()));
   for (auto s : t.sizes()) {
     k += ',';
-    k += std::to_string(s);
+    num(s);
   }
   if (!t.is_contiguous()) {
     // The layout decides the strides of elementwise results: key the order
@@ -373,7 +377,7 @@ void keyTensor(std::string& k, const at::Tensor& t) {
     std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return st[a] > st[b]; });
     k += 'p';
     for (auto o : order) {
-      k += std::to_string(o);
+      num(o);
       if (st[o] == 0) k += 'z';
     }
   }
@@ -381,7 +385,9 @@ void keyTensor(std::string& k, const at::Tensor& t) {
 }
 
 std::string signature(const c10::OperatorHandle& op, const std::vector<IValue>& args, const ops::Lowering* low) {
-  std::string k = op.schema().name();
+  std::string k;
+  k.reserve(160);  // most keys fit: one allocation per op
+  k += op.schema().name();
   k += '.';
   k += op.schema().overload_name();
   k += '|';

@@ -1,6 +1,7 @@
 #include "ir/ir.h"
 
 #include <algorithm>
+#include <charconv>
 #include <cstdio>
 #include <cstring>
 #include <sstream>
@@ -156,10 +157,19 @@ std::string shapeStr(const Shape& s) {
   return out + "]";
 }
 
+// Printed for every operand of every op a graph records: built in place.
 std::string Type::str() const {
-  std::string s = "tensor<";
-  for (auto d : shape) s += std::to_string(d) + "x";
-  return s + mlirName(dtype) + ">";
+  std::string s;
+  s.reserve(16 + 6 * shape.size());
+  s += "tensor<";
+  char buf[24];
+  for (auto d : shape) {
+    s.append(buf, std::to_chars(buf, buf + sizeof buf, d).ptr);
+    s += 'x';
+  }
+  s += mlirName(dtype);
+  s += '>';
+  return s;
 }
 
 uint64_t fnv1a(const std::string& s, uint64_t seed) {
@@ -251,8 +261,10 @@ Value Builder::fresh(const Type& t) {
 std::string Builder::ref(const Value& v) const {
   if (v.id < 0) fail("use of an invalid value");
   // Op results are %vN; results of multi-result ops are %gN#i.
-  auto it = names_.find(v.id);
-  return it == names_.end() ? "%v" + std::to_string(v.id) : it->second;
+  if (!names_.empty())
+    if (auto it = names_.find(v.id); it != names_.end()) return it->second;
+  char buf[24] = {'%', 'v'};
+  return std::string(buf, std::to_chars(buf + 2, buf + sizeof buf, v.id).ptr);
 }
 
 void Builder::emitLine(const std::string& s) {
@@ -332,6 +344,9 @@ std::shared_ptr<const Function> Builder::asFunction() const {
   f->text = signatureText(f->name, false);
   f->params = params_;
   for (const auto& v : outputs_) f->results.push_back(v.type);
+  f->call_types = " : (";
+  for (size_t i = 0; i < params_.size(); ++i) f->call_types += (i ? ", " : "") + params_[i].str();
+  f->call_types += ") -> (" + types(outputs_) + ")";
   f->op_count = op_count_;
   return f;
 }
@@ -344,21 +359,20 @@ std::vector<Value> Builder::call(const std::shared_ptr<const Function>& f, const
     if (args[i].type != f->params[i])
       fail("call of @" + f->name + ": argument " + std::to_string(i) + " is " + args[i].type.str() + ", expected " +
            f->params[i].str());
-    rhs += (i ? ", " : "") + ref(args[i]);
+    if (i) rhs += ", ";
+    rhs += ref(args[i]);
   }
-  rhs += ") : (" + types(args) + ") -> (";
+  rhs += ')';
+  rhs += f->call_types;
   std::vector<Value> results;
-  for (size_t i = 0; i < f->results.size(); ++i) {
-    results.push_back(fresh(f->results[i]));
-    rhs += (i ? ", " : "") + f->results[i].str();
-  }
-  rhs += ")";
+  results.reserve(f->results.size());
+  for (const Type& t : f->results) results.push_back(fresh(t));
   if (results.size() == 1)
     emitLine(ref(results[0]) + " = " + rhs);
   else
     emitMulti(results, rhs);
   op_count_ += f->op_count - 1;  // count the ops the call stands for
-  functions_.emplace(f->name, f);
+  functions_.try_emplace(f->name, f);
   return results;
 }
 

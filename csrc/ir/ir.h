@@ -69,6 +69,7 @@ struct Function {
   std::string name;  // without the '@'
   std::string text;  // the func.func definition
   std::vector<Type> params, results;
+  std::string call_types;  // " : (params) -> (results)", printed at every call
   int op_count = 0;
 };
 
