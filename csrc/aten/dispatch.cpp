@@ -6,7 +6,6 @@
 #include <ATen/native/CPUFallback.h>
 #include <torch/library.h>
 
-#include <charconv>
 #include <mutex>
 #include <set>
 #include <unordered_map>
@@ -359,14 +358,11 @@ void keyTensor(std::string& k, const at::Tensor& t) {
     k += "N";
     return;
   }
-  // Built for every argument of every op: digits go straight into the key.
-  char buf[24];
-  auto num = [&](int64_t v) { k.append(buf, std::to_chars(buf, buf + sizeof buf, v).ptr); };
   k += t.device().is_cpu() ? (t.unsafeGetTensorImpl()->is_wrapped_number() ? 'w' : 'c') : 't';
-  num(static_cast<int>(t.scalar_type()));
+  ir::appendInt(k, static_cast<int>(t.scalar_type()));
   for (auto s : t.sizes()) {
     k += ',';
-    num(s);
+    ir::appendInt(k, s);
   }
   if (!t.is_contiguous()) {
     // The layout decides the strides of elementwise results: key the order
@@ -377,7 +373,7 @@ void keyTensor(std::string& k, const at::Tensor& t) {
     std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return st[a] > st[b]; });
     k += 'p';
     for (auto o : order) {
-      num(o);
+      ir::appendInt(k, o);
       if (st[o] == 0) k += 'z';
     }
   }

@@ -157,14 +157,18 @@ std::string shapeStr(const Shape& s) {
   return out + "]";
 }
 
+void appendInt(std::string& s, int64_t v) {
+  char buf[24];
+  s.append(buf, std::to_chars(buf, buf + sizeof buf, v).ptr);
+}
+
 // Printed for every operand of every op a graph records: built in place.
 std::string Type::str() const {
   std::string s;
   s.reserve(16 + 6 * shape.size());
   s += "tensor<";
-  char buf[24];
   for (auto d : shape) {
-    s.append(buf, std::to_chars(buf, buf + sizeof buf, d).ptr);
+    appendInt(s, d);
     s += 'x';
   }
   s += mlirName(dtype);
@@ -263,8 +267,9 @@ std::string Builder::ref(const Value& v) const {
   // Op results are %vN; results of multi-result ops are %gN#i.
   if (!names_.empty())
     if (auto it = names_.find(v.id); it != names_.end()) return it->second;
-  char buf[24] = {'%', 'v'};
-  return std::string(buf, std::to_chars(buf + 2, buf + sizeof buf, v.id).ptr);
+  std::string r = "%v";
+  appendInt(r, v.id);
+  return r;
 }
 
 void Builder::emitLine(const std::string& s) {

@@ -228,6 +228,9 @@ class Builder {
 };
 
 std::string shapeStr(const Shape& s);
+// Appends v's decimal digits to s (program text and op keys are built for
+// every recorded op: no temporary string).
+void appendInt(std::string& s, int64_t v);
 // FNV-1a: stable across builds (the disk cache's keys and checksums).
 uint64_t fnv1a(const std::string& s, uint64_t seed = 1469598103934665603ull);
 // A faster hash for in-memory keys (program fingerprints, op signatures).
