@@ -310,6 +310,115 @@ void Builder::output(const Value& v) {
   outputs_.push_back(v);
 }
 
+void Builder::alias(int param, int output) {
+  if (param < 0 || param >= static_cast<int>(params_.size()) || output < 0 ||
+      output >= static_cast<int>(outputs_.size()))
+    fail("alias of param " + std::to_string(param) + " and output " + std::to_string(output) + " out of range");
+  const Type& p = params_[param];
+  const Type& o = outputs_[output].type;
+  if (p.dtype != o.dtype || p.numel() != o.numel())
+    fail("alias of param " + p.str() + " and output " + o.str() + ": not the same dtype and size");
+  for (const auto& [ap, ao] : aliases_)
+    if (ap == param || ao == output) fail("param or output aliased twice");
+  std::string m = "A";
+  appendInt(m, param);
+  m += ':';
+  appendInt(m, output);
+  mix(m);
+  aliases_.emplace_back(param, output);
+}
+
+namespace {
+// The SSA number in "%vN" / "%gN" / "%gN#i" at s[i] (s[i] == '%'), or -1.
+int ssaNumber(std::string_view s, size_t i) {
+  if (i + 2 >= s.size() || s[i] != '%' || (s[i + 1] != 'v' && s[i + 1] != 'g')) return -1;
+  int n = 0;
+  size_t j = i + 2;
+  if (j >= s.size() || s[j] < '0' || s[j] > '9') return -1;
+  for (; j < s.size() && s[j] >= '0' && s[j] <= '9'; ++j) n = n * 10 + (s[j] - '0');
+  return n;
+}
+}  // namespace
+
+std::vector<bool> Builder::inPlaceSafe(const std::vector<std::pair<int, Value>>& pairs,
+                                       const std::vector<Value>& results) const {
+  // @main's dataflow, read back from its lines: one node per line (a
+  // multi-result op is one node) and one per param. Ids inside nested
+  // regions are never defined at the top level, so they add no edges.
+  std::unordered_map<int, int> node_of;  // SSA number -> node
+  std::vector<std::vector<int>> operands, users;
+  std::vector<char> reshape;
+  auto addNode = [&](int ssa, bool is_reshape) {
+    int n = static_cast<int>(operands.size());
+    node_of[ssa] = n;
+    operands.emplace_back();
+    users.emplace_back();
+    reshape.push_back(is_reshape);
+    return n;
+  };
+  for (int id : param_ids_) addNode(id, false);
+  for (const auto& line : blocks_[0].lines) {
+    std::string_view l(line);
+    size_t eq = l.find(" = ");
+    int def = ssaNumber(l, 0);
+    if (def < 0 || eq == std::string_view::npos) continue;
+    std::string_view rhs = l.substr(eq + 3);
+    std::vector<int> ops;
+    for (size_t i = rhs.find('%'); i != std::string_view::npos; i = rhs.find('%', i + 1)) {
+      int id = ssaNumber(rhs, i);
+      if (auto it = id >= 0 ? node_of.find(id) : node_of.end(); it != node_of.end()) ops.push_back(it->second);
+    }
+    int n = addNode(def, rhs.rfind("\"stablehlo.reshape\"", 0) == 0);
+    for (int o : ops) users[o].push_back(n);
+    operands[n] = std::move(ops);
+  }
+  auto nodeOfValue = [&](const Value& v) {
+    std::string r = ref(v);
+    auto it = node_of.find(ssaNumber(r, 0));
+    return it == node_of.end() ? -1 : it->second;
+  };
+  std::vector<char> is_output(operands.size());
+  for (const auto& v : results)
+    if (int n = nodeOfValue(v); n >= 0) is_output[n] = 1;
+
+  std::vector<bool> safe;
+  std::vector<char> ancestor(operands.size());
+  for (const auto& [param, value] : pairs) {
+    int p = node_of.at(param_ids_.at(param));
+    int o = nodeOfValue(value);
+    bool ok = o >= 0;
+    std::fill(ancestor.begin(), ancestor.end(), 0);
+    std::vector<int> stack;
+    if (ok) stack.push_back(o);
+    while (!stack.empty()) {
+      int n = stack.back();
+      stack.pop_back();
+      if (ancestor[n]) continue;
+      ancestor[n] = 1;
+      for (int m : operands[n]) stack.push_back(m);
+    }
+    // The param's readers: its users, seen through reshapes (a reshape is a
+    // view of the same buffer on XLA:CPU). A reshape of it returned as another
+    // output would read the buffer after the program.
+    stack.assign(1, p);
+    while (ok && !stack.empty()) {
+      int n = stack.back();
+      stack.pop_back();
+      for (int u : users[n]) {
+        if (reshape[u] && u != o) {
+          if (is_output[u]) ok = false;
+          stack.push_back(u);
+        } else if (!ancestor[u]) {
+          ok = false;
+        }
+      }
+    }
+    if (ok && is_output[p] && p != o) ok = false;
+    safe.push_back(ok);
+  }
+  return safe;
+}
+
 // "func.func <visibility> @name(%vN: type, ...) -> (types) {", the body's
 // lines, and the return: @main and the called functions print alike.
 std::string Builder::signatureText(const std::string& name, bool is_public) const {
@@ -317,6 +426,9 @@ std::string Builder::signatureText(const std::string& name, bool is_public) cons
   for (size_t i = 0; i < params_.size(); ++i) {
     if (i) s += ", ";
     s += "%v" + std::to_string(param_ids_[i]) + ": " + params_[i].str();
+    if (is_public)
+      for (const auto& [p, o] : aliases_)
+        if (p == static_cast<int>(i)) s += " {tf.aliasing_output = " + std::to_string(o) + " : i32}";
   }
   s += ") -> (" + types(outputs_) + ") {\n";
   for (const auto& l : blocks_[0].lines) {

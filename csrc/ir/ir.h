@@ -12,6 +12,7 @@
 #include <string>
 #include <string_view>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 namespace tpu::ir {
@@ -87,6 +88,19 @@ class Builder {
   void output(const Value& v);
   const std::vector<Type>& paramTypes() const { return params_; }
   const std::vector<Value>& outputs() const { return outputs_; }
+  // Input-output aliasing: output `output` may be written into param
+  // `param`'s buffer, which the caller donates at execution. Same dtype and
+  // element count (the shapes may differ: both are dense row-major bytes).
+  void alias(int param, int output);
+  const std::vector<std::pair<int, int>>& aliases() const { return aliases_; }
+  // For each (param, value) pair: whether every op of @main that reads the
+  // param (directly or through reshapes) computes the value or one of its
+  // operands, transitively. XLA orders such readers before the write; a reader
+  // it cannot order (say the weight read by a backward matmul, aliased to the
+  // weight's optimizer update) makes it copy the whole param first.
+  // `results`: all the values @main will return.
+  std::vector<bool> inPlaceSafe(const std::vector<std::pair<int, Value>>& pairs,
+                                const std::vector<Value>& results) const;
   // The whole module as MLIR text, entry function @main.
   std::string emit() const;
   // Number of ops emitted so far (for metrics and the recompile log).
@@ -222,7 +236,8 @@ class Builder {
   std::vector<int> param_ids_;
   std::unordered_map<int, std::string> names_;
   std::vector<Value> outputs_;
-  std::vector<Block> blocks_;  // blocks_[0] is @main's body; nested regions push.
+  std::vector<std::pair<int, int>> aliases_;  // (param, output)
+  std::vector<Block> blocks_;                 // blocks_[0] is @main's body; nested regions push.
   std::map<std::string, std::shared_ptr<const Function>> functions_;  // called ones, by name
   std::string signatureText(const std::string& name, bool is_public) const;
 };

@@ -253,8 +253,11 @@ Executable::~Executable() {
 }
 
 std::vector<std::unique_ptr<Buffer>> Executable::execute(const std::vector<PJRT_Buffer*>& args, PJRT_Device* device,
-                                                         std::shared_ptr<Event>* done) const {
+                                                         std::shared_ptr<Event>* done,
+                                                         const std::vector<int64_t>& keep) const {
   auto opts = makeArgs<PJRT_ExecuteOptions>();
+  opts.non_donatable_input_indices = keep.data();
+  opts.num_non_donatable_input_indices = keep.size();
   std::vector<PJRT_Buffer*> outs(num_outputs_, nullptr);
   PJRT_Buffer* const* arg_list = args.data();
   PJRT_Buffer** out_list = outs.data();

@@ -144,8 +144,10 @@ class Executable {
   // Runs asynchronously on `device`; output buffers are returned at once and
   // become ready when the computation finishes.
   // With `done`, also returns an event that fires when the execution ends.
+  // `keep`: indices of aliased inputs not to donate (the plugin copies them).
   std::vector<std::unique_ptr<Buffer>> execute(const std::vector<PJRT_Buffer*>& args, PJRT_Device* device,
-                                               std::shared_ptr<Event>* done = nullptr) const;
+                                               std::shared_ptr<Event>* done = nullptr,
+                                               const std::vector<int64_t>& keep = {}) const;
   // Platform-specific bytes; valid only for the same plugin build.
   std::string serialize() const;
   PJRT_LoadedExecutable* raw() const { return exe_; }

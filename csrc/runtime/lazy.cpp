@@ -4,12 +4,17 @@
 
 namespace tpu::runtime {
 
-LazyGraph::LazyGraph(int device) : device_(device) { reset(); }
+LazyGraph::LazyGraph(int device) : device_(device) {
+  const char* d = std::getenv("TORCH_TPU_DONATE");
+  donate_ = !(d && std::string(d) == "0");
+  reset();
+}
 
 void LazyGraph::reset() {
   b_ = std::make_unique<ir::Builder>();
   inputs_.clear();
   tags_.clear();
+  input_owners_.clear();
   input_of_.clear();
   capture_params_.clear();
   values_.clear();
@@ -26,12 +31,13 @@ ir::Value resultInShape(ir::Builder& b, const ir::Value& flat, const ir::Shape& 
   return n == flat.type.numel() ? b.reshape(flat, shape) : flat;
 }
 
-ir::Value LazyGraph::input(const BufferPtr& buf, const ir::Type& type) {
+ir::Value LazyGraph::input(const BufferPtr& buf, const ir::Type& type, const DeviceArray* owner) {
   auto it = input_of_.find(buf->raw());
   if (it != input_of_.end() && it->second.type == type) return it->second;
   ir::Value v = b_->param(type);
   inputs_.push_back(buf);
   tags_.emplace_back();
+  input_owners_.push_back(owner);
   input_of_[buf->raw()] = v;
   return v;
 }
@@ -48,6 +54,7 @@ ir::Value LazyGraph::scalar(const BufferPtr& buf, ir::DType t) {
   ir::Value v = b_->param(ir::Type{t, {}});
   inputs_.push_back(buf);
   tags_.emplace_back();
+  input_owners_.push_back(nullptr);
   return v;
 }
 
@@ -73,12 +80,13 @@ ir::Value LazyGraph::storage(DeviceArray& a, ir::DType t) {
       flat = b_->param(ty);
       inputs_.push_back(a.buffer());
       tags_.push_back(InputTag{InputTag::Kind::Input, cap->second});
+      input_owners_.push_back(nullptr);
       capture_params_[&a] = flat;
     }
   } else if (a.lazy()) {
     flat = a.lazyValue()->value;
   } else if (a.materialized()) {
-    flat = input(a.buffer(), ir::Type{a.dtype(), {a.numel()}});
+    flat = input(a.buffer(), ir::Type{a.dtype(), {a.numel()}}, &a);
   } else {
     return b_->constant(0.0, t, {static_cast<int64_t>(a.nbytes() / ir::itemSize(t))});
   }
@@ -158,8 +166,18 @@ void LazyGraph::materialize(CaptureResult* cap) {
     reset();
     return;
   }
-  for (const auto& lv : outs) b_->output(resultInShape(*b_, lv->value, lv->natural));
+  // A captured graph keeps its inputs for every replay: nothing to donate.
+  std::vector<std::pair<int, int>> donated;
+  if (donate_ && !cap) donated = donations(outs);
+  std::vector<char> flat_out(outs.size());
+  for (const auto& [input, j] : donated) flat_out[j] = 1;
+  // A donated buffer is flat: its result stays flat too (an N-d result would
+  // be computed apart and copied in). Updates written in place are
+  // elementwise, so the flat loop loses nothing (see resultInShape).
+  for (size_t j = 0; j < outs.size(); ++j)
+    b_->output(flat_out[j] ? outs[j]->value : resultInShape(*b_, outs[j]->value, outs[j]->natural));
   for (const auto& [ok, op] : checks_) b_->output(ok);
+  for (const auto& [input, j] : donated) b_->alias(input, j);
   int64_t compiles_before = metrics().compiles;
   std::shared_ptr<Program> prog;
   try {
@@ -207,6 +225,48 @@ void LazyGraph::materialize(CaptureResult* cap) {
     lv->owner->set(results[i], lv->value.dtype(), lv->value.shape()[0]);
   }
   for (size_t j = 0; j < checks.size(); ++j) checkIndicesLater(results[outs.size() + j], checks[j].second, device_);
+}
+
+std::vector<std::pair<int, int>> LazyGraph::donations(const std::vector<std::shared_ptr<LazyValue>>& outs) {
+  // A buffer passed twice (as two dtypes) cannot be donated.
+  std::unordered_map<PJRT_Buffer*, int> passes;
+  for (const auto& b : inputs_) ++passes[b->raw()];
+  std::unordered_map<const DeviceArray*, int> old_input;
+  for (size_t i = 0; i < inputs_.size(); ++i)
+    if (input_owners_[i] && passes[inputs_[i]->raw()] == 1) old_input.emplace(input_owners_[i], static_cast<int>(i));
+  std::vector<std::pair<int, ir::Value>> pairs;
+  std::vector<int> index;  // in `outs`
+  std::string key = b_->fingerprint();
+  key += '/';
+  ir::appendInt(key, static_cast<int64_t>(outs.size()));
+  for (size_t j = 0; j < outs.size(); ++j) {
+    auto it = old_input.find(outs[j]->owner);
+    if (it == old_input.end()) continue;
+    const ir::Type& p = b_->paramTypes()[it->second];
+    const ir::Type& o = outs[j]->value.type;
+    if (p != o) continue;
+    pairs.emplace_back(it->second, outs[j]->value);
+    index.push_back(static_cast<int>(j));
+    key += ' ';
+    ir::appendInt(key, it->second);
+    key += ':';
+    ir::appendInt(key, static_cast<int64_t>(j));
+  }
+  if (pairs.empty()) return {};
+  auto memo = donations_.find(key);
+  if (memo == donations_.end()) {
+    std::vector<ir::Value> results;
+    results.reserve(outs.size() + checks_.size());
+    for (const auto& lv : outs) results.push_back(lv->value);
+    for (const auto& c : checks_) results.push_back(c.first);
+    std::vector<bool> safe = b_->inPlaceSafe(pairs, results);
+    std::vector<std::pair<int, int>> chosen;
+    for (size_t k = 0; k < pairs.size(); ++k)
+      if (safe[k]) chosen.emplace_back(pairs[k].first, index[k]);
+    if (donations_.size() >= 256) donations_.clear();
+    memo = donations_.emplace(std::move(key), std::move(chosen)).first;
+  }
+  return memo->second;
 }
 
 Fusion& Fusion::get() {

@@ -65,7 +65,8 @@ class LazyGraph {
   int ops() const { return ops_; }
 
   // Graph inputs: a materialised buffer (deduplicated) or a 0-d scalar.
-  ir::Value input(const BufferPtr& buf, const ir::Type& type);
+  // `owner`: the array whose contents the buffer holds, if any.
+  ir::Value input(const BufferPtr& buf, const ir::Type& type, const DeviceArray* owner = nullptr);
   ir::Value scalar(const BufferPtr& buf, ir::DType t);
 
   // The flat storage value of `a` as dtype `t` (materialised arrays become
@@ -102,15 +103,24 @@ class LazyGraph {
  private:
   void reset();
   ir::Value offset(const ViewGeometry& g);  // a view's storage offset
+  // Donation: pairs each result that overwrites an array with the input that
+  // held the array's old contents, where XLA can write it in place (see
+  // ir::Builder::inPlaceSafe). Returns (input, index in `outs`) pairs; the
+  // program aliases them, and execute() donates those inputs nobody else holds.
+  std::vector<std::pair<int, int>> donations(const std::vector<std::shared_ptr<LazyValue>>& outs);
   int device_;
   std::unique_ptr<ir::Builder> b_;
   std::vector<BufferPtr> inputs_;
   std::vector<InputTag> tags_;
+  std::vector<const DeviceArray*> input_owners_;  // compared, never dereferenced
   std::unordered_map<PJRT_Buffer*, ir::Value> input_of_;
   std::unordered_map<const DeviceArray*, int> capture_inputs_;
   std::unordered_map<const DeviceArray*, ir::Value> capture_params_;
   int materializations_ = 0;
   bool bake_scalars_ = false;
+  bool donate_;
+  // declareDonations' analysis, by graph fingerprint and candidate pairs.
+  std::unordered_map<std::string, std::vector<std::pair<int, int>>> donations_;
   std::vector<std::weak_ptr<LazyValue>> values_;
   std::vector<std::pair<ir::Value, std::string>> checks_;
   int ops_ = 0;

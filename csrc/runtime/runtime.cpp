@@ -21,7 +21,7 @@ Metrics& metrics() {
 }
 
 void Metrics::reset() {
-  compiles = cache_hits = cache_misses = disk_hits = executions = 0;
+  compiles = cache_hits = cache_misses = disk_hits = executions = donated_buffers = 0;
   h2d_bytes = d2h_bytes = h2d_transfers = d2h_transfers = compile_ns = fused_lowerings = 0;
   std::lock_guard<std::mutex> g(mu);
   fallbacks.clear();
@@ -33,7 +33,7 @@ std::string Metrics::report() {
   os << "torch_tpu metrics\n"
      << "  compiles:          " << compiles << " (" << compile_ns / 1e9 << " s)\n"
      << "  cache hits/misses: " << cache_hits << " / " << cache_misses << " (disk hits " << disk_hits << ")\n"
-     << "  executions:        " << executions << "\n"
+     << "  executions:        " << executions << " (buffers donated: " << donated_buffers << ")\n"
      << "  host->device:      " << h2d_transfers << " transfers, " << h2d_bytes << " bytes\n"
      << "  device->host:      " << d2h_transfers << " transfers, " << d2h_bytes << " bytes\n";
   std::lock_guard<std::mutex> g(mu);
@@ -300,6 +300,7 @@ std::shared_ptr<Program> Runtime::compile(const ir::Builder& b, const std::strin
   prog->param_types = b.paramTypes();
   for (const auto& v : b.outputs()) prog->out_types.push_back(v.type);
   prog->op_count = b.opCount();
+  for (const auto& [param, output] : b.aliases()) prog->aliased_params.push_back(param);
   prog->synchronous = text.find("stablehlo.fft") != std::string::npos;
   std::string key = disk_->enabled() ? DiskCache::key(text, identity_, options_) : "";
   if (disk_->enabled()) {

@@ -30,6 +30,7 @@ struct Metrics {
   std::atomic<int64_t> cache_misses{0};  // not in memory (then: disk hit, or compile)
   std::atomic<int64_t> disk_hits{0};
   std::atomic<int64_t> executions{0};
+  std::atomic<int64_t> donated_buffers{0};  // inputs whose buffers outputs reused
   std::atomic<int64_t> h2d_bytes{0};
   std::atomic<int64_t> d2h_bytes{0};
   std::atomic<int64_t> h2d_transfers{0};
@@ -64,6 +65,9 @@ struct Program {
   // programs completed asynchronously (in CpuAsyncExecutionTracker), never
   // with launches serialized.
   bool synchronous = false;
+  // Params whose buffers outputs may be written into (input-output aliasing):
+  // execute() donates them unless someone else still holds the buffer.
+  std::vector<int> aliased_params;
 };
 
 using BufferPtr = std::shared_ptr<pjrt::Buffer>;

@@ -287,9 +287,15 @@ std::vector<BufferPtr> execute(const Program& p, const std::vector<BufferPtr>& i
   std::vector<PJRT_Buffer*> raw;
   raw.reserve(inputs.size());
   for (const auto& b : inputs) raw.push_back(b->raw());
+  // An aliased input is donated only when `inputs` holds its last reference.
+  std::vector<int64_t> keep;
+  for (int i : p.aliased_params)
+    if (inputs[i].use_count() > 1) keep.push_back(i);
+  if (!p.aliased_params.empty())
+    metrics().donated_buffers += static_cast<int64_t>(p.aliased_params.size() - keep.size());
   std::shared_ptr<pjrt::Event> done;
   bool sync = g_blocking || p.synchronous;
-  auto outs = p.exe->execute(raw, Runtime::get().device(device), sync ? nullptr : &done);
+  auto outs = p.exe->execute(raw, Runtime::get().device(device), sync ? nullptr : &done, keep);
   metrics().executions++;
   std::vector<BufferPtr> result;
   result.reserve(outs.size());

@@ -255,6 +255,87 @@ TEST(IR, CallChecksItsArguments) {
   EXPECT_THROW(empty.asFunction(), std::invalid_argument);
 }
 
+TEST(IR, InPlaceSafeOnlyWhenEveryReaderFeedsTheWrite) {
+  ir::Type t{ir::DType::F32, {4}};
+  {
+    // m' = 0.9 m + g, read nowhere else: m' can be written into m.
+    ir::Builder b;
+    auto m = b.param(t);
+    auto g = b.param(t);
+    auto scaled = b.binary("multiply", m, b.constant(0.9, ir::DType::F32, {4}));
+    auto next = b.binary("add", scaled, g);
+    EXPECT_EQ(b.inPlaceSafe({{0, next}}, {next}), std::vector<bool>{true});
+  }
+  {
+    // w is also read by an op the update does not depend on (a backward
+    // matmul's stand-in): XLA would have to copy w first.
+    ir::Builder b;
+    auto w = b.param(t);
+    auto g = b.param(t);
+    auto other = b.binary("multiply", b.reshape(w, {2, 2}), b.reshape(g, {2, 2}));
+    auto next = b.binary("subtract", w, g);
+    EXPECT_EQ(b.inPlaceSafe({{0, next}}, {next, other}), std::vector<bool>{false});
+    // The other reader feeding the update makes it safe again.
+    auto next2 = b.binary("add", next, b.reshape(other, {4}));
+    EXPECT_EQ(b.inPlaceSafe({{0, next2}}, {next2}), std::vector<bool>{true});
+  }
+  {
+    // The param itself (as a reshape) returned beside its new value.
+    ir::Builder b;
+    auto p = b.param(t);
+    auto next = b.binary("add", p, p);
+    EXPECT_EQ(b.inPlaceSafe({{0, next}}, {next, b.reshape(p, {2, 2})}), std::vector<bool>{false});
+    EXPECT_EQ(b.inPlaceSafe({{0, next}}, {next}), std::vector<bool>{true});
+  }
+}
+
+TEST(IR, AliasChecksTypesAndPrintsTheAttribute) {
+  ir::Builder b;
+  auto p = b.param({ir::DType::F32, {4}});
+  auto q = b.param({ir::DType::F32, {3}});
+  b.output(b.binary("add", p, p));
+  b.output(q);
+  std::string before = b.fingerprint();
+  EXPECT_THROW(b.alias(1, 0), std::invalid_argument);  // 3 elements into 4
+  EXPECT_THROW(b.alias(0, 5), std::invalid_argument);
+  b.alias(0, 0);
+  EXPECT_THROW(b.alias(0, 1), std::invalid_argument);  // param 0 twice
+  EXPECT_NE(b.fingerprint(), before);
+  EXPECT_NE(b.emit().find("tf.aliasing_output = 0 : i32"), std::string::npos);
+}
+
+TEST(Compile, AliasedInputIsDonatedUnlessKept) {
+  // out = x + 1 may be written into x's buffer.
+  ir::Builder b;
+  auto x = b.param({ir::DType::F32, {256}});
+  b.output(b.binary("add", x, b.constant(1.0, ir::DType::F32, {256})));
+  b.alias(0, 0);
+  auto exe = client().compile(b.emit(), pjrt::compileOptions(true));
+  std::vector<float> host(256, 2.0f), out(256);
+  auto dev = client().devices()[0].raw;
+  {
+    // Kept: the input stays valid and unchanged.
+    auto in = client().fromHost(host.data(), pjrt::ElementType::F32, {256}, 0);
+    auto outs = exe->execute({in->raw()}, dev, nullptr, {0});
+    outs[0]->toHost(out.data(), out.size() * 4);
+    EXPECT_EQ(out, std::vector<float>(256, 3.0f));
+    std::vector<float> again(256);
+    in->toHost(again.data(), again.size() * 4);
+    EXPECT_EQ(again, host);
+  }
+  {
+    // Donated: the output reuses the input's memory; the input is gone.
+    auto in = client().fromHost(host.data(), pjrt::ElementType::F32, {256}, 0);
+    in->awaitReady();
+    const void* addr = in->unsafePointer();
+    auto outs = exe->execute({in->raw()}, dev);
+    outs[0]->toHost(out.data(), out.size() * 4);
+    EXPECT_EQ(out, std::vector<float>(256, 3.0f));
+    EXPECT_EQ(outs[0]->unsafePointer(), addr);
+    EXPECT_EQ(in->unsafePointer(), nullptr);
+  }
+}
+
 TEST(Compile, WhileLoopThreadsItsState) {
   // Sum 0..4 into an accumulator: state (i, acc).
   ir::Builder b;

@@ -140,6 +140,35 @@ def test_loop_without_host_reads_settles_into_one_graph_per_iteration(fused):
     assert m["executions"] <= 240 // 10, m  # one graph per detected period (>= 10 ops)
 
 
+def test_buffers_whose_old_value_is_dead_are_donated(fused):
+    # An optimizer step overwrites parameters and moments in place: their old
+    # buffers die with the graph, which writes the new values into them.
+    torch.manual_seed(0)
+    params = [torch.randn(64, 32), torch.randn(32)]
+    grads = [torch.randn(64, 32), torch.randn(32)]
+    ref = [p.clone().requires_grad_() for p in params]
+    dev = [p.to("tpu").requires_grad_() for p in params]
+    view = dev[0].detach().view(-1)  # shares the storage: sees every update
+    opt_ref = torch.optim.Adam(ref, lr=0.1)
+    opt_dev = torch.optim.Adam(dev, lr=0.1)
+    donated = []
+    for step in range(4):
+        for r, d, g in zip(ref, dev, grads):
+            r.grad = g * (step + 1)
+            d.grad = r.grad.to("tpu")
+        opt_ref.step()
+        before = torch_tpu.metrics()["donated_buffers"]
+        opt_dev.step()
+        torch_tpu.sync()
+        donated.append(torch_tpu.metrics()["donated_buffers"] - before)
+    # Each step from the second on: both parameters and their two moments.
+    assert all(n >= 6 for n in donated[1:]), donated
+    for r, d in zip(ref, dev):
+        torch.testing.assert_close(d.detach().cpu(), r.detach())
+        torch.testing.assert_close(opt_dev.state[d]["exp_avg_sq"].cpu(), opt_ref.state[r]["exp_avg_sq"])
+    torch.testing.assert_close(view.cpu(), ref[0].detach().view(-1))
+
+
 def test_second_process_loads_fused_graphs_from_disk(tmp_path):
     code = textwrap.dedent("""
         import json, torch, torch_tpu
