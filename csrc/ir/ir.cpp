@@ -329,62 +329,165 @@ void Builder::alias(int param, int output) {
 }
 
 namespace {
-// The SSA number in "%vN" / "%gN" / "%gN#i" at s[i] (s[i] == '%'), or -1.
-int ssaNumber(std::string_view s, size_t i) {
-  if (i + 2 >= s.size() || s[i] != '%' || (s[i + 1] != 'v' && s[i + 1] != 'g')) return -1;
-  int n = 0;
+// An SSA reference at s[i] (s[i] == '%'): "%vN" is (N, 0), "%gN#i" is (N, i);
+// `len` gets its length. Returns false where s[i] starts none.
+bool ssaRef(std::string_view s, size_t i, int64_t& key, size_t& len) {
+  if (i + 2 >= s.size() || s[i] != '%' || (s[i + 1] != 'v' && s[i + 1] != 'g')) return false;
   size_t j = i + 2;
-  if (j >= s.size() || s[j] < '0' || s[j] > '9') return -1;
+  if (j >= s.size() || s[j] < '0' || s[j] > '9') return false;
+  int64_t n = 0, r = 0;
   for (; j < s.size() && s[j] >= '0' && s[j] <= '9'; ++j) n = n * 10 + (s[j] - '0');
-  return n;
+  if (j + 1 < s.size() && s[j] == '#' && s[j + 1] >= '0' && s[j + 1] <= '9')
+    for (++j; j < s.size() && s[j] >= '0' && s[j] <= '9'; ++j) r = r * 10 + (s[j] - '0');
+  key = (n << 20) | r;
+  len = j - i;
+  return true;
+}
+
+// Dataflow read back from a function's printed lines: a node per param and
+// per value a line defines ("%gN:k = ..." defines k values).
+struct Dataflow {
+  std::unordered_map<int64_t, int> node_of;  // ssaRef key -> node
+  std::vector<std::vector<int>> operands;
+  std::vector<char> reshape;
+
+  int add(int64_t key, bool is_reshape) {
+    int n = static_cast<int>(operands.size());
+    node_of[key] = n;
+    operands.emplace_back();
+    reshape.push_back(is_reshape);
+    return n;
+  }
+  // The nodes `s` refers to (references to values defined elsewhere, such
+  // as a nested region's own, are skipped).
+  std::vector<int> refs(std::string_view s) const {
+    std::vector<int> out;
+    int64_t key = 0;
+    size_t len = 0;
+    for (size_t i = s.find('%'); i != std::string_view::npos; i = s.find('%', i + 1))
+      if (ssaRef(s, i, key, len))
+        if (auto it = node_of.find(key); it != node_of.end()) out.push_back(it->second);
+    return out;
+  }
+  // Adds a line's values. `call_deps(name)` gives, for a called function,
+  // which of its params each result reads (nullptr: unknown, all of them).
+  template <typename CallDeps>
+  void addLine(std::string_view l, const CallDeps& call_deps) {
+    int64_t key = 0;
+    size_t len = 0;
+    size_t eq = l.find(" = ");
+    if (eq == std::string_view::npos || !ssaRef(l, 0, key, len)) return;
+    std::string_view rhs = l.substr(eq + 3);
+    std::vector<int> ops = refs(rhs);
+    int64_t count = 1;
+    if (len < eq && l[len] == ':')
+      count = std::strtoll(std::string(l.substr(len + 1, eq - len - 1)).c_str(), nullptr, 10);
+    const std::vector<std::vector<int>>* deps = nullptr;
+    if (count > 1 && rhs.rfind("func.call @", 0) == 0) {
+      size_t open = rhs.find('(');
+      deps = call_deps(std::string(rhs.substr(11, open - 11)));
+      if (deps && (deps->size() != static_cast<size_t>(count))) deps = nullptr;
+    }
+    bool is_reshape = rhs.rfind("\"stablehlo.reshape\"", 0) == 0;
+    for (int64_t r = 0; r < count; ++r) {
+      int n = add(key | r, is_reshape);
+      if (!deps) {
+        operands[n] = ops;
+      } else {
+        for (int a : (*deps)[r])
+          if (a < static_cast<int>(ops.size())) operands[n].push_back(ops[a]);
+      }
+    }
+  }
+};
+
+// For each result of a printed function: the params it reads, transitively.
+std::vector<std::vector<int>> resultDeps(const std::string& text) {
+  std::string_view t(text);
+  size_t open = t.find('('), close = t.find(") -> (");
+  if (open == std::string_view::npos || close == std::string_view::npos) return {};
+  Dataflow df;
+  std::vector<int> params;
+  int64_t key = 0;
+  size_t len = 0;
+  for (size_t i = t.find('%', open); i < close; i = t.find('%', i + 1))
+    if (ssaRef(t, i, key, len)) params.push_back(df.add(key, false));
+  auto unknown = [](const std::string&) -> const std::vector<std::vector<int>>* { return nullptr; };
+  std::vector<int> rets;
+  size_t pos = t.find('\n', close);
+  while (pos != std::string_view::npos && pos + 1 < t.size()) {
+    size_t end = t.find('\n', pos + 1);
+    std::string_view l = t.substr(pos + 1, (end == std::string_view::npos ? t.size() : end) - pos - 1);
+    size_t first = l.find_first_not_of(' ');
+    if (first != std::string_view::npos) {
+      l.remove_prefix(first);
+      if (l.rfind("func.return", 0) == 0) {
+        rets = df.refs(l.substr(0, l.find(" : ")));
+        break;
+      }
+      df.addLine(l, unknown);
+    }
+    pos = end;
+  }
+  std::vector<std::vector<int>> deps;
+  std::vector<char> seen;
+  for (int r : rets) {
+    seen.assign(df.operands.size(), 0);
+    std::vector<int> stack{r};
+    while (!stack.empty()) {
+      int n = stack.back();
+      stack.pop_back();
+      if (seen[n]) continue;
+      seen[n] = 1;
+      for (int m : df.operands[n]) stack.push_back(m);
+    }
+    std::vector<int> d;
+    for (size_t p = 0; p < params.size(); ++p)
+      if (seen[params[p]]) d.push_back(static_cast<int>(p));
+    deps.push_back(std::move(d));
+  }
+  return deps;
 }
 }  // namespace
 
 std::vector<bool> Builder::inPlaceSafe(const std::vector<std::pair<int, Value>>& pairs,
                                        const std::vector<Value>& results) const {
-  // @main's dataflow, read back from its lines: one node per line (a
-  // multi-result op is one node) and one per param. Ids inside nested
-  // regions are never defined at the top level, so they add no edges.
-  std::unordered_map<int, int> node_of;  // SSA number -> node
-  std::vector<std::vector<int>> operands, users;
-  std::vector<char> reshape;
-  auto addNode = [&](int ssa, bool is_reshape) {
-    int n = static_cast<int>(operands.size());
-    node_of[ssa] = n;
-    operands.emplace_back();
-    users.emplace_back();
-    reshape.push_back(is_reshape);
-    return n;
-  };
-  for (int id : param_ids_) addNode(id, false);
-  for (const auto& line : blocks_[0].lines) {
-    std::string_view l(line);
-    size_t eq = l.find(" = ");
-    int def = ssaNumber(l, 0);
-    if (def < 0 || eq == std::string_view::npos) continue;
-    std::string_view rhs = l.substr(eq + 3);
-    std::vector<int> ops;
-    for (size_t i = rhs.find('%'); i != std::string_view::npos; i = rhs.find('%', i + 1)) {
-      int id = ssaNumber(rhs, i);
-      if (auto it = id >= 0 ? node_of.find(id) : node_of.end(); it != node_of.end()) ops.push_back(it->second);
+  // @main's dataflow, read back from its lines: a node per param and per
+  // value. A result of a called op function depends only on the arguments
+  // its body reads for it (a foreach update's new parameter on that
+  // parameter's own gradient, not on every gradient in the list).
+  std::unordered_map<std::string, std::vector<std::vector<int>>> callee_deps;
+  auto call_deps = [&](const std::string& name) -> const std::vector<std::vector<int>>* {
+    auto it = callee_deps.find(name);
+    if (it == callee_deps.end()) {
+      auto f = functions_.find(name);
+      it = callee_deps
+               .emplace(name, f == functions_.end() ? std::vector<std::vector<int>>{} : resultDeps(f->second->text))
+               .first;
     }
-    int n = addNode(def, rhs.rfind("\"stablehlo.reshape\"", 0) == 0);
-    for (int o : ops) users[o].push_back(n);
-    operands[n] = std::move(ops);
-  }
-  auto nodeOfValue = [&](const Value& v) {
-    std::string r = ref(v);
-    auto it = node_of.find(ssaNumber(r, 0));
-    return it == node_of.end() ? -1 : it->second;
+    return it->second.empty() ? nullptr : &it->second;
   };
-  std::vector<char> is_output(operands.size());
+  Dataflow df;
+  for (int id : param_ids_) df.add(static_cast<int64_t>(id) << 20, false);
+  for (const auto& line : blocks_[0].lines) df.addLine(line, call_deps);
+  size_t count = df.operands.size();
+  std::vector<std::vector<int>> users(count);
+  for (size_t n = 0; n < count; ++n)
+    for (int o : df.operands[n]) users[o].push_back(static_cast<int>(n));
+  auto nodeOfValue = [&](const Value& v) {
+    std::vector<int> r = df.refs(ref(v));
+    return r.empty() ? -1 : r[0];
+  };
+  std::vector<char> is_output(count);
   for (const auto& v : results)
     if (int n = nodeOfValue(v); n >= 0) is_output[n] = 1;
+  const auto& operands = df.operands;
+  const auto& reshape = df.reshape;
 
   std::vector<bool> safe;
   std::vector<char> ancestor(operands.size());
   for (const auto& [param, value] : pairs) {
-    int p = node_of.at(param_ids_.at(param));
+    int p = df.node_of.at(static_cast<int64_t>(param_ids_.at(param)) << 20);
     int o = nodeOfValue(value);
     bool ok = o >= 0;
     std::fill(ancestor.begin(), ancestor.end(), 0);

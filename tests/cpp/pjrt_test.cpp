@@ -289,6 +289,32 @@ TEST(IR, InPlaceSafeOnlyWhenEveryReaderFeedsTheWrite) {
   }
 }
 
+TEST(IR, InPlaceSafeSeesWhichArgumentsEachResultOfACallReads) {
+  // A foreach-style op: (w, g, h) -> (w - g, h * 2). Its first result reads
+  // w and g only, so the product below (a backward matmul's stand-in that
+  // reads w and feeds h) does not come before the write of w - g.
+  ir::Type t{ir::DType::F32, {4}};
+  ir::Builder f;
+  auto w = f.param(t);
+  auto g = f.param(t);
+  auto h = f.param(t);
+  f.output(f.binary("subtract", w, g));
+  f.output(f.binary("multiply", h, f.constant(2.0, ir::DType::F32, {4})));
+  auto fn = f.asFunction();
+  ir::Builder b;
+  auto pw = b.param(t);
+  auto px = b.param(t);
+  auto back = b.binary("multiply", pw, px);
+  auto r = b.call(fn, {pw, px, back});
+  EXPECT_EQ(b.inPlaceSafe({{0, r[0]}}, {r[0], r[1]}), std::vector<bool>{false});
+  // Without that other reader, the update may be written in place.
+  ir::Builder c;
+  auto cw = c.param(t);
+  auto cx = c.param(t);
+  auto r2 = c.call(fn, {cw, cx, c.binary("multiply", cx, cx)});
+  EXPECT_EQ(c.inPlaceSafe({{0, r2[0]}}, {r2[0], r2[1]}), std::vector<bool>{true});
+}
+
 TEST(IR, AliasChecksTypesAndPrintsTheAttribute) {
   ir::Builder b;
   auto p = b.param({ir::DType::F32, {4}});
