@@ -376,6 +376,12 @@ void copyInto(const at::Tensor& dst, const at::Tensor& src) {
       return;
     }
     TORCH_CHECK(dst.device().is_cpu(), "torch_tpu: cannot copy from ", src.device(), " to ", dst.device());
+    // Fused eager: the host is about to wait, so whatever is pending starts
+    // now, even if `src` does not need it. In a training loop that reads the
+    // loss, the backward and optimizer ops recorded after the loss then run
+    // while the host records the next step, instead of joining its graph.
+    auto& fusion = runtime::Fusion::get();
+    if (fusion.enabled() && !fusion.wholeGraph()) fusion.flush(src.device().index());
     runtime::BufferPtr b = readTensor(src);
     at::Tensor host = at::empty(src.sizes(), src.options().device(at::kCPU).dtype(src.scalar_type()));
     if (host.numel() > 0) rt().download(*b, host.data_ptr(), host.nbytes());

@@ -140,6 +140,20 @@ def test_loop_without_host_reads_settles_into_one_graph_per_iteration(fused):
     assert m["executions"] <= 240 // 10, m  # one graph per detected period (>= 10 ops)
 
 
+def test_a_host_read_starts_the_pending_graph(fused):
+    x = torch.arange(6.0, device="tpu")
+    loss = (x * 3).sum()
+    torch_tpu.sync()  # loss is computed; what follows is pending
+    y = torch.tanh(x) + 1
+    before = torch_tpu.metrics()["executions"]
+    assert loss.item() == 45.0
+    # The read launched the pending graph (y) although it did not need it ...
+    assert torch_tpu.metrics()["executions"] == before + 1
+    # ... so reading y later runs nothing more.
+    torch.testing.assert_close(y.cpu(), torch.tanh(torch.arange(6.0)) + 1)
+    assert torch_tpu.metrics()["executions"] == before + 1
+
+
 def test_buffers_whose_old_value_is_dead_are_donated(fused):
     # An optimizer step overwrites parameters and moments in place: their old
     # buffers die with the graph, which writes the new values into them.
