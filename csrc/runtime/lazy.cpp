@@ -37,7 +37,7 @@ ir::Value LazyGraph::input(const BufferPtr& buf, const ir::Type& type, const Dev
   ir::Value v = b_->param(type);
   inputs_.push_back(buf);
   tags_.emplace_back();
-  input_owners_.push_back(owner);
+  input_owners_.push_back(owner ? owner->uid() : 0);
   input_of_[buf->raw()] = v;
   return v;
 }
@@ -54,7 +54,7 @@ ir::Value LazyGraph::scalar(const BufferPtr& buf, ir::DType t) {
   ir::Value v = b_->param(ir::Type{t, {}});
   inputs_.push_back(buf);
   tags_.emplace_back();
-  input_owners_.push_back(nullptr);
+  input_owners_.push_back(0);
   return v;
 }
 
@@ -80,7 +80,7 @@ ir::Value LazyGraph::storage(DeviceArray& a, ir::DType t) {
       flat = b_->param(ty);
       inputs_.push_back(a.buffer());
       tags_.push_back(InputTag{InputTag::Kind::Input, cap->second});
-      input_owners_.push_back(nullptr);
+      input_owners_.push_back(0);
       capture_params_[&a] = flat;
     }
   } else if (a.lazy()) {
@@ -231,7 +231,7 @@ std::vector<std::pair<int, int>> LazyGraph::donations(const std::vector<std::sha
   // A buffer passed twice (as two dtypes) cannot be donated.
   std::unordered_map<PJRT_Buffer*, int> passes;
   for (const auto& b : inputs_) ++passes[b->raw()];
-  std::unordered_map<const DeviceArray*, int> old_input;
+  std::unordered_map<uint64_t, int> old_input;
   for (size_t i = 0; i < inputs_.size(); ++i)
     if (input_owners_[i] && passes[inputs_[i]->raw()] == 1) old_input.emplace(input_owners_[i], static_cast<int>(i));
   std::vector<std::pair<int, ir::Value>> pairs;
@@ -240,7 +240,7 @@ std::vector<std::pair<int, int>> LazyGraph::donations(const std::vector<std::sha
   key += '/';
   ir::appendInt(key, static_cast<int64_t>(outs.size()));
   for (size_t j = 0; j < outs.size(); ++j) {
-    auto it = old_input.find(outs[j]->owner);
+    auto it = old_input.find(outs[j]->owner->uid());
     if (it == old_input.end()) continue;
     const ir::Type& p = b_->paramTypes()[it->second];
     const ir::Type& o = outs[j]->value.type;

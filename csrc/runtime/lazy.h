@@ -112,7 +112,10 @@ class LazyGraph {
   std::unique_ptr<ir::Builder> b_;
   std::vector<BufferPtr> inputs_;
   std::vector<InputTag> tags_;
-  std::vector<const DeviceArray*> input_owners_;  // compared, never dereferenced
+  // The uid of the array each input's buffer belongs to (0: none). Not its
+  // address: a dead array's address, reused by a new one, would pair buffers
+  // by chance and change the program's text from step to step.
+  std::vector<uint64_t> input_owners_;
   std::unordered_map<PJRT_Buffer*, ir::Value> input_of_;
   std::unordered_map<const DeviceArray*, int> capture_inputs_;
   std::unordered_map<const DeviceArray*, ir::Value> capture_params_;

@@ -395,7 +395,12 @@ void Runtime::resetPeak(int device) { mem_[device].peak = mem_[device].in_use.lo
 int64_t Runtime::memoryLimit(int device) const { return mem_[device].limit; }
 int64_t Runtime::allocCount(int device) const { return mem_[device].count; }
 
-DeviceArray::DeviceArray(int device, size_t nbytes) : device_(device), nbytes_(nbytes) {
+namespace {
+std::atomic<uint64_t> g_next_array_uid{1};
+}  // namespace
+
+DeviceArray::DeviceArray(int device, size_t nbytes)
+    : device_(device), uid_(g_next_array_uid.fetch_add(1, std::memory_order_relaxed)), nbytes_(nbytes) {
   Runtime::get().reserve(device, nbytes);
 }
 

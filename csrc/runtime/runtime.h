@@ -143,6 +143,8 @@ class DeviceArray {
   DeviceArray& operator=(const DeviceArray&) = delete;
 
   int device() const { return device_; }
+  // Unique in the process (an address may be reused by a later array).
+  uint64_t uid() const { return uid_; }
   size_t nbytes() const { return nbytes_; }
   bool materialized() const { return static_cast<bool>(buffer_); }
   const BufferPtr& buffer() const { return buffer_; }
@@ -175,6 +177,7 @@ class DeviceArray {
 
  private:
   int device_;
+  uint64_t uid_;
   size_t nbytes_;
   BufferPtr buffer_;
   std::shared_ptr<LazyValue> lazy_;

@@ -138,6 +138,10 @@ def test_loop_without_host_reads_settles_into_one_graph_per_iteration(fused):
     m = torch_tpu.metrics()
     assert m["compiles"] == 0, m
     assert m["executions"] <= 240 // 10, m  # one graph per detected period (>= 10 ops)
+    # Nothing is overwritten in place, so nothing is donated: a new array at
+    # a dead one's address must not pair their buffers (that changed the
+    # program's text by chance and compiled it again).
+    assert m["donated_buffers"] == 0, m
 
 
 def test_a_host_read_starts_the_pending_graph(fused):
