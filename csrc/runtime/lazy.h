@@ -122,6 +122,7 @@ class LazyGraph {
   int materializations_ = 0;
   bool bake_scalars_ = false;
   bool donate_;
+  size_t donate_min_bytes_;  // smaller buffers are not donated
   // declareDonations' analysis, by graph fingerprint and candidate pairs.
   std::unordered_map<std::string, std::vector<std::pair<int, int>>> donations_;
   std::vector<std::weak_ptr<LazyValue>> values_;
