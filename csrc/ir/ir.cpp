@@ -329,6 +329,9 @@ void Builder::alias(int param, int output) {
 }
 
 namespace {
+// The key of result r of SSA value N (r = 0 for single-result values).
+int64_t ssaKey(int64_t n, int64_t r = 0) { return (n << 20) | r; }
+
 // An SSA reference at s[i] (s[i] == '%'): "%vN" is (N, 0), "%gN#i" is (N, i);
 // `len` gets its length. Returns false where s[i] starts none.
 bool ssaRef(std::string_view s, size_t i, int64_t& key, size_t& len) {
@@ -339,7 +342,7 @@ bool ssaRef(std::string_view s, size_t i, int64_t& key, size_t& len) {
   for (; j < s.size() && s[j] >= '0' && s[j] <= '9'; ++j) n = n * 10 + (s[j] - '0');
   if (j + 1 < s.size() && s[j] == '#' && s[j + 1] >= '0' && s[j + 1] <= '9')
     for (++j; j < s.size() && s[j] >= '0' && s[j] <= '9'; ++j) r = r * 10 + (s[j] - '0');
-  key = (n << 20) | r;
+  key = ssaKey(n, r);
   len = j - i;
   return true;
 }
@@ -468,7 +471,7 @@ std::vector<bool> Builder::inPlaceSafe(const std::vector<std::pair<int, Value>>&
     return it->second.empty() ? nullptr : &it->second;
   };
   Dataflow df;
-  for (int id : param_ids_) df.add(static_cast<int64_t>(id) << 20, false);
+  for (int id : param_ids_) df.add(ssaKey(id), false);
   for (const auto& line : blocks_[0].lines) df.addLine(line, call_deps);
   size_t count = df.operands.size();
   std::vector<std::vector<int>> users(count);
@@ -487,7 +490,7 @@ std::vector<bool> Builder::inPlaceSafe(const std::vector<std::pair<int, Value>>&
   std::vector<bool> safe;
   std::vector<char> ancestor(operands.size());
   for (const auto& [param, value] : pairs) {
-    int p = df.node_of.at(static_cast<int64_t>(param_ids_.at(param)) << 20);
+    int p = df.node_of.at(ssaKey(param_ids_.at(param)));
     int o = nodeOfValue(value);
     bool ok = o >= 0;
     std::fill(ancestor.begin(), ancestor.end(), 0);
