@@ -4,104 +4,26 @@
 #include <atomic>
 #include <cmath>
 #include <condition_variable>
+#include <cstddef>
 #include <cstring>
 #include <functional>
 #include <limits>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "runtime/xla_ffi.h"
+
 namespace tpu::runtime {
 namespace {
 
-// ------------------------------------------------------------- FFI ABI
-// The parts of XLA's FFI C ABI (xla/ffi/api/c_api.h, API 0.1) and PJRT's FFI
-// extension (pjrt_c_api_ffi_extension.h) used here. Neither header ships with
-// the plugin wheels; the layouts are the documented C structs.
-struct FfiExtensionBase {
-  size_t struct_size;
-  int type;
-  FfiExtensionBase* next;
-};
-constexpr int kFfiExtensionMetadata = 1;
-struct FfiApiVersion {
-  size_t struct_size;
-  FfiExtensionBase* extension_start;
-  int major_version;
-  int minor_version;
-};
-struct FfiMetadata {
-  size_t struct_size;
-  FfiApiVersion api_version;
-  uint32_t traits;
-};
-struct FfiMetadataExtension {
-  FfiExtensionBase base;
-  FfiMetadata* metadata;
-};
-struct FfiBuffer {
-  size_t struct_size;
-  FfiExtensionBase* extension_start;
-  int dtype;
-  void* data;
-  int64_t rank;
-  int64_t* dims;
-};
-struct FfiList {  // XLA_FFI_Args and XLA_FFI_Rets
-  size_t struct_size;
-  FfiExtensionBase* extension_start;
-  int64_t size;
-  int* types;
-  void** items;
-};
-struct FfiCallFrame {  // attributes and the future follow; not read here
-  size_t struct_size;
-  FfiExtensionBase* extension_start;
-  const void* api;
-  void* ctx;
-  int stage;
-  FfiList args;
-  FfiList rets;
-};
-struct FfiErrorCreateArgs {
-  size_t struct_size;
-  FfiExtensionBase* extension_start;
-  const char* message;
-  int errc;
-};
-struct FfiApiPrefix {  // XLA_FFI_Api up to XLA_FFI_Error_Create
-  size_t struct_size;
-  FfiExtensionBase* extension_start;
-  FfiApiVersion api_version;
-  void* internal_api;
-  void* (*error_create)(FfiErrorCreateArgs*);
-};
-constexpr int kFfiApiMinor = 1;
-constexpr int kStageExecute = 3;
-constexpr int kDTypeS32 = 4, kDTypeF32 = 11;
-constexpr int kErrorInvalidArgument = 3;
-
-struct PjrtFfiRegisterArgs {
-  size_t struct_size;
-  const char* target_name;
-  size_t target_name_size;
-  void* handler;
-  const char* platform_name;
-  size_t platform_name_size;
-  int traits;
-};
-struct PjrtFfiExtension {
-  PJRT_Extension_Base base;
-  void* type_id_register;
-  void* user_data_add;
-  PJRT_Error* (*register_handler)(PjrtFfiRegisterArgs*);
-};
-
 // ------------------------------------------------------------- threads
 
-// The kernels split their heads over this pool and the calling XLA thread
-// (XLA's own intra-op pool is not reachable through the FFI of this plugin).
+// The pool for kernels called outside XLA (the unit tests) or from a plugin
+// whose FFI has no thread pool: the calling thread and workers that sleep
+// between loops.
 class HostPool {
  public:
   static HostPool& get() {
@@ -162,6 +84,89 @@ class HostPool {
   int busy_ = 0;
   uint64_t generation_ = 0;
 };
+
+}  // namespace
+
+XlaPool xlaPoolOf(const void* ffi_api, void* ctx) {
+  XlaPool p;
+  auto* api = static_cast<const FfiApi*>(ffi_api);
+  if (!api || api->struct_size < offsetof(FfiApi, thread_pool_num_threads) + sizeof(void*) ||
+      api->api_version.major_version != 0 || !api->thread_pool_schedule || !api->thread_pool_num_threads)
+    return p;
+  int64_t n = 0;
+  FfiThreadPoolNumThreadsArgs a{sizeof(a), nullptr, ctx, &n};
+  if (void* err = api->thread_pool_num_threads(&a)) {
+    FfiErrorDestroyArgs d{sizeof(d), nullptr, err};
+    api->error_destroy(&d);
+    return p;
+  }
+  p.api = api;
+  p.ctx = ctx;
+  p.threads = n;
+  return p;
+}
+
+namespace {
+
+// One parallel loop shared by the caller and its helpers. A helper that
+// starts after the last item was claimed touches only this object, which it
+// co-owns, never the caller's (by then returned) function.
+struct SharedLoop {
+  std::atomic<int64_t> next{0}, done{0};
+  int64_t n = 0;
+  const std::function<void(int64_t)>* fn = nullptr;
+
+  void work() {
+    for (int64_t i = next.fetch_add(1); i < n; i = next.fetch_add(1)) {
+      (*fn)(i);
+      done.fetch_add(1, std::memory_order_release);
+    }
+  }
+};
+
+void runHelper(void* data) {
+  std::unique_ptr<std::shared_ptr<SharedLoop>> loop(static_cast<std::shared_ptr<SharedLoop>*>(data));
+  (*loop)->work();
+}
+
+}  // namespace
+
+void parallelFor(const XlaPool& xla, int64_t n, const std::function<void(int64_t)>& fn) {
+  if (xla.threads < 2 || n < 2) {
+    if (xla.threads == 1 || n < 2) {
+      for (int64_t i = 0; i < n; ++i) fn(i);
+    } else {
+      HostPool::get().parallelFor(n, fn);
+    }
+    return;
+  }
+  auto* api = static_cast<const FfiApi*>(xla.api);
+  auto loop = std::make_shared<SharedLoop>();
+  loop->n = n;
+  loop->fn = &fn;
+  for (int64_t h = 1; h < std::min(xla.threads, n); ++h) {
+    auto data = std::make_unique<std::shared_ptr<SharedLoop>>(loop);
+    FfiThreadPoolScheduleArgs a{sizeof(a), nullptr, xla.ctx, runHelper, data.get()};
+    if (void* err = api->thread_pool_schedule(&a)) {
+      FfiErrorDestroyArgs d{sizeof(d), nullptr, err};
+      api->error_destroy(&d);
+      break;
+    }
+    data.release();  // the task owns it now
+  }
+  loop->work();
+  // Every item is claimed; wait for the helpers' last ones (a few
+  // microseconds each), yielding in case a helper shares this CPU.
+  for (int spins = 0; loop->done.load(std::memory_order_acquire) < n; ++spins) {
+    if (spins < 4096) {
+      __builtin_ia32_pause();
+    } else {
+      std::this_thread::yield();
+    }
+  }
+}
+
+namespace {
 
 // ------------------------------------------------------------- kernels
 // Eight-lane vector code for AVX2/FMA (the functions are only registered where
@@ -535,7 +540,7 @@ TPU_HOST_SIMD void layerNormBackwardRow(const float* __restrict__ dy, const floa
 // ------------------------------------------------------------- handlers
 
 void* ffiError(const FfiCallFrame* f, const std::string& msg) {
-  auto* api = static_cast<const FfiApiPrefix*>(f->api);
+  auto* api = static_cast<const FfiApi*>(f->api);
   FfiErrorCreateArgs a{sizeof(FfiErrorCreateArgs), nullptr, msg.c_str(), kErrorInvalidArgument};
   return api->error_create(&a);
 }
@@ -589,28 +594,36 @@ std::string readCall(const FfiCallFrame* f, int n_args, int n_rets, AttentionCal
 // The shared part of both handlers: the metadata query and other stages
 // return at once; a call that does not read as attention is an FFI error
 // naming `target`; otherwise `run` computes.
+void attentionForwardOn(const XlaPool& pool, const float* q, const float* k, const float* v, float* out, float* lse,
+                        const AttentionShape& a, float scale, bool causal);
+void attentionBackwardOn(const XlaPool& pool, const float* dout, const float* q, const float* k, const float* v,
+                         const float* out, const float* lse, float* dq, float* dk, float* dv, const AttentionShape& a,
+                         float scale, bool causal);
+
 void* handleAttention(FfiCallFrame* f, const char* target, int n_args, int n_rets,
-                      void (*run)(const FfiList& a, const FfiList& r, const AttentionCall& c)) {
+                      void (*run)(const FfiList& a, const FfiList& r, const AttentionCall& c, const XlaPool& pool)) {
   if (metadataQuery(f) || f->stage != kStageExecute) return nullptr;
   AttentionCall c;
   std::string err = readCall(f, n_args, n_rets, &c);
   if (!err.empty()) return ffiError(f, std::string(target) + ": " + err);
-  run(f->args, f->rets, c);
+  run(f->args, f->rets, c, xlaPoolOf(f->api, f->ctx));
   return nullptr;
 }
 
 void* attentionForwardHandler(FfiCallFrame* f) {
-  return handleAttention(f, kAttentionForward, 5, 2, [](const FfiList& a, const FfiList& r, const AttentionCall& c) {
-    attentionForward(f32(a, 0), f32(a, 1), f32(a, 2), f32Out(r, 0), f32Out(r, 1), {c.batch, c.heads, c.L, c.S, c.E},
-                     c.scale, c.causal);
-  });
+  return handleAttention(f, kAttentionForward, 5, 2,
+                         [](const FfiList& a, const FfiList& r, const AttentionCall& c, const XlaPool& pool) {
+                           attentionForwardOn(pool, f32(a, 0), f32(a, 1), f32(a, 2), f32Out(r, 0), f32Out(r, 1),
+                                              {c.batch, c.heads, c.L, c.S, c.E}, c.scale, c.causal);
+                         });
 }
 
 void* attentionBackwardHandler(FfiCallFrame* f) {
-  return handleAttention(f, kAttentionBackward, 8, 3, [](const FfiList& a, const FfiList& r, const AttentionCall& c) {
-    attentionBackward(f32(a, 0), f32(a, 1), f32(a, 2), f32(a, 3), f32(a, 4), f32(a, 5), f32Out(r, 0), f32Out(r, 1),
-                      f32Out(r, 2), {c.batch, c.heads, c.L, c.S, c.E}, c.scale, c.causal);
-  });
+  return handleAttention(
+      f, kAttentionBackward, 8, 3, [](const FfiList& a, const FfiList& r, const AttentionCall& c, const XlaPool& pool) {
+        attentionBackwardOn(pool, f32(a, 0), f32(a, 1), f32(a, 2), f32(a, 3), f32(a, 4), f32(a, 5), f32Out(r, 0),
+                            f32Out(r, 1), f32Out(r, 2), {c.batch, c.heads, c.L, c.S, c.E}, c.scale, c.causal);
+      });
 }
 
 // layer norm forward:  x [M, N], w [N], b [N], eps [] -> y [M, N], mean [M], rstd [M]
@@ -631,46 +644,56 @@ std::string readLayerNorm(const FfiCallFrame* f, int n_args, int n_rets, int64_t
 // The shared part of both handlers, as handleAttention: the metadata query,
 // other stages, and a call that does not read as layer norm (an FFI error
 // naming `target`); otherwise `run` computes.
+void layerNormForwardOn(const XlaPool& pool, const float* x, const float* w, const float* b, float* y, float* mean,
+                        float* rstd, int64_t M, int64_t N, float eps);
+void layerNormBackwardOn(const XlaPool& pool, const float* dy, const float* x, const float* mean, const float* rstd,
+                         const float* w, float* dx, float* dw, float* db, int64_t M, int64_t N);
+
 void* handleLayerNorm(FfiCallFrame* f, const char* target, int n_args,
-                      void (*run)(const FfiList& a, const FfiList& r, int64_t M, int64_t N)) {
+                      void (*run)(const FfiList& a, const FfiList& r, int64_t M, int64_t N, const XlaPool& pool)) {
   if (metadataQuery(f) || f->stage != kStageExecute) return nullptr;
   int64_t M = 0, N = 0;
   std::string err = readLayerNorm(f, n_args, 3, &M, &N);
   if (!err.empty()) return ffiError(f, std::string(target) + ": " + err);
-  run(f->args, f->rets, M, N);
+  run(f->args, f->rets, M, N, xlaPoolOf(f->api, f->ctx));
   return nullptr;
 }
 
 void* layerNormForwardHandler(FfiCallFrame* f) {
-  return handleLayerNorm(f, kLayerNormForward, 4, [](const FfiList& a, const FfiList& r, int64_t M, int64_t N) {
-    layerNormForward(f32(a, 0), f32(a, 1), f32(a, 2), f32Out(r, 0), f32Out(r, 1), f32Out(r, 2), M, N, *f32(a, 3));
-  });
+  return handleLayerNorm(f, kLayerNormForward, 4,
+                         [](const FfiList& a, const FfiList& r, int64_t M, int64_t N, const XlaPool& pool) {
+                           layerNormForwardOn(pool, f32(a, 0), f32(a, 1), f32(a, 2), f32Out(r, 0), f32Out(r, 1),
+                                              f32Out(r, 2), M, N, *f32(a, 3));
+                         });
 }
 
 void* layerNormBackwardHandler(FfiCallFrame* f) {
-  return handleLayerNorm(f, kLayerNormBackward, 5, [](const FfiList& a, const FfiList& r, int64_t M, int64_t N) {
-    layerNormBackward(f32(a, 0), f32(a, 1), f32(a, 2), f32(a, 3), f32(a, 4), f32Out(r, 0), f32Out(r, 1), f32Out(r, 2),
-                      M, N);
-  });
+  return handleLayerNorm(f, kLayerNormBackward, 5,
+                         [](const FfiList& a, const FfiList& r, int64_t M, int64_t N, const XlaPool& pool) {
+                           layerNormBackwardOn(pool, f32(a, 0), f32(a, 1), f32(a, 2), f32(a, 3), f32(a, 4),
+                                               f32Out(r, 0), f32Out(r, 1), f32Out(r, 2), M, N);
+                         });
 }
 
 }  // namespace
 
-void attentionForward(const float* q, const float* k, const float* v, float* out, float* lse, const AttentionShape& a,
-                      float scale, bool causal) {
+namespace {
+
+void attentionForwardOn(const XlaPool& pool, const float* q, const float* k, const float* v, float* out, float* lse,
+                        const AttentionShape& a, float scale, bool causal) {
   const int64_t R = a.heads * a.E;
-  HostPool::get().parallelFor(a.batch * a.heads, [&](int64_t bh) {
+  parallelFor(pool, a.batch * a.heads, [&](int64_t bh) {
     int64_t b = bh / a.heads, h = bh % a.heads;
     int64_t qo = b * a.L * R + h * a.E, ko = b * a.S * R + h * a.E;
     forwardHead(q + qo, k + ko, v + ko, out + qo, lse + bh * a.L, a.L, a.S, a.E, R, scale, causal);
   });
 }
 
-void attentionBackward(const float* dout, const float* q, const float* k, const float* v, const float* out,
-                       const float* lse, float* dq, float* dk, float* dv, const AttentionShape& a, float scale,
-                       bool causal) {
+void attentionBackwardOn(const XlaPool& pool, const float* dout, const float* q, const float* k, const float* v,
+                         const float* out, const float* lse, float* dq, float* dk, float* dv, const AttentionShape& a,
+                         float scale, bool causal) {
   const int64_t R = a.heads * a.E;
-  HostPool::get().parallelFor(a.batch * a.heads, [&](int64_t bh) {
+  parallelFor(pool, a.batch * a.heads, [&](int64_t bh) {
     int64_t b = bh / a.heads, h = bh % a.heads;
     int64_t qo = b * a.L * R + h * a.E, ko = b * a.S * R + h * a.E;
     backwardHead(dout + qo, q + qo, k + ko, v + ko, out + qo, lse + bh * a.L, dq + qo, dk + ko, dv + ko, a.L, a.S, a.E,
@@ -678,19 +701,72 @@ void attentionBackward(const float* dout, const float* q, const float* k, const 
   });
 }
 
-// Layer norm runs on the calling thread: a [1024, 64] forward is about
-// 20 us, close to what waking a pool worker costs.
+// Layer norm splits its rows into blocks of kLayerNormRows. Without XLA's
+// pool the blocks run on the calling thread: a [1024, 64] forward is about
+// 20 us, close to what waking a HostPool worker costs.
+constexpr int64_t kLayerNormRows = 128;
+
+void forEachRowBlock(const XlaPool& pool, int64_t M, const std::function<void(int64_t)>& block) {
+  const int64_t blocks = (M + kLayerNormRows - 1) / kLayerNormRows;
+  if (pool.threads >= 2) {
+    parallelFor(pool, blocks, block);
+  } else {
+    for (int64_t i = 0; i < blocks; ++i) block(i);
+  }
+}
+
+void layerNormForwardOn(const XlaPool& pool, const float* x, const float* w, const float* b, float* y, float* mean,
+                        float* rstd, int64_t M, int64_t N, float eps) {
+  forEachRowBlock(pool, M, [&](int64_t blk) {
+    for (int64_t i = blk * kLayerNormRows; i < std::min(M, (blk + 1) * kLayerNormRows); ++i)
+      layerNormRow(x + i * N, w, b, y + i * N, mean + i, rstd + i, N, eps);
+  });
+}
+
+// The weight and bias gradients sum over the rows: each block sums its own
+// rows, then the blocks are added in order, so the result does not depend on
+// which thread ran which block.
+void layerNormBackwardOn(const XlaPool& pool, const float* dy, const float* x, const float* mean, const float* rstd,
+                         const float* w, float* dx, float* dw, float* db, int64_t M, int64_t N) {
+  const int64_t blocks = (M + kLayerNormRows - 1) / kLayerNormRows;
+  std::vector<float> partial(static_cast<size_t>(2 * blocks * N), 0.0f);
+  forEachRowBlock(pool, M, [&](int64_t blk) {
+    float* pw = partial.data() + 2 * blk * N;
+    for (int64_t i = blk * kLayerNormRows; i < std::min(M, (blk + 1) * kLayerNormRows); ++i)
+      layerNormBackwardRow(dy + i * N, x + i * N, mean[i], rstd[i], w, dx + i * N, pw, pw + N, N);
+  });
+  std::fill(dw, dw + N, 0.0f);
+  std::fill(db, db + N, 0.0f);
+  for (int64_t blk = 0; blk < blocks; ++blk) {
+    const float* pw = partial.data() + 2 * blk * N;
+    for (int64_t j = 0; j < N; ++j) {
+      dw[j] += pw[j];
+      db[j] += pw[N + j];
+    }
+  }
+}
+
+}  // namespace
+
+void attentionForward(const float* q, const float* k, const float* v, float* out, float* lse, const AttentionShape& a,
+                      float scale, bool causal) {
+  attentionForwardOn(XlaPool{}, q, k, v, out, lse, a, scale, causal);
+}
+
+void attentionBackward(const float* dout, const float* q, const float* k, const float* v, const float* out,
+                       const float* lse, float* dq, float* dk, float* dv, const AttentionShape& a, float scale,
+                       bool causal) {
+  attentionBackwardOn(XlaPool{}, dout, q, k, v, out, lse, dq, dk, dv, a, scale, causal);
+}
+
 void layerNormForward(const float* x, const float* w, const float* b, float* y, float* mean, float* rstd, int64_t M,
                       int64_t N, float eps) {
-  for (int64_t i = 0; i < M; ++i) layerNormRow(x + i * N, w, b, y + i * N, mean + i, rstd + i, N, eps);
+  layerNormForwardOn(XlaPool{}, x, w, b, y, mean, rstd, M, N, eps);
 }
 
 void layerNormBackward(const float* dy, const float* x, const float* mean, const float* rstd, const float* w, float* dx,
                        float* dw, float* db, int64_t M, int64_t N) {
-  std::fill(dw, dw + N, 0.0f);
-  std::fill(db, db + N, 0.0f);
-  for (int64_t i = 0; i < M; ++i)
-    layerNormBackwardRow(dy + i * N, x + i * N, mean[i], rstd[i], w, dx + i * N, dw, db, N);
+  layerNormBackwardOn(XlaPool{}, dy, x, mean, rstd, w, dx, dw, db, M, N);
 }
 
 bool registerHostKernels(const pjrt::Api& api) {

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 
 #include "pjrt/pjrt.h"
 
@@ -27,6 +28,27 @@ inline constexpr const char* kAttentionBackward = "torch_tpu_attention_bwd";
 //   backward: dy [M, N], x [M, N], mean [M], rstd [M], w [N] -> dx [M, N], dw [N], db [N]
 inline constexpr const char* kLayerNormForward = "torch_tpu_layer_norm_fwd";
 inline constexpr const char* kLayerNormBackward = "torch_tpu_layer_norm_bwd";
+
+// XLA's intra-op thread pool, which runs the program that called a kernel,
+// as the call's FFI API offers it (XLA_FFI_ThreadPool_Schedule and
+// _NumThreads). Its workers spin between tasks while a program runs, so a
+// helper scheduled there starts within microseconds. A HostPool worker has to
+// be woken first: on this kind of VM that took hundreds of microseconds, and
+// the woken worker often queued behind the caller on the caller's CPU while
+// the other CPU idled (sched traces of the compiled GPT step).
+struct XlaPool {
+  const void* api = nullptr;  // the XLA_FFI_Api of the call
+  void* ctx = nullptr;        // the call's XLA_FFI_ExecutionContext
+  int64_t threads = 0;        // 0: the plugin's FFI has no thread pool
+};
+XlaPool xlaPoolOf(const void* ffi_api, void* ctx);
+
+// fn(i) for every i in [0, n), spread over the calling thread and helpers
+// scheduled on `pool` when it has two threads or more, else over the
+// runtime's own HostPool. A helper refused by XLA, or one that starts after
+// the caller has run every item, does nothing. Deterministic as long as
+// fn(i) for different i write disjoint outputs.
+void parallelFor(const XlaPool& pool, int64_t n, const std::function<void(int64_t)>& fn);
 
 // Registers the kernels with a plugin whose platform is the host CPU. False
 // when the plugin has no FFI extension, refuses the registration, or this

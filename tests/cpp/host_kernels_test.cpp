@@ -5,11 +5,20 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <chrono>
 #include <cmath>
+#include <cstddef>
 #include <cstdlib>
+#include <functional>
+#include <mutex>
 #include <random>
+#include <set>
+#include <thread>
+#include <utility>
 
 #include "ir/ir.h"
+#include "runtime/xla_ffi.h"
 
 using namespace tpu;
 
@@ -247,7 +256,9 @@ INSTANTIATE_TEST_SUITE_P(Shapes, LayerNormKernel,
                          ::testing::Values(std::make_pair<int64_t, int64_t>(64, 64),
                                            std::make_pair<int64_t, int64_t>(5, 13),
                                            std::make_pair<int64_t, int64_t>(3, 40),
-                                           std::make_pair<int64_t, int64_t>(1, 8)),
+                                           std::make_pair<int64_t, int64_t>(1, 8),
+                                           // three blocks of rows, the last one short
+                                           std::make_pair<int64_t, int64_t>(300, 24)),
                          [](const ::testing::TestParamInfo<std::pair<int64_t, int64_t>>& i) {
                            return "M" + std::to_string(i.param.first) + "_N" + std::to_string(i.param.second);
                          });
@@ -262,6 +273,170 @@ TEST(LayerNormKernel, BadOperandsAreAnErrorWithTheTargetName) {
                         {t, ir::Type{ir::DType::F32, {4}}, ir::Type{ir::DType::F32, {4}}});
   b.output(r[0]);
   expectKernelError(b, t, "torch_tpu_layer_norm_fwd: the weight does not match the rows");
+}
+
+TEST(LayerNormKernel, RunsInsideAnXlaProgramWithTheSameBitsAsOnOneThread) {
+  // 1000 rows: eight blocks, spread over XLA's threads inside the program.
+  const int64_t M = 1000, N = 64;
+  ir::Builder b;
+  ir::Type t{ir::DType::F32, {M, N}}, rows{ir::DType::F32, {M}}, cols{ir::DType::F32, {N}};
+  auto x = b.param(t), dy = b.param(t), w = b.param(cols), bias = b.param(cols);
+  auto f = b.customCall(runtime::kLayerNormForward, {x, w, bias, b.constant(1e-5, ir::DType::F32)}, {t, rows, rows});
+  auto g = b.customCall(runtime::kLayerNormBackward, {dy, x, f[1], f[2], w}, {t, cols, cols});
+  b.output(f[0]);
+  b.output(g[0]);
+  b.output(g[1]);
+  b.output(g[2]);
+  auto exe = client().compile(b.emit(), pjrt::compileOptions(true));
+  auto hx = randomVec(M * N, 11), hdy = randomVec(M * N, 12), hw = randomVec(N, 13), hb = randomVec(N, 14);
+  std::vector<std::unique_ptr<pjrt::Buffer>> bufs;
+  bufs.push_back(client().fromHost(hx.data(), pjrt::ElementType::F32, t.shape, 0));
+  bufs.push_back(client().fromHost(hdy.data(), pjrt::ElementType::F32, t.shape, 0));
+  bufs.push_back(client().fromHost(hw.data(), pjrt::ElementType::F32, cols.shape, 0));
+  bufs.push_back(client().fromHost(hb.data(), pjrt::ElementType::F32, cols.shape, 0));
+  auto outs = exe->execute({bufs[0]->raw(), bufs[1]->raw(), bufs[2]->raw(), bufs[3]->raw()}, client().devices()[0].raw);
+  std::vector<float> y(M * N), mean(M), rstd(M), dx(M * N), dw(N), db(N);
+  runtime::layerNormForward(hx.data(), hw.data(), hb.data(), y.data(), mean.data(), rstd.data(), M, N, 1e-5f);
+  runtime::layerNormBackward(hdy.data(), hx.data(), mean.data(), rstd.data(), hw.data(), dx.data(), dw.data(),
+                             db.data(), M, N);
+  for (auto [i, want] : {std::pair<int, std::vector<float>*>{0, &y}, {1, &dx}, {2, &dw}, {3, &db}}) {
+    std::vector<float> got(want->size());
+    outs[i]->toHost(got.data(), got.size() * sizeof(float));
+    EXPECT_EQ(got, *want) << "output " << i;
+  }
+}
+
+// ------------------------------------------------- XLA's intra-op pool
+
+// A stand-in for the FFI API of a plugin: NumThreads answers `threads`,
+// Schedule runs a task on a new thread, queues it, or refuses it. The call's
+// context pointer is the FakeFfi itself.
+struct FakeFfi {
+  enum class Schedule { kThread, kQueue, kRefuse };
+  runtime::FfiApi api{};
+  int64_t threads = 2;
+  bool refuse_threads = false;
+  Schedule schedule = Schedule::kThread;
+  std::vector<std::thread> running;
+  std::vector<std::pair<void (*)(void*), void*>> queued;
+  int scheduled = 0;
+  static inline int errors_destroyed = 0;
+  static inline int error_token = 0;
+
+  FakeFfi() {
+    api.struct_size = sizeof(api);
+    api.error_destroy = [](void*) { ++errors_destroyed; };
+    api.thread_pool_num_threads = [](void* a) -> void* {
+      auto* args = static_cast<runtime::FfiThreadPoolNumThreadsArgs*>(a);
+      auto* self = static_cast<FakeFfi*>(args->ctx);
+      if (self->refuse_threads) return &error_token;
+      *args->num_threads = self->threads;
+      return nullptr;
+    };
+    api.thread_pool_schedule = [](void* a) -> void* {
+      auto* args = static_cast<runtime::FfiThreadPoolScheduleArgs*>(a);
+      auto* self = static_cast<FakeFfi*>(args->ctx);
+      if (self->schedule == Schedule::kRefuse) return &error_token;
+      ++self->scheduled;
+      if (self->schedule == Schedule::kThread) {
+        self->running.emplace_back(args->task, args->data);
+      } else {
+        self->queued.emplace_back(args->task, args->data);
+      }
+      return nullptr;
+    };
+  }
+  ~FakeFfi() {
+    for (auto& t : running) t.join();
+  }
+  runtime::XlaPool pool() { return runtime::xlaPoolOf(&api, this); }
+};
+
+// Runs parallelFor over n items and returns how many times each item ran.
+std::vector<int> countRuns(const runtime::XlaPool& pool, int64_t n) {
+  std::vector<std::atomic<int>> runs(n);
+  runtime::parallelFor(pool, n, [&](int64_t i) { runs[i].fetch_add(1); });
+  std::vector<int> out;
+  for (auto& r : runs) out.push_back(r.load());
+  return out;
+}
+
+TEST(XlaPool, ReadsTheThreadCountFromTheCallsApi) {
+  FakeFfi fake;
+  fake.threads = 3;
+  EXPECT_EQ(fake.pool().threads, 3);
+}
+
+TEST(XlaPool, AnFfiWithoutAThreadPoolGivesNone) {
+  FakeFfi fake;
+  // An older plugin's API table ends before the thread-pool functions.
+  fake.api.struct_size = offsetof(runtime::FfiApi, thread_pool_schedule);
+  EXPECT_EQ(fake.pool().threads, 0);
+  EXPECT_EQ(runtime::xlaPoolOf(nullptr, nullptr).threads, 0);
+  // A plugin that has the functions but no pool for this call answers with an error.
+  FakeFfi refusing;
+  refusing.refuse_threads = true;
+  int destroyed = FakeFfi::errors_destroyed;
+  EXPECT_EQ(refusing.pool().threads, 0);
+  EXPECT_EQ(FakeFfi::errors_destroyed, destroyed + 1);
+  // Without XLA's pool every item still runs once (on HostPool).
+  EXPECT_EQ(countRuns(refusing.pool(), 100), std::vector<int>(100, 1));
+}
+
+TEST(XlaPool, EveryItemRunsOnceOnTheCallerAndItsHelpers) {
+  FakeFfi fake;
+  fake.threads = 4;
+  // Items slow enough that the helpers get some of them.
+  std::vector<std::atomic<int>> runs(64);
+  std::mutex mu;
+  std::set<std::thread::id> ran_on;
+  {
+    auto pool = fake.pool();
+    runtime::parallelFor(pool, 64, [&](int64_t i) {
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+      runs[i].fetch_add(1);
+      std::lock_guard<std::mutex> g(mu);
+      ran_on.insert(std::this_thread::get_id());
+    });
+  }
+  for (auto& r : runs) EXPECT_EQ(r.load(), 1);
+  EXPECT_EQ(fake.scheduled, 3);  // threads - 1 helpers
+  EXPECT_GT(ran_on.size(), 1u);
+  // Fewer items than threads: no more helpers than items - 1.
+  FakeFfi few;
+  few.threads = 8;
+  EXPECT_EQ(countRuns(few.pool(), 2), std::vector<int>(2, 1));
+  EXPECT_EQ(few.scheduled, 1);
+}
+
+TEST(XlaPool, RefusedHelpersLeaveEveryItemToTheCaller) {
+  FakeFfi fake;
+  auto pool = fake.pool();
+  fake.schedule = FakeFfi::Schedule::kRefuse;
+  int destroyed = FakeFfi::errors_destroyed;
+  std::set<std::thread::id> ran_on;
+  runtime::parallelFor(pool, 50, [&](int64_t) { ran_on.insert(std::this_thread::get_id()); });
+  EXPECT_EQ(ran_on, std::set<std::thread::id>{std::this_thread::get_id()});
+  EXPECT_EQ(FakeFfi::errors_destroyed, destroyed + 1);
+}
+
+TEST(XlaPool, AHelperThatStartsAfterTheLoopEndedDoesNothing) {
+  FakeFfi fake;
+  auto pool = fake.pool();
+  fake.schedule = FakeFfi::Schedule::kQueue;
+  std::vector<int> runs(40, 0);
+  int calls = 0;
+  {
+    std::function<void(int64_t)> fn = [&](int64_t i) {
+      ++runs[i];
+      ++calls;
+    };
+    runtime::parallelFor(pool, 40, fn);
+  }  // the loop's function is gone
+  ASSERT_EQ(fake.queued.size(), 1u);
+  fake.queued[0].first(fake.queued[0].second);  // must not call it
+  EXPECT_EQ(calls, 40);
+  EXPECT_EQ(runs, std::vector<int>(40, 1));
 }
 
 }  // namespace
