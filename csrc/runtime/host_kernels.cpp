@@ -152,7 +152,7 @@ void parallelFor(const XlaPool& xla, int64_t n, const std::function<void(int64_t
       api->error_destroy(&d);
       break;
     }
-    data.release();  // the task owns it now
+    static_cast<void>(data.release());  // the task owns it now
   }
   loop->work();
   // Every item is claimed; wait for the helpers' last ones (a few
