@@ -539,6 +539,17 @@ TPU_HOST_SIMD void layerNormBackwardRow(const float* __restrict__ dy, const floa
 
 // ------------------------------------------------------------- handlers
 
+// The kernels over XLA's pool (defined below, after the handlers).
+void attentionForwardOn(const XlaPool& pool, const float* q, const float* k, const float* v, float* out, float* lse,
+                        const AttentionShape& a, float scale, bool causal);
+void attentionBackwardOn(const XlaPool& pool, const float* dout, const float* q, const float* k, const float* v,
+                         const float* out, const float* lse, float* dq, float* dk, float* dv, const AttentionShape& a,
+                         float scale, bool causal);
+void layerNormForwardOn(const XlaPool& pool, const float* x, const float* w, const float* b, float* y, float* mean,
+                        float* rstd, int64_t M, int64_t N, float eps);
+void layerNormBackwardOn(const XlaPool& pool, const float* dy, const float* x, const float* mean, const float* rstd,
+                         const float* w, float* dx, float* dw, float* db, int64_t M, int64_t N);
+
 void* ffiError(const FfiCallFrame* f, const std::string& msg) {
   auto* api = static_cast<const FfiApi*>(f->api);
   FfiErrorCreateArgs a{sizeof(FfiErrorCreateArgs), nullptr, msg.c_str(), kErrorInvalidArgument};
@@ -594,11 +605,6 @@ std::string readCall(const FfiCallFrame* f, int n_args, int n_rets, AttentionCal
 // The shared part of both handlers: the metadata query and other stages
 // return at once; a call that does not read as attention is an FFI error
 // naming `target`; otherwise `run` computes.
-void attentionForwardOn(const XlaPool& pool, const float* q, const float* k, const float* v, float* out, float* lse,
-                        const AttentionShape& a, float scale, bool causal);
-void attentionBackwardOn(const XlaPool& pool, const float* dout, const float* q, const float* k, const float* v,
-                         const float* out, const float* lse, float* dq, float* dk, float* dv, const AttentionShape& a,
-                         float scale, bool causal);
 
 void* handleAttention(FfiCallFrame* f, const char* target, int n_args, int n_rets,
                       void (*run)(const FfiList& a, const FfiList& r, const AttentionCall& c, const XlaPool& pool)) {
@@ -644,10 +650,6 @@ std::string readLayerNorm(const FfiCallFrame* f, int n_args, int n_rets, int64_t
 // The shared part of both handlers, as handleAttention: the metadata query,
 // other stages, and a call that does not read as layer norm (an FFI error
 // naming `target`); otherwise `run` computes.
-void layerNormForwardOn(const XlaPool& pool, const float* x, const float* w, const float* b, float* y, float* mean,
-                        float* rstd, int64_t M, int64_t N, float eps);
-void layerNormBackwardOn(const XlaPool& pool, const float* dy, const float* x, const float* mean, const float* rstd,
-                         const float* w, float* dx, float* dw, float* db, int64_t M, int64_t N);
 
 void* handleLayerNorm(FfiCallFrame* f, const char* target, int n_args,
                       void (*run)(const FfiList& a, const FfiList& r, int64_t M, int64_t N, const XlaPool& pool)) {
@@ -706,8 +708,10 @@ void attentionBackwardOn(const XlaPool& pool, const float* dout, const float* q,
 // 20 us, close to what waking a HostPool worker costs.
 constexpr int64_t kLayerNormRows = 128;
 
+int64_t rowBlocks(int64_t M) { return (M + kLayerNormRows - 1) / kLayerNormRows; }
+
 void forEachRowBlock(const XlaPool& pool, int64_t M, const std::function<void(int64_t)>& block) {
-  const int64_t blocks = (M + kLayerNormRows - 1) / kLayerNormRows;
+  const int64_t blocks = rowBlocks(M);
   if (pool.threads >= 2) {
     parallelFor(pool, blocks, block);
   } else {
@@ -728,7 +732,7 @@ void layerNormForwardOn(const XlaPool& pool, const float* x, const float* w, con
 // which thread ran which block.
 void layerNormBackwardOn(const XlaPool& pool, const float* dy, const float* x, const float* mean, const float* rstd,
                          const float* w, float* dx, float* dw, float* db, int64_t M, int64_t N) {
-  const int64_t blocks = (M + kLayerNormRows - 1) / kLayerNormRows;
+  const int64_t blocks = rowBlocks(M);
   std::vector<float> partial(static_cast<size_t>(2 * blocks * N), 0.0f);
   forEachRowBlock(pool, M, [&](int64_t blk) {
     float* pw = partial.data() + 2 * blk * N;
