@@ -174,27 +174,28 @@ def max_memory_reserved(device: _DeviceLike = None) -> int:
 
 
 def memory_stats(device: _DeviceLike = None) -> dict:
+    """As torch.cuda.memory_stats: the device allocator's counters, flattened
+    (``allocated_bytes.all.current``, ``allocation.all.freed``, ...), and the
+    memory limit (``limit_bytes``)."""
     idx = _index(device)
-    cur = _C._memory_allocated(idx)
-    peak = _C._max_memory_allocated(idx)
-    return {
-        "allocated_bytes.all.current": cur,
-        "allocated_bytes.all.peak": peak,
-        "reserved_bytes.all.current": cur,
-        "reserved_bytes.all.peak": peak,
-        "active.all.current": _C._allocation_count(idx),
-        "limit_bytes": _C._memory_limit(idx),
-    }
+    stats = dict(torch.accelerator.memory_stats(idx))
+    stats["limit_bytes"] = _C._memory_limit(idx)
+    return stats
+
+
+def reset_accumulated_memory_stats(device: _DeviceLike = None) -> None:
+    torch.accelerator.reset_accumulated_memory_stats(_index(device))
 
 
 def mem_get_info(device: _DeviceLike = None):
-    idx = _index(device)
-    total = _C._memory_limit(idx)
-    return (total - _C._memory_allocated(idx), total)
+    """(free, total) bytes; total is the memory limit (TORCH_TPU_MEMORY_LIMIT)."""
+    return torch.accelerator.get_memory_info(_index(device))
 
 
 def empty_cache() -> None:
-    """Device buffers are freed when their last tensor dies; nothing is cached."""
+    """Device buffers are freed when their last tensor dies; this gives the
+    freed memory the CPU plugin's heap still holds back to the system."""
+    torch.accelerator.empty_cache()
 
 
 # --- streams and events (PyTorch's generic torch.Stream / torch.Event)

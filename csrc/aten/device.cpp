@@ -1,9 +1,8 @@
 // The tpu device in PyTorch: allocator, device guard, hooks, generator, and
 // the tensor <-> device-array helpers every other aten/ file uses.
-#include <unordered_set>
-#include <mutex>
 #include <ATen/detail/PrivateUse1HooksInterface.h>
 #include <ATen/native/Resize.h>
+#include <c10/core/CachingDeviceAllocator.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <c10/util/Exception.h>
 
@@ -11,6 +10,8 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
+#include <unordered_set>
 
 #include "aten/tpu.h"
 #include "ops/lowering.h"
@@ -176,11 +177,9 @@ c10::DeviceIndex currentDevice() { return t_current; }
 
 void checkDeviceIndex(c10::DeviceIndex d) {
   int n = rt().deviceCount();
-  TORCH_CHECK(
-      d >= 0 && d<n, "Invalid device tpu:", static_cast<int>(d), ": torch_tpu has ", n, " device(s) (tpu:0", n> 1
-          ? " to tpu:" + std::to_string(n - 1)
-          : std::string(),
-      "). TORCH_TPU_CPU_DEVICES sets how many the CPU plugin exposes.");
+  TORCH_CHECK(d >= 0 && d < n, "Invalid device tpu:", static_cast<int>(d), ": torch_tpu has ", n, " device(s) (tpu:0",
+              n > 1 ? " to tpu:" + std::to_string(n - 1) : std::string(),
+              "). TORCH_TPU_CPU_DEVICES sets how many the CPU plugin exposes.");
 }
 
 // ---------------------------------------------------------------- allocator
@@ -190,7 +189,10 @@ void deleteArray(void* p) { delete static_cast<runtime::DeviceArray*>(p); }
 
 // Allocation is lazy: a device array gets its buffer on first write, so
 // `empty` of any size is cheap (transformers' allocator warm-up relies on it).
-struct TpuAllocator final : public c10::Allocator {
+// A DeviceAllocator, so that torch.accelerator's memory API (memory_stats,
+// memory_allocated, empty_cache, ...) and what calls it (accelerate's
+// clear_device_cache, the Trainer) work on tpu as on cuda.
+struct TpuAllocator final : public c10::DeviceAllocator {
   c10::DataPtr allocate(size_t nbytes) override {
     c10::DeviceIndex d = currentDevice();
     runtime::DeviceArray* a = nullptr;
@@ -204,6 +206,46 @@ struct TpuAllocator final : public c10::Allocator {
   c10::DeleterFnPtr raw_deleter() const override { return &deleteArray; }
   void copy_data(void* dest, const void* src, std::size_t count) const override {
     TORCH_CHECK(false, "torch_tpu: device memory cannot be copied through raw pointers");
+  }
+
+  bool initialized() override { return runtime::Runtime::initialized(); }
+  // Device buffers are freed when their last tensor dies; what stays cached
+  // is the CPU plugin's freed heap memory, which goes back to the system.
+  void emptyCache(c10::MempoolId_t /*pool*/) override {
+    if (initialized()) rt().releaseFreeMemory();
+  }
+  // A program holds the buffers it reads until it finishes, whichever stream
+  // launched it, so a freed tensor's memory is never reused under it.
+  void recordStream(const c10::DataPtr& /*ptr*/, c10::Stream /*stream*/) override {}
+  c10::CachingDeviceAllocator::DeviceStats getDeviceStats(c10::DeviceIndex d) override {
+    checkDeviceIndex(d);
+    const runtime::Runtime::MemoryStats m = rt().memoryStats(d);
+    c10::CachingDeviceAllocator::DeviceStats s;
+    // Every array is its own allocation (no pool): reserved, active and
+    // requested bytes are the allocated bytes, and segments are arrays.
+    c10::CachingAllocator::Stat bytes{m.bytes, m.peak_bytes, m.allocated_bytes, m.freed_bytes};
+    c10::CachingAllocator::Stat arrays{m.arrays, m.peak_arrays, m.allocations, m.frees};
+    constexpr auto kAll = static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE);
+    for (auto* stat : {&s.allocated_bytes, &s.reserved_bytes, &s.active_bytes, &s.requested_bytes})
+      (*stat)[kAll] = bytes;
+    for (auto* stat : {&s.allocation, &s.segment, &s.active}) (*stat)[kAll] = arrays;
+    s.num_device_alloc = m.allocations;
+    s.num_device_free = m.frees;
+    return s;
+  }
+  void resetAccumulatedStats(c10::DeviceIndex d) override {
+    checkDeviceIndex(d);
+    rt().resetAccumulated(d);
+  }
+  void resetPeakStats(c10::DeviceIndex d) override {
+    checkDeviceIndex(d);
+    rt().resetPeak(d);
+  }
+  // (free, total): the memory limit is the total (TORCH_TPU_MEMORY_LIMIT).
+  std::pair<size_t, size_t> getMemoryInfo(c10::DeviceIndex d) override {
+    checkDeviceIndex(d);
+    const auto total = static_cast<size_t>(rt().memoryLimit(d));
+    return {total - static_cast<size_t>(rt().allocated(d)), total};
   }
 };
 TpuAllocator g_allocator;

@@ -368,6 +368,15 @@ void Runtime::download(const pjrt::Buffer& b, void* dst, size_t bytes) {
   b.toHost(dst, bytes);
 }
 
+namespace {
+// a = max(a, v), atomically.
+void raiseTo(std::atomic<int64_t>& a, int64_t v) {
+  int64_t cur = a.load();
+  while (v > cur && !a.compare_exchange_weak(cur, v)) {
+  }
+}
+}  // namespace
+
 void Runtime::reserve(int device, size_t bytes) {
   Mem& m = mem_[device];
   int64_t now = m.in_use.fetch_add(bytes) + bytes;
@@ -379,19 +388,42 @@ void Runtime::reserve(int device, size_t bytes) {
        << "-byte limit (TORCH_TPU_MEMORY_LIMIT sets the limit). Free tensors or use a smaller batch.";
     throw OutOfMemory(os.str());
   }
-  m.count++;
-  int64_t p = m.peak.load();
-  while (now > p && !m.peak.compare_exchange_weak(p, now)) {
-  }
+  const int64_t arrays = ++m.count;
+  m.allocations++;
+  m.allocated_bytes += static_cast<int64_t>(bytes);
+  raiseTo(m.peak, now);
+  raiseTo(m.peak_count, arrays);
 }
 
 void Runtime::release(int device, size_t bytes) {
-  mem_[device].in_use -= bytes;
-  mem_[device].count--;
+  Mem& m = mem_[device];
+  m.in_use -= bytes;
+  m.count--;
+  m.frees++;
+  m.freed_bytes += static_cast<int64_t>(bytes);
 }
 int64_t Runtime::allocated(int device) const { return mem_[device].in_use; }
 int64_t Runtime::peak(int device) const { return mem_[device].peak; }
-void Runtime::resetPeak(int device) { mem_[device].peak = mem_[device].in_use.load(); }
+void Runtime::resetPeak(int device) {
+  mem_[device].peak = mem_[device].in_use.load();
+  mem_[device].peak_count = mem_[device].count.load();
+}
+Runtime::MemoryStats Runtime::memoryStats(int device) const {
+  const Mem& m = mem_[device];
+  return {m.in_use, m.peak, m.count, m.peak_count, m.allocated_bytes, m.freed_bytes, m.allocations, m.frees};
+}
+void Runtime::resetAccumulated(int device) {
+  Mem& m = mem_[device];
+  m.allocated_bytes = 0;
+  m.freed_bytes = 0;
+  m.allocations = 0;
+  m.frees = 0;
+}
+void Runtime::releaseFreeMemory() {
+#ifdef __GLIBC__
+  if (host_malloc_tuned_) malloc_trim(0);
+#endif
+}
 int64_t Runtime::memoryLimit(int device) const { return mem_[device].limit; }
 int64_t Runtime::allocCount(int device) const { return mem_[device].count; }
 

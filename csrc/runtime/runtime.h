@@ -109,6 +109,17 @@ class Runtime {
   void resetPeak(int device);
   int64_t memoryLimit(int device) const;
   int64_t allocCount(int device) const;
+  // What torch.accelerator.memory_stats reports: bytes and arrays now, at
+  // their peak, and allocated and freed since the last resetAccumulated.
+  struct MemoryStats {
+    int64_t bytes = 0, peak_bytes = 0, arrays = 0, peak_arrays = 0;
+    int64_t allocated_bytes = 0, freed_bytes = 0, allocations = 0, frees = 0;
+  };
+  MemoryStats memoryStats(int device) const;
+  void resetAccumulated(int device);
+  // Gives freed device memory the process still holds back to the system
+  // (the CPU plugin's, which tuneHostMalloc keeps in the heap).
+  void releaseFreeMemory();
 
  private:
   Runtime();
@@ -125,6 +136,8 @@ class Runtime {
     std::atomic<int64_t> in_use{0};
     std::atomic<int64_t> peak{0};
     std::atomic<int64_t> count{0};
+    std::atomic<int64_t> peak_count{0};
+    std::atomic<int64_t> allocated_bytes{0}, freed_bytes{0}, allocations{0}, frees{0};
     int64_t limit = 0;
   };
   std::unique_ptr<Mem[]> mem_;

@@ -217,7 +217,66 @@ def test_memory_stats_keys():
     assert stats["allocated_bytes.all.peak"] >= stats["allocated_bytes.all.current"]
     free, total = torch.tpu.mem_get_info()
     assert 0 <= free <= total
+    assert total == stats["limit_bytes"]
     torch.tpu.empty_cache()
+
+
+def test_torch_accelerator_memory_api_reads_the_tpu_allocator():
+    # torch.accelerator's memory functions (what accelerate and the Trainer call)
+    # need a c10::DeviceAllocator; they agree with torch.tpu's.
+    assert torch.accelerator.current_accelerator().type == "tpu"
+    _sync()
+    torch.accelerator.reset_peak_memory_stats()
+    torch.accelerator.reset_accumulated_memory_stats()
+    base = torch.accelerator.memory_allocated()
+    assert base == torch.tpu.memory_allocated()
+    nbytes = 4 << 20
+    x = torch.ones(nbytes // 4, device="tpu")
+    _sync()
+    assert torch.accelerator.memory_allocated(0) == torch.tpu.memory_allocated() >= base + nbytes
+    assert torch.accelerator.memory_reserved() == torch.accelerator.memory_allocated()
+    del x
+    _sync()
+    stats = torch.accelerator.memory_stats()
+    assert stats["allocated_bytes.all.peak"] == torch.tpu.max_memory_allocated() >= base + nbytes
+    assert stats["allocated_bytes.all.current"] == torch.tpu.memory_allocated()
+    assert stats["allocated_bytes.all.allocated"] >= nbytes
+    assert stats["allocated_bytes.all.freed"] >= nbytes
+    assert stats["allocation.all.allocated"] >= 1 and stats["allocation.all.freed"] >= 1
+    assert torch.tpu.memory_stats()["allocated_bytes.all.peak"] == stats["allocated_bytes.all.peak"]
+    torch.accelerator.reset_accumulated_memory_stats()
+    assert torch.accelerator.memory_stats()["allocated_bytes.all.allocated"] == 0
+    free, total = torch.accelerator.get_memory_info()
+    assert (free, total) == torch.tpu.mem_get_info()
+    assert total - free == torch.tpu.memory_allocated()
+    torch.accelerator.empty_cache()
+
+
+def test_accelerator_memory_api_rejects_a_bad_device_index():
+    for fn in (torch.accelerator.memory_stats, torch.accelerator.reset_peak_memory_stats,
+               torch.accelerator.reset_accumulated_memory_stats, torch.accelerator.get_memory_info):
+        with pytest.raises(RuntimeError, match="Invalid device tpu:7"):
+            fn(7)
+
+
+_EMPTY_CACHE = """
+import torch, torch_tpu
+def rss():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * 4096
+# 16 MB arrays come from the heap (not their own mmap), which keeps them once freed.
+xs = [torch.ones(4 << 20, device="tpu") for _ in range(12)]
+torch.tpu.synchronize()
+del xs
+held = rss()
+torch.tpu.empty_cache()
+print(held - rss())
+"""
+
+
+def test_empty_cache_returns_freed_device_memory_to_the_system():
+    released = int(_last_line(_EMPTY_CACHE))
+    assert released > 100 << 20, released
 
 
 # ------------------------------------------------------------ streams and events
