@@ -178,8 +178,9 @@ def memory_stats(device: _DeviceLike = None) -> dict:
     (``allocated_bytes.all.current``, ``allocation.all.freed``, ...), and the
     memory limit (``limit_bytes``)."""
     idx = _index(device)
+    limit = _C._memory_limit(idx)  # starts the runtime: its allocator has no stats before
     stats = dict(torch.accelerator.memory_stats(idx))
-    stats["limit_bytes"] = _C._memory_limit(idx)
+    stats["limit_bytes"] = limit
     return stats
 
 

@@ -274,6 +274,13 @@ print(held - rss())
 """
 
 
+def test_memory_stats_before_any_tpu_tensor():
+    # The first call in a process starts the runtime rather than report nothing.
+    code = ("import torch, torch_tpu; s = torch.tpu.memory_stats(); "
+            "print(s['allocated_bytes.all.current'], s['limit_bytes'] > 0)")
+    assert _last_line(code) == "0 True"
+
+
 def test_empty_cache_returns_freed_device_memory_to_the_system():
     released = int(_last_line(_EMPTY_CACHE))
     assert released > 100 << 20, released
