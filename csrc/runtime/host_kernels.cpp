@@ -605,7 +605,6 @@ std::string readCall(const FfiCallFrame* f, int n_args, int n_rets, AttentionCal
 // The shared part of both handlers: the metadata query and other stages
 // return at once; a call that does not read as attention is an FFI error
 // naming `target`; otherwise `run` computes.
-
 void* handleAttention(FfiCallFrame* f, const char* target, int n_args, int n_rets,
                       void (*run)(const FfiList& a, const FfiList& r, const AttentionCall& c, const XlaPool& pool)) {
   if (metadataQuery(f) || f->stage != kStageExecute) return nullptr;
@@ -650,7 +649,6 @@ std::string readLayerNorm(const FfiCallFrame* f, int n_args, int n_rets, int64_t
 // The shared part of both handlers, as handleAttention: the metadata query,
 // other stages, and a call that does not read as layer norm (an FFI error
 // naming `target`); otherwise `run` computes.
-
 void* handleLayerNorm(FfiCallFrame* f, const char* target, int n_args,
                       void (*run)(const FfiList& a, const FfiList& r, int64_t M, int64_t N, const XlaPool& pool)) {
   if (metadataQuery(f) || f->stage != kStageExecute) return nullptr;
