@@ -124,10 +124,6 @@ PYBIND11_MODULE(_C, m) {
     aten::checkDeviceIndex(d);
     return rt().memoryLimit(d);
   });
-  m.def("_allocation_count", [](int d) {
-    aten::checkDeviceIndex(d);
-    return rt().allocCount(d);
-  });
   m.def("_default_generator", [](int d) {
     aten::checkDeviceIndex(d);
     return py::reinterpret_steal<py::object>(THPGenerator_initDefaultGenerator(aten::defaultGenerator(d)));

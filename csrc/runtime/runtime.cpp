@@ -425,7 +425,6 @@ void Runtime::releaseFreeMemory() {
 #endif
 }
 int64_t Runtime::memoryLimit(int device) const { return mem_[device].limit; }
-int64_t Runtime::allocCount(int device) const { return mem_[device].count; }
 
 namespace {
 std::atomic<uint64_t> g_next_array_uid{1};

@@ -108,7 +108,6 @@ class Runtime {
   int64_t peak(int device) const;
   void resetPeak(int device);
   int64_t memoryLimit(int device) const;
-  int64_t allocCount(int device) const;
   // What torch.accelerator.memory_stats reports: bytes and arrays now, at
   // their peak, and allocated and freed since the last resetAccumulated.
   struct MemoryStats {
