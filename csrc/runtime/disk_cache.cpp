@@ -137,7 +137,7 @@ void DiskCache::store(const std::string& key, const std::string& payload) {
     return;
   }
   stats_.writes++;
-  evictIfNeeded();
+  noteStored(static_cast<int64_t>(data.size()));
 }
 
 void DiskCache::discard(const std::string& key) {
@@ -160,7 +160,7 @@ std::vector<EntryInfo> listEntries(const std::string& dir) {
     std::string name = e->d_name;
     if (name.size() < 5 || name.substr(name.size() - 4) != ".xla") continue;
     std::string p = dir + "/" + name;
-    struct stat st {};
+    struct stat st{};
     if (::stat(p.c_str(), &st) == 0)
       out.push_back({p, static_cast<int64_t>(st.st_size), st.st_mtim.tv_sec * 1000000000LL + st.st_mtim.tv_nsec});
   }
@@ -175,20 +175,34 @@ int64_t DiskCache::sizeOnDisk() const {
   return total;
 }
 
-void DiskCache::evictIfNeeded() {
+void DiskCache::noteStored(int64_t bytes) {
+  constexpr int kRescanStores = 1000;
   std::lock_guard<std::mutex> g(mu_);
+  if (estimated_bytes_ >= 0 && ++stores_since_scan_ < kRescanStores && estimated_bytes_ + bytes <= max_bytes_) {
+    estimated_bytes_ += bytes;  // a replaced entry counts twice: errs towards an early scan
+    return;
+  }
+  scanAndEvict();
+}
+
+void DiskCache::scanAndEvict() {
+  scans_++;
+  stores_since_scan_ = 0;
   auto entries = listEntries(dir_);
   int64_t total = 0;
   for (const auto& e : entries) total += e.size;
-  if (total <= max_bytes_) return;
-  std::sort(entries.begin(), entries.end(), [](const EntryInfo& a, const EntryInfo& b) { return a.mtime < b.mtime; });
-  for (const auto& e : entries) {
-    if (total <= max_bytes_) break;
-    if (::unlink(e.path.c_str()) == 0) {
-      total -= e.size;
-      stats_.evicted++;
+  if (total > max_bytes_) {
+    const int64_t low_water = max_bytes_ / 10 * 9;
+    std::sort(entries.begin(), entries.end(), [](const EntryInfo& a, const EntryInfo& b) { return a.mtime < b.mtime; });
+    for (const auto& e : entries) {
+      if (total <= low_water) break;
+      if (::unlink(e.path.c_str()) == 0) {
+        total -= e.size;
+        stats_.evicted++;
+      }
     }
   }
+  estimated_bytes_ = total;
 }
 
 }  // namespace tpu::runtime

@@ -1,11 +1,11 @@
 // Units for the on-disk tier of the compilation cache.
+#include "runtime/disk_cache.h"
+
 #include <gtest/gtest.h>
 #include <unistd.h>
 
 #include <cstdio>
 #include <fstream>
-
-#include "runtime/disk_cache.h"
 
 using tpu::runtime::DiskCache;
 
@@ -55,6 +55,21 @@ TEST(DiskCache, EvictsOldestBeyondTheCap) {
   EXPECT_GE(c.stats().evicted.load(), 2);
   EXPECT_FALSE(c.load(DiskCache::key("0", "id", "o")).has_value());
   EXPECT_TRUE(c.load(DiskCache::key("4", "id", "o")).has_value());
+}
+
+TEST(DiskCache, ScansTheDirectoryOnlyOnFirstStoreAndAtTheCap) {
+  // One scan, on the first store; then the running total decides.
+  DiskCache c(tempDir(), 1 << 20);
+  for (int i = 0; i < 50; ++i) c.store(DiskCache::key(std::to_string(i), "id", "o"), std::string(100, 'x'));
+  EXPECT_EQ(c.scans(), 1);
+  // A small cap: a scan each time the total passes it, evicting down to 90%
+  // of it, so that the next stores fit without one.
+  DiskCache small(tempDir(), 10000);
+  for (int i = 0; i < 40; ++i) small.store(DiskCache::key(std::to_string(i), "id", "o"), std::string(1000, 'x'));
+  EXPECT_LE(small.sizeOnDisk(), 10000);
+  EXPECT_GE(small.stats().evicted.load(), 30);
+  EXPECT_LE(small.scans(), 20);  // about one in two stores at a 90% low-water mark of 9 entries
+  EXPECT_TRUE(small.load(DiskCache::key("39", "id", "o")).has_value());
 }
 
 TEST(DiskCache, UnwritableDirectoryDisablesTheCache) {
