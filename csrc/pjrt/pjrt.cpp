@@ -150,6 +150,24 @@ bool Event::isReady() const {
   return args.is_ready;
 }
 
+void Event::onReady(std::function<void()> fn) const {
+  struct Call {
+    std::shared_ptr<const Api> api;
+    std::function<void()> fn;
+  };
+  auto call = std::make_unique<Call>(Call{api_, std::move(fn)});
+  auto args = makeArgs<PJRT_Event_OnReady_Args>();
+  args.event = ev_;
+  args.user_arg = call.get();
+  args.callback = [](PJRT_Error* err, void* arg) {
+    std::unique_ptr<Call> c(static_cast<Call*>(arg));
+    c->api->destroyError(err);
+    c->fn();
+  };
+  api_->check(api_->raw()->PJRT_Event_OnReady(&args), "PJRT_Event_OnReady");
+  call.release();  // the callback owns it now
+}
+
 Buffer::~Buffer() {
   if (!buf_) return;
   auto args = makeArgs<PJRT_Buffer_Destroy_Args>();

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -76,6 +77,9 @@ class Event {
   // Blocks until ready; throws Error with the plugin's message on failure.
   void await(const char* what = "PJRT_Event_Await") const;
   bool isReady() const;
+  // Calls `fn` on a plugin thread once the event is ready, failed or not
+  // (a failure still reaches whoever awaits the event).
+  void onReady(std::function<void()> fn) const;
 
  private:
   std::shared_ptr<const Api> api_;

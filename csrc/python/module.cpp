@@ -94,6 +94,10 @@ PYBIND11_MODULE(_C, m) {
   m.def("_plugin_path", []() { return rt().pluginPath(); });
   m.def("_host_malloc_tuned", []() { return rt().hostMallocTuned(); });
   m.def("_compile_option_overrides", []() { return rt().optionOverrides(); });
+  m.def("_core_spinner_threads", []() {
+    auto* s = rt().coreSpinner();
+    return s ? s->activeThreads() : 0;
+  });
   m.def("_device_kind", [](int d) {
     aten::checkDeviceIndex(d);
     return rt().client().devices().at(d).kind;

@@ -1,6 +1,7 @@
 #include "runtime/runtime.h"
 
 #include <malloc.h>
+#include <sched.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -256,6 +257,12 @@ Runtime::Runtime() {
   host_memory_ = cpu && envOn("TORCH_TPU_HOST_READS");
   host_malloc_tuned_ = cpu && envOn("TORCH_TPU_MALLOC_TUNING") && tuneHostMalloc();
   if (cpu) option_overrides_ = cpuOptionOverrides();
+  if (cpu) {
+    auto linger = CoreSpinner::lingerFromEnv();
+    cpu_set_t set;
+    int cores = sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set) : 0;
+    if (linger.count() > 0 && cores > 0) spinner_ = std::make_unique<CoreSpinner>(cores, linger);
+  }
   options_ = pjrt::compileOptions(/*portable=*/true, option_overrides_);
   struct stat st{};
   ::stat(path.c_str(), &st);

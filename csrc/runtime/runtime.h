@@ -14,6 +14,7 @@
 
 #include "ir/ir.h"
 #include "pjrt/pjrt.h"
+#include "runtime/core_spinner.h"
 #include "runtime/disk_cache.h"
 
 namespace tpu::runtime {
@@ -93,6 +94,9 @@ class Runtime {
   // Whether glibc malloc keeps freed device memory in the process (the CPU
   // plugin, unless TORCH_TPU_MALLOC_TUNING=0).
   bool hostMallocTuned() const { return host_malloc_tuned_; }
+  // The CPU plugin's core spinner (core_spinner.h); null for other plugins
+  // or with TORCH_TPU_CPU_SPIN_US=0.
+  CoreSpinner* coreSpinner() const { return spinner_.get(); }
 
   // Compiles the builder's program, or returns the cached executable for the
   // same text. `what` names the program in metrics (an op name).
@@ -122,6 +126,8 @@ class Runtime {
 
  private:
   Runtime();
+  // Before client_: destroyed after it, once no execution can still finish.
+  std::unique_ptr<CoreSpinner> spinner_;
   std::unique_ptr<pjrt::Client> client_;
   std::string options_;
   pjrt::OptionOverrides option_overrides_;  // XLA debug options set through options_

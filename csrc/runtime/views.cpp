@@ -295,7 +295,9 @@ std::vector<BufferPtr> execute(const Program& p, const std::vector<BufferPtr>& i
     metrics().donated_buffers += static_cast<int64_t>(p.aliased_params.size() - keep.size());
   std::shared_ptr<pjrt::Event> done;
   bool sync = g_blocking || p.synchronous;
+  CoreSpinner::InFlight in_flight(Runtime::get().coreSpinner());
   auto outs = p.exe->execute(raw, Runtime::get().device(device), sync ? nullptr : &done, keep);
+  if (!sync) in_flight.endWhenReady(*done);
   metrics().executions++;
   std::vector<BufferPtr> result;
   result.reserve(outs.size());
@@ -410,8 +412,7 @@ void ensureTyped(DeviceArray& a, ir::DType t) {
   if (!a.materialized()) {
     static ProgramCache zeros;
     std::string key = std::to_string(static_cast<int>(t)) + ":" + std::to_string(n);
-    auto p = cached(
-        zeros, key, [&](ir::Builder& b) { b.output(b.constant(0.0, t, {n})); }, "zeros");
+    auto p = cached(zeros, key, [&](ir::Builder& b) { b.output(b.constant(0.0, t, {n})); }, "zeros");
     a.set(execute(*p, {}, a.device())[0], t, n);
     return;
   }
@@ -422,11 +423,7 @@ void ensureTyped(DeviceArray& a, ir::DType t) {
   std::string key =
       std::to_string(static_cast<int>(from)) + ">" + std::to_string(static_cast<int>(t)) + ":" + std::to_string(from_n);
   auto p = cached(
-      casts, key,
-      [&](ir::Builder& b) {
-        b.output(reinterpret(b, b.param({from, {from_n}}), t));
-      },
-      "reinterpret");
+      casts, key, [&](ir::Builder& b) { b.output(reinterpret(b, b.param({from, {from_n}}), t)); }, "reinterpret");
   auto out = execute(*p, {a.buffer()}, a.device())[0];
   a.set(out, t, p->out_types[0].shape[0]);
 }
@@ -526,10 +523,7 @@ BufferPtr scalarBuffer(ir::DType t, double v, int device) {
         static ProgramCache conv;
         auto p = cached(
             conv, std::to_string(static_cast<int>(t)),
-            [&](ir::Builder& b) {
-              b.output(b.convert(b.param({ir::DType::F64, {}}), t));
-            },
-            "scalar_convert");
+            [&](ir::Builder& b) { b.output(b.convert(b.param({ir::DType::F64, {}}), t)); }, "scalar_convert");
         return execute(*p, {uploadScalar<double>(ir::DType::F64, v, device)}, device)[0];
       }
     }

@@ -483,6 +483,44 @@ def test_a_bad_vector_width_is_a_clear_error():
     assert "RuntimeError" in r.stderr and "TORCH_TPU_CPU_VECTOR_WIDTH='300' must be 128, 256 or 512" in r.stderr
 
 
+_SPINNERS = """
+import os, time, resource, torch, torch_tpu
+x = torch.randn(512, 512, device="tpu")
+for _ in range(20):
+    x = torch.tanh(x @ x)
+x.cpu()
+time.sleep(0.05)  # past the linger
+cpu = lambda: sum(resource.getrusage(resource.RUSAGE_SELF)[:2])
+t0 = cpu()
+time.sleep(0.5)
+print(torch_tpu._C._core_spinner_threads(), round(cpu() - t0, 3))
+"""
+
+
+def _sched_idle_allowed() -> bool:
+    r = subprocess.run([sys.executable, "-c", "import os; os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))"])
+    return r.returncode == 0
+
+
+@pytest.mark.skipif(torch_tpu._C._platform() != "cpu", reason="the core spinner is a CPU-plugin runtime feature")
+@pytest.mark.parametrize("spin_us", [None, "0"])
+def test_core_spinners_run_per_core_and_sleep_when_idle(spin_us):
+    # The CPU plugin's runtime keeps one SCHED_IDLE spinner per core while
+    # programs run (TORCH_TPU_CPU_SPIN_US=0: none). Idle, they sleep: the
+    # process takes no CPU time.
+    env = {} if spin_us is None else {"TORCH_TPU_CPU_SPIN_US": spin_us}
+    threads, idle_cpu_s = _last_line(_SPINNERS, **env).split()
+    want = len(os.sched_getaffinity(0)) if spin_us is None and _sched_idle_allowed() else 0
+    assert int(threads) == want
+    assert float(idle_cpu_s) < 0.05
+
+
+def test_a_bad_spin_linger_is_a_clear_error():
+    r = _run("import torch, torch_tpu\ntorch.ones(1, device='tpu')", TORCH_TPU_CPU_SPIN_US="2ms")
+    assert r.returncode != 0
+    assert "RuntimeError" in r.stderr and "TORCH_TPU_CPU_SPIN_US='2ms' must be a number of microseconds" in r.stderr
+
+
 def test_metrics_api():
     torch_tpu.reset_metrics()
     x = torch.ones(3, device="tpu") + 1
