@@ -4,9 +4,12 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <thread>
 
 #include "ir/ir.h"
 
@@ -99,6 +102,29 @@ TEST(Compile, ElementwiseProgramRuns) {
   b.output(b.binary("multiply", s, two));
   auto out = run(b, {{1, 2, 3, 4, 5, 6}, {1, 1, 1, 1, 1, 1}});
   EXPECT_EQ(out, (std::vector<float>{4, 6, 8, 10, 12, 14}));
+}
+
+TEST(Compile, CompletionEventCallsOnReadyOnce) {
+  // The core spinner counts an async launch as finished through onReady.
+  ir::Builder b;
+  auto x = b.param({ir::DType::F32, {256, 256}});
+  b.output(b.dotGeneral(x, x, {}, {}, {1}, {0}, ir::DType::F32));
+  auto exe = client().compile(b.emit(), pjrt::compileOptions(true));
+  std::vector<float> ones(256 * 256, 1.0f);
+  auto in = client().fromHost(ones.data(), pjrt::ElementType::F32, {256, 256}, 0);
+  std::shared_ptr<pjrt::Event> done;
+  auto outs = exe->execute({in->raw()}, client().devices()[0].raw, &done);
+  ASSERT_TRUE(done);
+  std::atomic<int> calls{0};
+  done->onReady([&calls] { calls++; });
+  done->await();
+  for (int i = 0; i < 10000 && calls.load() == 0; ++i) std::this_thread::sleep_for(std::chrono::microseconds(100));
+  EXPECT_EQ(calls.load(), 1);
+  done->onReady([&calls] { calls++; });  // already ready: runs at once
+  EXPECT_EQ(calls.load(), 2);
+  std::vector<float> host(256 * 256);
+  outs[0]->toHost(host.data(), host.size() * sizeof(float));
+  EXPECT_EQ(host[0], 256.0f);
 }
 
 TEST(Compile, ReduceAndDot) {
