@@ -1534,6 +1534,17 @@ std::shared_ptr<CapturedGraph> captureEnd(const std::vector<at::Tensor>& outputs
   return cg;
 }
 
+namespace {
+// A tensor on `holder`'s storage with `o`'s dtype and geometry, built
+// directly (no dispatch) and not a view of `holder`.
+at::Tensor onStorageOf(const at::Tensor& holder, const OutputSpec& o) {
+  at::Tensor out = at::detail::make_tensor<c10::TensorImpl>(c10::Storage(holder.storage()), holder.key_set(),
+                                                            c10::scalarTypeToTypeMeta(o.dtype));
+  out.unsafeGetTensorImpl()->set_sizes_and_strides(o.sizes, o.strides, o.offset);
+  return out;
+}
+}  // namespace
+
 std::optional<std::vector<at::Tensor>> replay(CapturedGraph& g, const std::vector<at::Tensor>& inputs) {
   auto& fusion = runtime::Fusion::get();
   if (inputs.size() != g.signature.size()) return std::nullopt;
@@ -1608,16 +1619,19 @@ std::optional<std::vector<at::Tensor>> replay(CapturedGraph& g, const std::vecto
         // Trainer scales the loss with `loss *= n`), and aliasing between
         // outputs is AOTAutograd's to regenerate. Built directly: through
         // the dispatcher (empty + set_) it was a third of a replay's host time.
-        const at::Tensor& base = it->second;
-        at::Tensor out = at::detail::make_tensor<c10::TensorImpl>(c10::Storage(base.storage()), base.key_set(),
-                                                                  c10::scalarTypeToTypeMeta(o.dtype));
-        out.unsafeGetTensorImpl()->set_sizes_and_strides(o.sizes, o.strides, o.offset);
-        outs.push_back(std::move(out));
+        outs.push_back(onStorageOf(it->second, o));
         break;
       }
       case OutputSpec::Kind::AliasInput: {
+        // AOTAutograd rebuilds a returned alias of an input as a view of the
+        // input from this tensor's geometry; as_strided through the
+        // dispatcher was a quarter of a forward replay's host time. The
+        // version counter is the input's, as a view's would be, so that a
+        // tensor saved for backward still sees in-place updates of it.
         const at::Tensor& in = inputs[o.index];
-        outs.push_back((in.scalar_type() == o.dtype ? in : in.view(o.dtype)).as_strided(o.sizes, o.strides, o.offset));
+        at::Tensor out = onStorageOf(in, o);
+        out.unsafeGetTensorImpl()->set_version_counter(in.unsafeGetTensorImpl()->version_counter());
+        outs.push_back(std::move(out));
         break;
       }
       case OutputSpec::Kind::Constant:

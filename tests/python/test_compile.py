@@ -121,6 +121,28 @@ def test_input_mutation_and_aliasing():
         torch.testing.assert_close(b_tpu.cpu(), b_cpu)
         for o, r in zip(out, ref):
             torch.testing.assert_close(o.cpu(), r)
+    # The returned alias is a view of the input: writes through it land in the input.
+    assert out[1]._is_view()
+    out[1].add_(100)
+    ref[1].add_(100)
+    torch.testing.assert_close(b_tpu.cpu(), b_cpu)
+
+
+def test_in_place_update_of_a_saved_weight_before_backward_raises_as_in_eager():
+    def run(dev, backend):
+        torch.manual_seed(0)
+        lin = torch.nn.Linear(8, 4).to(dev)
+        m = torch.compile(lin, backend=backend) if backend else lin
+        x = torch.randn(3, 8, device=dev, requires_grad=True)
+        for _ in range(2):  # the first call records, the second replays
+            out = m(x).sum()
+            with torch.no_grad():
+                lin.weight.mul_(2)
+            with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+                out.backward()
+
+    run("cpu", None)
+    run("tpu", "tpu")
 
 
 def test_rng_is_reproducible_under_manual_seed():
