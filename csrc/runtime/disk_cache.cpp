@@ -167,13 +167,14 @@ std::vector<EntryInfo> listEntries(const std::string& dir) {
   ::closedir(d);
   return out;
 }
-}  // namespace
-
-int64_t DiskCache::sizeOnDisk() const {
+int64_t totalSize(const std::vector<EntryInfo>& entries) {
   int64_t total = 0;
-  for (const auto& e : listEntries(dir_)) total += e.size;
+  for (const auto& e : entries) total += e.size;
   return total;
 }
+}  // namespace
+
+int64_t DiskCache::sizeOnDisk() const { return totalSize(listEntries(dir_)); }
 
 void DiskCache::noteStored(int64_t bytes) {
   constexpr int kRescanStores = 1000;
@@ -189,8 +190,7 @@ void DiskCache::scanAndEvict() {
   scans_++;
   stores_since_scan_ = 0;
   auto entries = listEntries(dir_);
-  int64_t total = 0;
-  for (const auto& e : entries) total += e.size;
+  int64_t total = totalSize(entries);
   if (total > max_bytes_) {
     const int64_t low_water = max_bytes_ / 10 * 9;
     std::sort(entries.begin(), entries.end(), [](const EntryInfo& a, const EntryInfo& b) { return a.mtime < b.mtime; });

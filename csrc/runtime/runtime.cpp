@@ -256,8 +256,8 @@ Runtime::Runtime() {
   // TORCH_TPU_HOST_READS=0 keeps the plugin's copy (as other plugins do).
   host_memory_ = cpu && envOn("TORCH_TPU_HOST_READS");
   host_malloc_tuned_ = cpu && envOn("TORCH_TPU_MALLOC_TUNING") && tuneHostMalloc();
-  if (cpu) option_overrides_ = cpuOptionOverrides();
   if (cpu) {
+    option_overrides_ = cpuOptionOverrides();
     auto linger = CoreSpinner::lingerFromEnv();
     cpu_set_t set;
     int cores = sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set) : 0;
