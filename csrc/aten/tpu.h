@@ -78,4 +78,9 @@ bool loweringDisabled(const std::string& base);
 void setDisabledLowerings(std::vector<std::string> names);
 std::vector<std::string> disabledLowerings();
 
+// Hands MKL's sgemm, where this PyTorch build bundles it, to the runtime's
+// GEMM kernel (aten/host_blas.cpp); false when there is none. Called before
+// the runtime starts.
+bool useTorchBlas();
+
 }  // namespace tpu::aten

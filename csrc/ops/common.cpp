@@ -4,7 +4,10 @@
 #include <cmath>
 #include <limits>
 #include <map>
+#include <optional>
 #include <stdexcept>
+
+#include "runtime/host_kernels.h"
 
 namespace tpu::ops {
 
@@ -36,6 +39,11 @@ std::atomic<bool> g_host_kernels{false};
 }
 void setHostKernels(bool available) { g_host_kernels = available; }
 bool hostKernels() { return g_host_kernels; }
+namespace {
+std::atomic<bool> g_host_gemm{false};
+}
+void setHostGemm(bool available) { g_host_gemm = available; }
+bool hostGemm() { return g_host_gemm; }
 
 std::vector<std::string> loweredOps() {
   std::vector<std::string> out;
@@ -338,11 +346,41 @@ Value mul(ir::Builder& b, const Value& x, const Value& y) {
 Value div(ir::Builder& b, const Value& x, const Value& y) { return b.binary("divide", x, y); }
 Value full(ir::Builder& b, double v, const Value& like) { return b.constant(v, like.dtype(), like.shape()); }
 
+namespace {
+// Products of at least this many multiply-adds go to the host GEMM kernel;
+// smaller ones stay XLA dots, which XLA can fuse and which cost no call.
+constexpr int64_t kHostGemmMinWork = 32768;
+
+// x [M, K] @ y [K, N] as the runtime's GEMM kernel: an operand that is a
+// transpose is passed untransposed with its flag, so the transpose is left
+// dead instead of copied.
+std::optional<Value> hostGemmProduct(ir::Builder& b, const Value& x, const Value& y) {
+  if (!hostGemm() || x.dtype() != DType::F32 || y.dtype() != DType::F32) return std::nullopt;
+  const int64_t M = x.shape()[0], K = x.shape()[1], N = y.shape()[1];
+  constexpr int64_t kInt = std::numeric_limits<int>::max();  // the BLAS takes 32-bit sizes
+  if (M * N * K < kHostGemmMinWork || M * K > kInt || K * N > kInt || M * N > kInt) return std::nullopt;
+  Value a = x, bb = y;
+  int32_t flags = 0;
+  if (auto src = b.transposeSource(x)) {
+    a = *src;
+    flags |= 1;
+  }
+  if (auto src = b.transposeSource(y)) {
+    bb = *src;
+    flags |= 2;
+  }
+  return b.customCall(runtime::kGemm, {a, bb, b.constantInt(flags, DType::I32)}, {Type{DType::F32, {M, N}}})[0];
+}
+}  // namespace
+
 Value matmul(ir::Builder& b, const Value& x0, const Value& y0) {
   Value x = x0, y = y0;
   DType t = x.dtype();
   if (x.rank() == 1 && y.rank() == 1) return b.dotGeneral(x, y, {}, {}, {0}, {0}, t);
-  if (x.rank() == 2 && y.rank() == 2) return b.dotGeneral(x, y, {}, {}, {1}, {0}, t);
+  if (x.rank() == 2 && y.rank() == 2) {
+    if (auto r = hostGemmProduct(b, x, y)) return *r;
+    return b.dotGeneral(x, y, {}, {}, {1}, {0}, t);
+  }
   if (x.rank() == 2 && y.rank() == 1) return b.dotGeneral(x, y, {}, {}, {1}, {0}, t);
   if (x.rank() == 1 && y.rank() == 2) return b.dotGeneral(x, y, {}, {}, {0}, {0}, t);
   // Batched: promote 1-d operands, broadcast batch dims, dot, squeeze.

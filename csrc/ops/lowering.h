@@ -151,6 +151,10 @@ class Ctx {
 // instead of their StableHLO form. Set once, before anything is lowered.
 void setHostKernels(bool available);
 bool hostKernels();
+// Whether float32 matrix products call the runtime's GEMM kernel (the CPU
+// plugin with a host BLAS, runtime/host_kernels.h). Set as setHostKernels.
+void setHostGemm(bool available);
+bool hostGemm();
 
 // Registry. Lowerings register by base name ("add") or by "name.overload"
 // ("sum.dim_IntList"); lookup tries the exact overload first.

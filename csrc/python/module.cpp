@@ -71,6 +71,7 @@ struct CapturedHandle {
 };
 
 PYBIND11_MODULE(_C, m) {
+  aten::useTorchBlas();
   m.def("_set_search_dirs", [](std::vector<std::string> dirs) { runtime::Runtime::setSearchDirs(std::move(dirs)); });
   m.def("_init", []() { rt(); });
   m.def("_initialized", []() { return runtime::Runtime::initialized(); });
@@ -190,6 +191,10 @@ PYBIND11_MODULE(_C, m) {
   m.def("_host_kernels", []() {
     rt();  // the runtime registers them when it starts
     return ops::hostKernels();
+  });
+  m.def("_host_gemm", []() {
+    rt();
+    return ops::hostGemm();
   });
   m.def("_register_lowered_kernels", &aten::registerLoweredKernels);
 }

@@ -10,6 +10,7 @@
 #include <limits>
 #include <memory>
 #include <mutex>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
@@ -549,6 +550,8 @@ void layerNormForwardOn(const XlaPool& pool, const float* x, const float* w, con
                         float* rstd, int64_t M, int64_t N, float eps);
 void layerNormBackwardOn(const XlaPool& pool, const float* dy, const float* x, const float* mean, const float* rstd,
                          const float* w, float* dx, float* dw, float* db, int64_t M, int64_t N);
+void gemmOn(const XlaPool& pool, const float* a, const float* b, float* c, int64_t M, int64_t N, int64_t K,
+            bool trans_a, bool trans_b);
 
 void* ffiError(const FfiCallFrame* f, const std::string& msg) {
   auto* api = static_cast<const FfiApi*>(f->api);
@@ -675,6 +678,44 @@ void* layerNormBackwardHandler(FfiCallFrame* f) {
                          });
 }
 
+struct GemmCall {
+  int64_t M = 0, N = 0, K = 0;
+  bool trans_a = false, trans_b = false;
+};
+
+// gemm: a [M, K] or [K, M], b [K, N] or [N, K], transposes (i32 []) -> c [M, N].
+std::string readGemm(const FfiCallFrame* f, GemmCall* g) {
+  if (f->args.size != 3 || f->rets.size != 1) return "wrong number of operands or results";
+  const FfiBuffer* a = item(f->args, 0);
+  const FfiBuffer* b = item(f->args, 1);
+  const FfiBuffer* c = item(f->rets, 0);
+  if (a->dtype != kDTypeF32 || b->dtype != kDTypeF32 || c->dtype != kDTypeF32) return "operands are not float32";
+  if (item(f->args, 2)->dtype != kDTypeS32) return "the transposes flag is not int32";
+  if (a->rank != 2 || b->rank != 2 || c->rank != 2) return "operands are not 2-d";
+  const int32_t t = *static_cast<const int32_t*>(item(f->args, 2)->data);
+  g->trans_a = (t & 1) != 0;
+  g->trans_b = (t & 2) != 0;
+  g->M = a->dims[g->trans_a ? 1 : 0];
+  g->K = a->dims[g->trans_a ? 0 : 1];
+  g->N = b->dims[g->trans_b ? 0 : 1];
+  if (b->dims[g->trans_b ? 1 : 0] != g->K) return "the contracted sizes differ";
+  if (c->dims[0] != g->M || c->dims[1] != g->N) return "the result shape does not match";
+  constexpr int64_t kMax = std::numeric_limits<int>::max();
+  if (g->M * g->K > kMax || g->K * g->N > kMax || g->M * g->N > kMax) return "too large for a 32-bit BLAS";
+  if (!hostBlas().available()) return "no host BLAS is set";
+  return "";
+}
+
+void* gemmHandler(FfiCallFrame* f) {
+  if (metadataQuery(f) || f->stage != kStageExecute) return nullptr;
+  GemmCall g;
+  std::string err = readGemm(f, &g);
+  if (!err.empty()) return ffiError(f, std::string(kGemm) + ": " + err);
+  gemmOn(xlaPoolOf(f->api, f->ctx), f32(f->args, 0), f32(f->args, 1), f32Out(f->rets, 0), g.M, g.N, g.K, g.trans_a,
+         g.trans_b);
+  return nullptr;
+}
+
 }  // namespace
 
 namespace {
@@ -748,6 +789,75 @@ void layerNormBackwardOn(const XlaPool& pool, const float* dy, const float* x, c
   }
 }
 
+std::mutex g_blas_mu;
+HostBlas g_blas;
+
+// The product splits the longer of its result's rows and columns into blocks
+// of whole multiples of 16, one or two per thread: a [1024, 192] result runs
+// as 4 blocks of 256 rows with 2 threads. The blocks depend on the shape and
+// the thread count only, and each element is one BLAS call's, so the bits do
+// not depend on which thread ran which block.
+struct GemmPlan {
+  bool by_rows = true;
+  int64_t block = 0, blocks = 0;
+};
+
+GemmPlan planGemm(int64_t M, int64_t N, int64_t threads) {
+  GemmPlan p;
+  p.by_rows = M >= N;
+  const int64_t extent = p.by_rows ? M : N;
+  threads = std::max<int64_t>(1, threads);
+  const int64_t want = threads * std::max<int64_t>(1, std::min<int64_t>(2, extent / (64 * threads)));
+  p.block = std::max<int64_t>(16, ((extent + want - 1) / want + 15) / 16 * 16);
+  p.blocks = (extent + p.block - 1) / p.block;
+  return p;
+}
+
+// Rows [m0, m1) and columns [n0, n1) of the row-major c = op(a) op(b), as the
+// column-major BLAS sees it: c^T = op(b)^T op(a)^T, single-threaded.
+void gemmBlock(const HostBlas& blas, const float* a, const float* b, float* c, int64_t M, int64_t N, int64_t K,
+               bool trans_a, bool trans_b, int64_t m0, int64_t m1, int64_t n0, int64_t n1) {
+  const int m = static_cast<int>(m1 - m0), n = static_cast<int>(n1 - n0), k = static_cast<int>(K);
+  const int lda = static_cast<int>(std::max<int64_t>(1, trans_a ? M : K));
+  const int ldb = static_cast<int>(std::max<int64_t>(1, trans_b ? K : N));
+  const int ldc = static_cast<int>(std::max<int64_t>(1, N));
+  const float* ap = trans_a ? a + m0 : a + m0 * K;
+  const float* bp = trans_b ? b + n0 * K : b + n0;
+  const char opa = trans_a ? 'T' : 'N', opb = trans_b ? 'T' : 'N';
+  const float one = 1.0f, zero = 0.0f;
+  const int previous = blas.set_threads_local(1);
+  blas.sgemm(&opb, &opa, &n, &m, &k, &one, bp, &ldb, ap, &lda, &zero, c + m0 * N + n0, &ldc);
+  blas.set_threads_local(previous);
+}
+
+void gemmPlanned(const XlaPool& pool, int64_t threads, const float* a, const float* b, float* c, int64_t M, int64_t N,
+                 int64_t K, bool trans_a, bool trans_b) {
+  if (M == 0 || N == 0) return;
+  if (K == 0) {
+    std::fill(c, c + M * N, 0.0f);
+    return;
+  }
+  const HostBlas blas = hostBlas();
+  const GemmPlan p = planGemm(M, N, threads);
+  auto block = [&](int64_t i) {
+    const int64_t lo = i * p.block, hi = std::min((i + 1) * p.block, p.by_rows ? M : N);
+    if (p.by_rows)
+      gemmBlock(blas, a, b, c, M, N, K, trans_a, trans_b, lo, hi, 0, N);
+    else
+      gemmBlock(blas, a, b, c, M, N, K, trans_a, trans_b, 0, M, lo, hi);
+  };
+  if (p.blocks > 1 && (pool.threads >= 2 || !pool.api)) {
+    parallelFor(pool, p.blocks, block);
+  } else {
+    for (int64_t i = 0; i < p.blocks; ++i) block(i);
+  }
+}
+
+void gemmOn(const XlaPool& pool, const float* a, const float* b, float* c, int64_t M, int64_t N, int64_t K,
+            bool trans_a, bool trans_b) {
+  gemmPlanned(pool, pool.threads, a, b, c, M, N, K, trans_a, trans_b);
+}
+
 }  // namespace
 
 void attentionForward(const float* q, const float* k, const float* v, float* out, float* lse, const AttentionShape& a,
@@ -759,6 +869,22 @@ void attentionBackward(const float* dout, const float* q, const float* k, const 
                        const float* lse, float* dq, float* dk, float* dv, const AttentionShape& a, float scale,
                        bool causal) {
   attentionBackwardOn(XlaPool{}, dout, q, k, v, out, lse, dq, dk, dv, a, scale, causal);
+}
+
+void setHostBlas(const HostBlas& blas) {
+  std::lock_guard<std::mutex> g(g_blas_mu);
+  g_blas = blas;
+}
+
+HostBlas hostBlas() {
+  std::lock_guard<std::mutex> g(g_blas_mu);
+  return g_blas;
+}
+
+void gemm(const float* a, const float* b, float* c, int64_t M, int64_t N, int64_t K, bool trans_a, bool trans_b,
+          int64_t threads) {
+  if (!hostBlas().available()) throw std::runtime_error("torch_tpu: gemm without a host BLAS");
+  gemmPlanned(XlaPool{}, threads, a, b, c, M, N, K, trans_a, trans_b);
 }
 
 void layerNormForward(const float* x, const float* w, const float* b, float* y, float* mean, float* rstd, int64_t M,
@@ -778,10 +904,13 @@ bool registerHostKernels(const pjrt::Api& api) {
     if (e->type == PJRT_Extension_Type_FFI && e->struct_size >= sizeof(PjrtFfiExtension))
       ffi = reinterpret_cast<const PjrtFfiExtension*>(e);
   if (!ffi || !ffi->register_handler) return false;
-  for (auto [name, fn] : {std::pair<const char*, void* (*)(FfiCallFrame*)>{kAttentionForward, attentionForwardHandler},
-                          {kAttentionBackward, attentionBackwardHandler},
-                          {kLayerNormForward, layerNormForwardHandler},
-                          {kLayerNormBackward, layerNormBackwardHandler}}) {
+  std::vector<std::pair<const char*, void* (*)(FfiCallFrame*)>> handlers{
+      {kAttentionForward, attentionForwardHandler},
+      {kAttentionBackward, attentionBackwardHandler},
+      {kLayerNormForward, layerNormForwardHandler},
+      {kLayerNormBackward, layerNormBackwardHandler}};
+  if (hostBlas().available()) handlers.emplace_back(kGemm, gemmHandler);
+  for (auto [name, fn] : handlers) {
     PjrtFfiRegisterArgs a{
         sizeof(PjrtFfiRegisterArgs), name, std::strlen(name), reinterpret_cast<void*>(fn), "Host", 4, 0};
     if (PJRT_Error* err = ffi->register_handler(&a)) {

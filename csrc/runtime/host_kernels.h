@@ -28,6 +28,30 @@ inline constexpr const char* kAttentionBackward = "torch_tpu_attention_bwd";
 //   backward: dy [M, N], x [M, N], mean [M], rstd [M], w [N] -> dx [M, N], dw [N], db [N]
 inline constexpr const char* kLayerNormForward = "torch_tpu_layer_norm_fwd";
 inline constexpr const char* kLayerNormBackward = "torch_tpu_layer_norm_bwd";
+//   matrix product on a host BLAS (see HostBlas):
+//   a [M, K] ([K, M] when transposed), b [K, N] ([N, K] when transposed),
+//   transposes (i32 []: bit 0 a, bit 1 b) -> c [M, N]
+inline constexpr const char* kGemm = "torch_tpu_gemm";
+
+// A host BLAS for the GEMM kernel: XLA:CPU's dots (Eigen's packing, then
+// oneDNN's kernel) took 3.8 ms for the 27 products of a small GPT training
+// step that MKL, as torch calls it, did in 2.8 ms. `sgemm` is the Fortran
+// interface (column-major, 32-bit sizes); `set_threads_local` makes the
+// calling thread's BLAS calls single-threaded and returns the previous
+// setting (MKL's mkl_set_num_threads_local), since the kernel splits the
+// product over XLA's own threads. No torch here: the Python extension finds
+// MKL in the process (torch bundles it) and sets it before the runtime starts.
+struct HostBlas {
+  using Sgemm = void (*)(const char* transa, const char* transb, const int* m, const int* n, const int* k,
+                         const float* alpha, const float* a, const int* lda, const float* b, const int* ldb,
+                         const float* beta, float* c, const int* ldc);
+  using SetThreadsLocal = int (*)(int);
+  Sgemm sgemm = nullptr;
+  SetThreadsLocal set_threads_local = nullptr;
+  bool available() const { return sgemm && set_threads_local; }
+};
+void setHostBlas(const HostBlas& blas);
+HostBlas hostBlas();
 
 // XLA's intra-op thread pool, which runs the program that called a kernel,
 // as the call's FFI API offers it (XLA_FFI_ThreadPool_Schedule and
@@ -52,7 +76,8 @@ void parallelFor(const XlaPool& pool, int64_t n, const std::function<void(int64_
 
 // Registers the kernels with a plugin whose platform is the host CPU. False
 // when the plugin has no FFI extension, refuses the registration, or this
-// CPU lacks AVX2/FMA: the lowerings then use their StableHLO form.
+// CPU lacks AVX2/FMA: the lowerings then use their StableHLO form. The GEMM
+// kernel is registered only when a host BLAS is set.
 bool registerHostKernels(const pjrt::Api& api);
 
 struct AttentionShape {
@@ -69,6 +94,11 @@ void attentionBackward(const float* dout, const float* q, const float* k, const 
 
 void layerNormForward(const float* x, const float* w, const float* b, float* y, float* mean, float* rstd, int64_t M,
                       int64_t N, float eps);
+// c = op(a) op(b) through the host BLAS (which must be set), in the row or
+// column blocks the kernel uses with `threads` threads.
+void gemm(const float* a, const float* b, float* c, int64_t M, int64_t N, int64_t K, bool trans_a, bool trans_b,
+          int64_t threads = 1);
+
 void layerNormBackward(const float* dy, const float* x, const float* mean, const float* rstd, const float* w, float* dx,
                        float* dw, float* db, int64_t M, int64_t N);
 

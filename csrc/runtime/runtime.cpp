@@ -248,10 +248,17 @@ Runtime::Runtime() {
   auto api = pjrt::Api::load(path);
   client_ = pjrt::Client::create(api, envInt("TORCH_TPU_CPU_DEVICES", 1));
   if (client_->devices().empty()) throw pjrt::PluginError("The PJRT plugin '" + path + "' reports no devices.");
-  // The CPU plugin runs attention as the runtime's own kernels (XLA:CPU's
-  // batched small GEMMs are slow); TORCH_TPU_HOST_KERNELS=0 keeps StableHLO.
+  // The CPU plugin runs attention, layer norm and float32 products as the
+  // runtime's own kernels (runtime/host_kernels.h); TORCH_TPU_HOST_KERNELS=0
+  // keeps StableHLO.
   const bool cpu = client_->platformName() == "cpu";
-  if (cpu && envOn("TORCH_TPU_HOST_KERNELS")) ops::setHostKernels(registerHostKernels(*api));
+  // Float32 products run on the host BLAS where one is set (MKL from torch);
+  // TORCH_TPU_HOST_GEMM=0 keeps XLA's dots.
+  if (cpu && envOn("TORCH_TPU_HOST_KERNELS")) {
+    const bool registered = registerHostKernels(*api);
+    ops::setHostKernels(registered);
+    ops::setHostGemm(registered && hostBlas().available() && envOn("TORCH_TPU_HOST_GEMM"));
+  }
   ir::setXlaCpuTuning(cpu);
   // TORCH_TPU_HOST_READS=0 keeps the plugin's copy (as other plugins do).
   host_memory_ = cpu && envOn("TORCH_TPU_HOST_READS");

@@ -1,4 +1,4 @@
-// The CPU plugin's attention and layer-norm kernels against plain
+// The CPU plugin's attention, layer-norm and GEMM kernels against plain
 // double-precision references, and their FFI registration and error path
 // through the plugin.
 #include "runtime/host_kernels.h"
@@ -137,8 +137,37 @@ INSTANTIATE_TEST_SUITE_P(Shapes, AttentionKernel,
                                   (c.causal ? "_causal" : "");
                          });
 
+// A stand-in host BLAS: the Fortran sgemm's contract (column-major,
+// C = alpha op(A) op(B) + beta C) in plain loops, and a thread-count setter
+// that records what the kernel asked for.
+std::atomic<int> g_threads_local{0}, g_threads_calls{0};
+
+void plainSgemm(const char* ta, const char* tb, const int* m, const int* n, const int* k, const float* alpha,
+                const float* a, const int* lda, const float* b, const int* ldb, const float* beta, float* c,
+                const int* ldc) {
+  for (int j = 0; j < *n; ++j)
+    for (int i = 0; i < *m; ++i) {
+      double acc = 0;
+      for (int l = 0; l < *k; ++l) {
+        double x = *ta == 'N' ? a[i + l * *lda] : a[l + i * *lda];
+        double y = *tb == 'N' ? b[l + j * *ldb] : b[j + l * *ldb];
+        acc += x * y;
+      }
+      float& out = c[i + j * *ldc];
+      out = static_cast<float>(*alpha * acc + (*beta == 0.0f ? 0.0 : *beta * out));
+    }
+}
+
+int recordThreadsLocal(int n) {
+  g_threads_calls.fetch_add(1);
+  return g_threads_local.exchange(n);
+}
+
+void usePlainBlas() { runtime::setHostBlas({plainSgemm, recordThreadsLocal}); }
+
 pjrt::Client& client() {
   static std::unique_ptr<pjrt::Client> c = [] {
+    usePlainBlas();  // so that the GEMM kernel is registered too
     std::vector<std::string> dirs;
     if (const char* p = std::getenv("TORCH_TPU_PLUGIN_PATH")) dirs.push_back(p);
     auto api = pjrt::Api::load(pjrt::resolvePluginPath("cpu", dirs));
@@ -304,6 +333,92 @@ TEST(LayerNormKernel, RunsInsideAnXlaProgramWithTheSameBitsAsOnOneThread) {
     outs[i]->toHost(got.data(), got.size() * sizeof(float));
     EXPECT_EQ(got, *want) << "output " << i;
   }
+}
+
+// ------------------------------------------------- GEMM
+
+// Row-major c = op(a) op(b) in double; a is [M, K] ([K, M] transposed), b
+// [K, N] ([N, K] transposed).
+std::vector<double> productReference(const std::vector<float>& a, const std::vector<float>& b, int64_t M, int64_t N,
+                                     int64_t K, bool ta, bool tb) {
+  std::vector<double> c(M * N, 0.0);
+  for (int64_t i = 0; i < M; ++i)
+    for (int64_t j = 0; j < N; ++j)
+      for (int64_t l = 0; l < K; ++l)
+        c[i * N + j] += double(ta ? a[l * M + i] : a[i * K + l]) * double(tb ? b[j * K + l] : b[l * N + j]);
+  return c;
+}
+
+struct GemmCase {
+  int64_t M, N, K;
+};
+
+class GemmKernel : public ::testing::TestWithParam<GemmCase> {};
+
+// Every transpose combination, split into row blocks (M >= N) or column
+// blocks, on one thread and on three.
+TEST_P(GemmKernel, MatchesTheReferenceForEveryTransposeAndSplit) {
+  usePlainBlas();
+  const GemmCase g = GetParam();
+  auto a = randomVec(g.M * g.K, 21), b = randomVec(g.K * g.N, 22);
+  for (int t = 0; t < 4; ++t) {
+    const bool ta = t & 1, tb = t & 2;
+    auto want = productReference(a, b, g.M, g.N, g.K, ta, tb);
+    for (int64_t threads : {1, 3}) {
+      std::vector<float> c(g.M * g.N, 123.0f);
+      runtime::gemm(a.data(), b.data(), c.data(), g.M, g.N, g.K, ta, tb, threads);
+      expectNear(
+          c, want,
+          ("ta " + std::to_string(ta) + " tb " + std::to_string(tb) + " threads " + std::to_string(threads)).c_str());
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, GemmKernel,
+                         ::testing::Values(GemmCase{300, 37, 19}, GemmCase{37, 300, 19}, GemmCase{129, 17, 64},
+                                           GemmCase{1, 1, 1}, GemmCase{64, 64, 0}, GemmCase{1000, 200, 8}),
+                         [](const ::testing::TestParamInfo<GemmCase>& i) {
+                           return "M" + std::to_string(i.param.M) + "_N" + std::to_string(i.param.N) + "_K" +
+                                  std::to_string(i.param.K);
+                         });
+
+TEST(GemmKernel, WithoutAHostBlasIsAnError) {
+  runtime::setHostBlas({});
+  std::vector<float> a(4, 1.0f), c(4);
+  EXPECT_THROW(runtime::gemm(a.data(), a.data(), c.data(), 2, 2, 2, false, false), std::runtime_error);
+  usePlainBlas();
+}
+
+TEST(GemmKernel, RunsInsideAnXlaProgramSingleThreadedPerCall) {
+  // Both operands transposed; 512 rows: blocks over XLA's threads.
+  const int64_t M = 512, N = 48, K = 40;
+  ir::Builder b;
+  ir::Type ta{ir::DType::F32, {K, M}}, tb{ir::DType::F32, {N, K}};
+  auto x = b.param(ta), y = b.param(tb);
+  b.output(
+      b.customCall(runtime::kGemm, {x, y, b.constantInt(3, ir::DType::I32)}, {ir::Type{ir::DType::F32, {M, N}}})[0]);
+  auto exe = client().compile(b.emit(), pjrt::compileOptions(true));
+  auto ha = randomVec(M * K, 31), hb = randomVec(N * K, 32);
+  auto ba = client().fromHost(ha.data(), pjrt::ElementType::F32, ta.shape, 0);
+  auto bb = client().fromHost(hb.data(), pjrt::ElementType::F32, tb.shape, 0);
+  const int calls = g_threads_calls.load();
+  auto outs = exe->execute({ba->raw(), bb->raw()}, client().devices()[0].raw);
+  std::vector<float> got(M * N);
+  outs[0]->toHost(got.data(), got.size() * sizeof(float));
+  expectNear(got, productReference(ha, hb, M, N, K, true, true), "c");
+  // Each block set one thread, then put the setting back.
+  EXPECT_GE(g_threads_calls.load() - calls, 2);
+  EXPECT_EQ(g_threads_local.load(), 0);
+}
+
+TEST(GemmKernel, BadOperandsAreAnErrorWithTheTargetName) {
+  ir::Builder b;
+  ir::Type t{ir::DType::F32, {4, 8}};
+  auto x = b.param(t);
+  // [4, 8] @ [4, 8]: the contracted sizes differ.
+  b.output(
+      b.customCall(runtime::kGemm, {x, x, b.constantInt(0, ir::DType::I32)}, {ir::Type{ir::DType::F32, {4, 8}}})[0]);
+  expectKernelError(b, t, "torch_tpu_gemm: the contracted sizes differ");
 }
 
 // ------------------------------------------------- XLA's intra-op pool

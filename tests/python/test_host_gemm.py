@@ -1,0 +1,82 @@
+"""Float32 matrix products on the CPU plugin run as the runtime's GEMM kernel on
+MKL (runtime/host_kernels.h); a transposed operand (a linear layer's weight, the
+activations of its weight gradient) reaches the kernel untransposed, with a flag.
+Checked against PyTorch on the CPU with the fallback forbidden, in every mode,
+and with the kernel turned off."""
+
+import copy
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import torch_tpu
+
+
+def operand(rows, cols, transposed, seed):
+    g = torch.Generator().manual_seed(seed)
+    if transposed:  # a [rows, cols] view of a [cols, rows] matrix
+        return torch.randn(cols, rows, generator=g).t()
+    return torch.randn(rows, cols, generator=g)
+
+
+def test_cpu_plugin_uses_the_host_gemm():
+    if torch_tpu._C._platform() != "cpu":
+        pytest.skip("the host GEMM is the CPU plugin's")
+    assert torch_tpu._C._host_gemm()
+
+
+@pytest.mark.parametrize("mode", ["strict", "fused"])
+@pytest.mark.parametrize("ta", [False, True])
+@pytest.mark.parametrize("tb", [False, True])
+# Above and below the kernel's size threshold, row and column splits.
+@pytest.mark.parametrize("m,k,n", [(300, 70, 130), (37, 64, 300), (8, 8, 8), (1024, 64, 192)])
+def test_products_with_transposed_operands_match_cpu(fallback_error, mode, ta, tb, m, k, n):
+    a, b = operand(m, k, ta, 0), operand(k, n, tb, 1)
+    bias = torch.randn(n, generator=torch.Generator().manual_seed(2))
+    with torch_tpu.mode(mode):
+        da, db, dbias = a.to("tpu"), b.to("tpu"), bias.to("tpu")
+        assert da.stride() == a.stride()
+        mm = (da @ db).cpu()
+        addmm = torch.addmm(dbias, da, db, beta=0.5, alpha=2.0).cpu()
+    torch.testing.assert_close(mm, a @ b)
+    torch.testing.assert_close(addmm, torch.addmm(bias, a, b, beta=0.5, alpha=2.0))
+
+
+@pytest.mark.parametrize("backend", [None, "tpu"])
+def test_linear_layers_train_like_the_cpu(fallback_error, backend):
+    # The backward's weight gradients multiply transposed activations.
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.GELU(), torch.nn.Linear(256, 96))
+    x = torch.randn(512, 64)
+    results = []
+    for dev in ("cpu", "tpu"):
+        m = copy.deepcopy(model).to(dev)
+        run = torch.compile(m, backend=backend) if (backend and dev == "tpu") else m
+        out = run(x.to(dev))
+        loss = (out * out).mean()
+        m.zero_grad()
+        loss.backward()
+        results.append([out.detach().cpu()] + [p.grad.cpu() for p in m.parameters()])
+    for want, got in zip(*results):
+        torch.testing.assert_close(got, want)
+
+
+def test_with_the_host_gemm_off_products_are_xla_dots_and_still_match():
+    script = textwrap.dedent("""
+        import torch, torch_tpu
+        torch_tpu.set_fallback("error")
+        assert not torch_tpu._C._host_gemm()
+        g = torch.Generator().manual_seed(0)
+        a = torch.randn(64, 300, generator=g).t()
+        b = torch.randn(64, 128, generator=g)
+        torch.testing.assert_close((a.to("tpu") @ b.to("tpu")).cpu(), a @ b)
+        print("ok")
+    """)
+    env = dict(os.environ, TORCH_TPU_HOST_GEMM="0")
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env)
+    assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stderr[-2000:]
