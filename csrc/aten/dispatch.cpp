@@ -1152,6 +1152,10 @@ uint32_t transposedOperands(const std::string& base, const std::vector<IValue>& 
   return mask;
 }
 
+bool arrivesTransposed(uint32_t transposed, const InputSource& is) {
+  return is.kind == InputSource::Kind::Tensor && (transposed >> is.arg & 1u);
+}
+
 std::shared_ptr<const Fragment> buildFragment(const c10::OperatorHandle& op, const std::vector<IValue>& args,
                                               const ops::Lowering* low, bool foreach_expand, const std::string& base,
                                               uint32_t transposed) {
@@ -1163,7 +1167,7 @@ std::shared_ptr<const Fragment> buildFragment(const c10::OperatorHandle& op, con
   src.tensor = [&](const at::Tensor& t, InputSource is) {
     frag->inputs.push_back(is);
     if (t.device().is_cpu()) return b.param({cpuScalarIr(t), {}});
-    if (is.kind == InputSource::Kind::Tensor && (transposed >> is.arg & 1u))
+    if (arrivesTransposed(transposed, is))
       return b.transpose(b.param({toIr(t.scalar_type()), {t.size(1), t.size(0)}}), {1, 0});
     return b.param({toIr(t.scalar_type()), t.sizes().vec()});
   };
@@ -1252,7 +1256,7 @@ void runFused(const c10::OperatorHandle& op, torch::jit::Stack* stack, std::vect
       case InputSource::Kind::CpuScalar: {
         const at::Tensor& t = args[is.arg].toTensor();
         ir::Value v = tensorValue(t);
-        if (is.kind == InputSource::Kind::Tensor && (transposed >> is.arg & 1u))
+        if (arrivesTransposed(transposed, is))
           v = b.transpose(b.reshape(v, {t.size(0), t.size(1)}), {1, 0});  // the stored matrix
         operands.push_back(v);
         break;

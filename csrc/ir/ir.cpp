@@ -657,7 +657,6 @@ Value Builder::reshape(const Value& v, const Shape& shape) {
   if (t.numel() != v.type.numel()) fail("reshape " + v.type.str() + " to " + t.str());
   Value r = fresh(t);
   emitLine(ref(r) + " = \"stablehlo.reshape\"(" + ref(v) + ") : (" + v.type.str() + ") -> " + t.str());
-  reshaped_from_.emplace(r.id, v);
   return r;
 }
 
@@ -722,15 +721,9 @@ Value Builder::transpose(const Value& v, const std::vector<int64_t>& perm) {
 }
 
 std::optional<Value> Builder::transposeSource(const Value& v) const {
-  // Tensors travel flat between ops (views read through reshapes), so look
-  // through reshapes for a transpose of v's own shape.
-  for (Value cur = v;;) {
-    auto t = transposed_from_.find(cur.id);
-    if (t != transposed_from_.end() && cur.shape() == v.shape()) return t->second;
-    auto r = reshaped_from_.find(cur.id);
-    if (r == reshaped_from_.end()) return std::nullopt;
-    cur = r->second;
-  }
+  auto it = transposed_from_.find(v.id);
+  if (it == transposed_from_.end()) return std::nullopt;
+  return it->second;
 }
 
 Value Builder::slice(const Value& v, const Shape& start, const Shape& limit, const Shape& strides) {

@@ -135,8 +135,7 @@ class Builder {
   Value transpose(const Value& v, const std::vector<int64_t>& perm);
   // The operand of a 2-d transpose ({1, 0}) this builder emitted, so that a
   // kernel that takes operands transposed (a GEMM) can read the original and
-  // leave the transpose dead; v may be that transpose or a reshape (chain) of
-  // it to the same shape. nullopt for any other value.
+  // leave the transpose dead; nullopt for any other value.
   std::optional<Value> transposeSource(const Value& v) const;
   Value slice(const Value& v, const Shape& start, const Shape& limit, const Shape& strides);
   Value dynamicSlice(const Value& v, const std::vector<Value>& starts, const Shape& sizes);
@@ -243,7 +242,6 @@ class Builder {
   std::unordered_map<int, std::string> names_;
   std::vector<Value> outputs_;
   std::unordered_map<int, Value> transposed_from_;  // 2-d transposes: result id -> operand
-  std::unordered_map<int, Value> reshaped_from_;    // reshapes: result id -> operand
   std::vector<std::pair<int, int>> aliases_;        // (param, output)
   std::vector<Block> blocks_;                       // blocks_[0] is @main's body; nested regions push.
   std::map<std::string, std::shared_ptr<const Function>> functions_;  // called ones, by name

@@ -35,13 +35,10 @@ const Lowering* findLowering(const std::string& name, const std::string& overloa
 }
 
 namespace {
-std::atomic<bool> g_host_kernels{false};
+std::atomic<bool> g_host_kernels{false}, g_host_gemm{false};
 }
 void setHostKernels(bool available) { g_host_kernels = available; }
 bool hostKernels() { return g_host_kernels; }
-namespace {
-std::atomic<bool> g_host_gemm{false};
-}
 void setHostGemm(bool available) { g_host_gemm = available; }
 bool hostGemm() { return g_host_gemm; }
 

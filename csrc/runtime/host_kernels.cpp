@@ -550,8 +550,8 @@ void layerNormForwardOn(const XlaPool& pool, const float* x, const float* w, con
                         float* rstd, int64_t M, int64_t N, float eps);
 void layerNormBackwardOn(const XlaPool& pool, const float* dy, const float* x, const float* mean, const float* rstd,
                          const float* w, float* dx, float* dw, float* db, int64_t M, int64_t N);
-void gemmOn(const XlaPool& pool, const float* a, const float* b, float* c, int64_t M, int64_t N, int64_t K,
-            bool trans_a, bool trans_b);
+void gemmOn(const XlaPool& pool, int64_t threads, const HostBlas& blas, const float* a, const float* b, float* c,
+            int64_t M, int64_t N, int64_t K, bool trans_a, bool trans_b);
 
 void* ffiError(const FfiCallFrame* f, const std::string& msg) {
   auto* api = static_cast<const FfiApi*>(f->api);
@@ -702,7 +702,6 @@ std::string readGemm(const FfiCallFrame* f, GemmCall* g) {
   if (c->dims[0] != g->M || c->dims[1] != g->N) return "the result shape does not match";
   constexpr int64_t kMax = std::numeric_limits<int>::max();
   if (g->M * g->K > kMax || g->K * g->N > kMax || g->M * g->N > kMax) return "too large for a 32-bit BLAS";
-  if (!hostBlas().available()) return "no host BLAS is set";
   return "";
 }
 
@@ -710,8 +709,11 @@ void* gemmHandler(FfiCallFrame* f) {
   if (metadataQuery(f) || f->stage != kStageExecute) return nullptr;
   GemmCall g;
   std::string err = readGemm(f, &g);
+  const HostBlas blas = hostBlas();
+  if (err.empty() && !blas.available()) err = "no host BLAS is set";
   if (!err.empty()) return ffiError(f, std::string(kGemm) + ": " + err);
-  gemmOn(xlaPoolOf(f->api, f->ctx), f32(f->args, 0), f32(f->args, 1), f32Out(f->rets, 0), g.M, g.N, g.K, g.trans_a,
+  const XlaPool pool = xlaPoolOf(f->api, f->ctx);
+  gemmOn(pool, pool.threads, blas, f32(f->args, 0), f32(f->args, 1), f32Out(f->rets, 0), g.M, g.N, g.K, g.trans_a,
          g.trans_b);
   return nullptr;
 }
@@ -830,14 +832,14 @@ void gemmBlock(const HostBlas& blas, const float* a, const float* b, float* c, i
   blas.set_threads_local(previous);
 }
 
-void gemmPlanned(const XlaPool& pool, int64_t threads, const float* a, const float* b, float* c, int64_t M, int64_t N,
-                 int64_t K, bool trans_a, bool trans_b) {
+// `threads`: XLA's pool's, or the blocks' plan without one (the unit tests).
+void gemmOn(const XlaPool& pool, int64_t threads, const HostBlas& blas, const float* a, const float* b, float* c,
+            int64_t M, int64_t N, int64_t K, bool trans_a, bool trans_b) {
   if (M == 0 || N == 0) return;
   if (K == 0) {
     std::fill(c, c + M * N, 0.0f);
     return;
   }
-  const HostBlas blas = hostBlas();
   const GemmPlan p = planGemm(M, N, threads);
   auto block = [&](int64_t i) {
     const int64_t lo = i * p.block, hi = std::min((i + 1) * p.block, p.by_rows ? M : N);
@@ -851,11 +853,6 @@ void gemmPlanned(const XlaPool& pool, int64_t threads, const float* a, const flo
   } else {
     for (int64_t i = 0; i < p.blocks; ++i) block(i);
   }
-}
-
-void gemmOn(const XlaPool& pool, const float* a, const float* b, float* c, int64_t M, int64_t N, int64_t K,
-            bool trans_a, bool trans_b) {
-  gemmPlanned(pool, pool.threads, a, b, c, M, N, K, trans_a, trans_b);
 }
 
 }  // namespace
@@ -883,8 +880,9 @@ HostBlas hostBlas() {
 
 void gemm(const float* a, const float* b, float* c, int64_t M, int64_t N, int64_t K, bool trans_a, bool trans_b,
           int64_t threads) {
-  if (!hostBlas().available()) throw std::runtime_error("torch_tpu: gemm without a host BLAS");
-  gemmPlanned(XlaPool{}, threads, a, b, c, M, N, K, trans_a, trans_b);
+  const HostBlas blas = hostBlas();
+  if (!blas.available()) throw std::runtime_error("torch_tpu: gemm without a host BLAS");
+  gemmOn(XlaPool{}, threads, blas, a, b, c, M, N, K, trans_a, trans_b);
 }
 
 void layerNormForward(const float* x, const float* w, const float* b, float* y, float* mean, float* rstd, int64_t M,
