@@ -138,13 +138,15 @@ INSTANTIATE_TEST_SUITE_P(Shapes, AttentionKernel,
                          });
 
 // A stand-in host BLAS: the Fortran sgemm's contract (column-major,
-// C = alpha op(A) op(B) + beta C) in plain loops, and a thread-count setter
-// that records what the kernel asked for.
-std::atomic<int> g_threads_local{0}, g_threads_calls{0};
+// C = alpha op(A) op(B) + beta C) in plain loops, and a per-thread
+// thread-count setting, as MKL's is, with counts of what the kernel did.
+thread_local int t_threads_local = 0;
+std::atomic<int> g_single_threaded_sets{0}, g_restores{0}, g_calls_not_single_threaded{0};
 
 void plainSgemm(const char* ta, const char* tb, const int* m, const int* n, const int* k, const float* alpha,
                 const float* a, const int* lda, const float* b, const int* ldb, const float* beta, float* c,
                 const int* ldc) {
+  if (t_threads_local != 1) g_calls_not_single_threaded.fetch_add(1);
   for (int j = 0; j < *n; ++j)
     for (int i = 0; i < *m; ++i) {
       double acc = 0;
@@ -159,8 +161,10 @@ void plainSgemm(const char* ta, const char* tb, const int* m, const int* n, cons
 }
 
 int recordThreadsLocal(int n) {
-  g_threads_calls.fetch_add(1);
-  return g_threads_local.exchange(n);
+  (n == 1 ? g_single_threaded_sets : g_restores).fetch_add(1);
+  const int previous = t_threads_local;
+  t_threads_local = n;
+  return previous;
 }
 
 void usePlainBlas() { runtime::setHostBlas({plainSgemm, recordThreadsLocal}); }
@@ -401,14 +405,17 @@ TEST(GemmKernel, RunsInsideAnXlaProgramSingleThreadedPerCall) {
   auto ha = randomVec(M * K, 31), hb = randomVec(N * K, 32);
   auto ba = client().fromHost(ha.data(), pjrt::ElementType::F32, ta.shape, 0);
   auto bb = client().fromHost(hb.data(), pjrt::ElementType::F32, tb.shape, 0);
-  const int calls = g_threads_calls.load();
+  const int sets = g_single_threaded_sets.load(), restores = g_restores.load();
+  const int unsafe = g_calls_not_single_threaded.load();
   auto outs = exe->execute({ba->raw(), bb->raw()}, client().devices()[0].raw);
   std::vector<float> got(M * N);
   outs[0]->toHost(got.data(), got.size() * sizeof(float));
   expectNear(got, productReference(ha, hb, M, N, K, true, true), "c");
-  // Each block set one thread, then put the setting back.
-  EXPECT_GE(g_threads_calls.load() - calls, 2);
-  EXPECT_EQ(g_threads_local.load(), 0);
+  // Every block's BLAS call ran single-threaded on its thread, and each block
+  // put that thread's setting back (to 0, which no block set).
+  EXPECT_GE(g_single_threaded_sets.load() - sets, 2);
+  EXPECT_EQ(g_restores.load() - restores, g_single_threaded_sets.load() - sets);
+  EXPECT_EQ(g_calls_not_single_threaded.load(), unsafe);
 }
 
 TEST(GemmKernel, BadOperandsAreAnErrorWithTheTargetName) {
