@@ -13,6 +13,9 @@
 namespace tpu::runtime {
 namespace {
 
+// How often a spinner yields its core (see run()).
+constexpr int64_t kYieldNs = 50'000;
+
 int64_t nowNs() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
       .count();
@@ -83,9 +86,21 @@ void CoreSpinner::end() {
 void CoreSpinner::run() {
   if (!lowerToIdlePriority()) return;
   active_++;
+  int64_t last_yield = nowNs();
   while (!stop_.load(std::memory_order_relaxed)) {
     if (wanted()) {
       for (int i = 0; i < 32; ++i) relax();
+      // The kernel does not always hand the core to a thread that becomes
+      // runnable here: after a sched_yield, or a wake-up it did not preempt
+      // for, the scheduler (EEVDF) can leave this SCHED_IDLE spinner on the
+      // core for its whole slice, milliseconds. Yielding now and then bounds
+      // that wait.
+      const int64_t now = nowNs();
+      if (now - last_yield >= kYieldNs) {
+        sched_yield();
+        yields_.fetch_add(1, std::memory_order_relaxed);
+        last_yield = now;
+      }
       continue;
     }
     std::unique_lock<std::mutex> l(mu_);

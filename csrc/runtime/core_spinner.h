@@ -8,7 +8,10 @@
 // take no time from real work. They spin while programs are in flight and for
 // a short linger after the last one finishes (the host's Python between
 // launches), then sleep. This is the policy of OpenMP's spin-wait, applied to
-// cores rather than to the workers XLA owns.
+// cores rather than to the workers XLA owns. While spinning they yield every
+// 50 us, because a SCHED_IDLE thread is not always preempted at once: after
+// another thread's sched_yield, the kernel's scheduler (EEVDF) may leave the
+// spinner on the core for its whole time slice, a few milliseconds.
 #pragma once
 
 #include <atomic>
@@ -65,6 +68,8 @@ class CoreSpinner {
   // Spinners asleep now (tests: all of them, once idle past the linger).
   int asleep() const { return asleep_.load(); }
   int inFlight() const { return in_flight_.load(); }
+  // Times the spinners yielded their cores (tests).
+  int64_t yields() const { return yields_.load(); }
 
   // TORCH_TPU_CPU_SPIN_US: the linger in microseconds; 0 turns spinning off.
   // Default 2000. Throws std::invalid_argument on a malformed value.
@@ -80,6 +85,7 @@ class CoreSpinner {
   std::atomic<int> asleep_{0};
   std::atomic<int> active_{0};
   std::atomic<bool> stop_{false};
+  std::atomic<int64_t> yields_{0};
   std::mutex mu_;
   std::condition_variable cv_;
   std::vector<std::thread> threads_;

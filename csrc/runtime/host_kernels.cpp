@@ -116,11 +116,18 @@ struct SharedLoop {
   std::atomic<int64_t> next{0}, done{0};
   int64_t n = 0;
   const std::function<void(int64_t)>* fn = nullptr;
+  std::mutex mu;
+  std::condition_variable finished;  // signalled by whoever completes the last item
 
   void work() {
     for (int64_t i = next.fetch_add(1); i < n; i = next.fetch_add(1)) {
       (*fn)(i);
-      done.fetch_add(1, std::memory_order_release);
+      if (done.fetch_add(1, std::memory_order_acq_rel) + 1 == n) {
+        {
+          std::lock_guard<std::mutex> g(mu);  // the caller is waiting or sees done == n
+        }
+        finished.notify_one();
+      }
     }
   }
 };
@@ -156,13 +163,17 @@ void parallelFor(const XlaPool& xla, int64_t n, const std::function<void(int64_t
     static_cast<void>(data.release());  // the task owns it now
   }
   loop->work();
-  // Every item is claimed; wait for the helpers' last ones (a few
-  // microseconds each), yielding in case a helper shares this CPU.
+  // Every item is claimed; the helpers' last ones take microseconds. Spin on
+  // them a while, then block: yielding instead would hand this core to the
+  // core spinners (SCHED_IDLE), and the kernel's scheduler lets a spinner
+  // that gets the core after a yield keep it for a whole time slice
+  // (milliseconds), while this program waits.
   for (int spins = 0; loop->done.load(std::memory_order_acquire) < n; ++spins) {
     if (spins < 4096) {
       __builtin_ia32_pause();
     } else {
-      std::this_thread::yield();
+      std::unique_lock<std::mutex> l(loop->mu);
+      loop->finished.wait(l, [&] { return loop->done.load(std::memory_order_acquire) >= n; });
     }
   }
 }

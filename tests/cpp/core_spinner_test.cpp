@@ -55,6 +55,22 @@ TEST(CoreSpinner, SleepsWhenIdleSpinsWhileInFlightThenSleepsAfterLinger) {
   EXPECT_EQ(s.inFlight(), 0);
 }
 
+// A spinner must not keep its core from a thread that became runnable there:
+// it yields now and then while it spins, and not at all while it sleeps.
+TEST(CoreSpinner, YieldsItsCoreWhileSpinningOnly) {
+  CoreSpinner s(1, 1ms);
+  if (!spinnersRun(s, 1)) GTEST_SKIP() << "SCHED_IDLE is not available here";
+  ASSERT_TRUE(eventually([&] { return s.asleep() == 1; }));
+  const int64_t before = s.yields();
+  s.begin();
+  EXPECT_TRUE(eventually([&] { return s.yields() >= before + 10; }));  // one per 50 us of spinning
+  s.end();
+  ASSERT_TRUE(eventually([&] { return s.asleep() == 1; }));
+  const int64_t asleep = s.yields();
+  std::this_thread::sleep_for(20ms);
+  EXPECT_EQ(s.yields(), asleep);
+}
+
 TEST(CoreSpinner, AsyncLaunchEndsWhenItsEventFires) {
   CoreSpinner s(1, 1ms);
   FakeEvent ev;

@@ -4,6 +4,7 @@
 #include "runtime/host_kernels.h"
 
 #include <gtest/gtest.h>
+#include <time.h>
 
 #include <atomic>
 #include <chrono>
@@ -529,6 +530,45 @@ TEST(XlaPool, EveryItemRunsOnceOnTheCallerAndItsHelpers) {
   few.threads = 8;
   EXPECT_EQ(countRuns(few.pool(), 2), std::vector<int>(2, 1));
   EXPECT_EQ(few.scheduled, 1);
+}
+
+double threadCpuSeconds() {
+  timespec t{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+  return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
+}
+
+// The caller of a loop whose last item a helper still runs blocks until it
+// is done: it neither burns its core spinning nor yields it (a yield can hand
+// the core to a core spinner for a whole time slice).
+TEST(XlaPool, TheCallerSleepsWhileAHelperFinishesALongItem) {
+  FakeFfi fake;
+  auto pool = fake.pool();
+  const auto caller = std::this_thread::get_id();
+  std::atomic<bool> helper_started{false};
+  std::vector<std::atomic<int>> runs(2);
+  double cpu_after_own_item = 0;
+  std::chrono::steady_clock::time_point wall_after_own_item;
+  runtime::parallelFor(pool, 2, [&](int64_t i) {
+    runs[i].fetch_add(1);
+    if (std::this_thread::get_id() != caller) {
+      helper_started = true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(60));
+      return;
+    }
+    // The caller's item waits until the helper holds the other one.
+    auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (!helper_started && std::chrono::steady_clock::now() < deadline) std::this_thread::yield();
+    cpu_after_own_item = threadCpuSeconds();
+    wall_after_own_item = std::chrono::steady_clock::now();
+  });
+  ASSERT_TRUE(helper_started.load());
+  const double cpu = threadCpuSeconds() - cpu_after_own_item;
+  const auto wall = std::chrono::steady_clock::now() - wall_after_own_item;
+  EXPECT_EQ(runs[0].load(), 1);
+  EXPECT_EQ(runs[1].load(), 1);
+  EXPECT_GE(wall, std::chrono::milliseconds(40));  // it did wait for the helper
+  EXPECT_LT(cpu, 0.02);                            // ... mostly asleep (spinning would be ~0.06 s)
 }
 
 TEST(XlaPool, RefusedHelpersLeaveEveryItemToTheCaller) {
