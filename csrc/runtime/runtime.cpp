@@ -367,6 +367,10 @@ void Runtime::download(const pjrt::Buffer& b, void* dst, size_t bytes) {
   checkPendingIndices();
   metrics().d2h_transfers++;
   metrics().d2h_bytes += bytes;
+  read(b, dst, bytes);
+}
+
+void Runtime::read(const pjrt::Buffer& b, void* dst, size_t bytes) const {
   // The CPU plugin's buffers are host memory, dense and row-major: once the
   // value is computed it is read in place. The plugin's own copy runs as a
   // task on its thread pool and costs two thread hand-offs, 36 us for a

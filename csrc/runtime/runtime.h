@@ -103,7 +103,11 @@ class Runtime {
   std::shared_ptr<Program> compile(const ir::Builder& b, const std::string& what);
 
   BufferPtr upload(const void* data, ir::DType t, const std::vector<int64_t>& dims, int device);
+  // Copies a buffer's value to dst once computed; raises a deferred index
+  // error first (checkPendingIndices).
   void download(const pjrt::Buffer& b, void* dst, size_t bytes);
+  // The copy alone: no index checks, no transfer metrics.
+  void read(const pjrt::Buffer& b, void* dst, size_t bytes) const;
 
   // Memory accounting for device arrays.
   void reserve(int device, size_t bytes);  // throws OutOfMemory

@@ -402,6 +402,14 @@ cases = [
 for a, b in cases:
     torch.testing.assert_close(a.cpu(), b)
 assert (t.sum() * 0 + 3).item() == 3.0 and (t[0] > 100).tolist() == [False] * 6
+# A deferred index check's flag is read the same way: a good index passes, a bad one raises.
+v = t.flatten()
+torch.testing.assert_close(v[torch.tensor([0, 23], device="tpu")].cpu(), x.flatten()[[0, 23]])
+try:
+    v[torch.tensor([0, 24], device="tpu")].cpu()
+    raise SystemExit("no IndexError for index 24 of 24")
+except IndexError as e:
+    assert "index out of range" in str(e), e
 print("ok", torch_tpu.metrics()["d2h_transfers"] > 0)
 """
 
