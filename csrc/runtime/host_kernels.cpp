@@ -168,13 +168,11 @@ void parallelFor(const XlaPool& xla, int64_t n, const std::function<void(int64_t
   // core spinners (SCHED_IDLE), and the kernel's scheduler lets a spinner
   // that gets the core after a yield keep it for a whole time slice
   // (milliseconds), while this program waits.
-  for (int spins = 0; loop->done.load(std::memory_order_acquire) < n; ++spins) {
-    if (spins < 4096) {
-      __builtin_ia32_pause();
-    } else {
-      std::unique_lock<std::mutex> l(loop->mu);
-      loop->finished.wait(l, [&] { return loop->done.load(std::memory_order_acquire) >= n; });
-    }
+  auto finished = [&] { return loop->done.load(std::memory_order_acquire) >= n; };
+  for (int spins = 0; spins < 4096 && !finished(); ++spins) __builtin_ia32_pause();
+  if (!finished()) {
+    std::unique_lock<std::mutex> l(loop->mu);
+    loop->finished.wait(l, finished);
   }
 }
 
