@@ -1156,9 +1156,60 @@ bool arrivesTransposed(uint32_t transposed, const InputSource& is) {
   return is.kind == InputSource::Kind::Tensor && (transposed >> is.arg & 1u);
 }
 
+// Attention's q, k and v [B, H, L, E] that are head splits of a wider
+// projection (a model's packed q/k/v linear: rows of 3*H*E, one row per
+// position) arrive as their whole storage, and the fragment notes where each
+// lies in it, so the attention kernel reads them in place (ops/attention.cpp).
+// Without this XLA copied each out of the projection, forward and backward:
+// 12 copies of [16, 64, 64] per step of the benchmark GPT. Bit i: argument i.
+uint32_t packedAttentionOperands(const std::string& base, const std::vector<IValue>& args) {
+  int first = -1;
+  if (base == "_scaled_dot_product_flash_attention_for_cpu") first = 0;
+  if (base == "_scaled_dot_product_flash_attention_for_cpu_backward") first = 1;
+  if (first < 0 || !ops::hostKernels() || args.size() < static_cast<size_t>(first + 3)) return 0;
+  uint32_t mask = 0;
+  for (int i = first; i < first + 3; ++i) {
+    if (!args[i].isTensor()) return 0;
+    const at::Tensor& t = args[i].toTensor();
+    if (!t.defined() || t.device().type() != kTpu || t.scalar_type() != at::kFloat || t.dim() != 4) return 0;
+    const int64_t H = t.size(1), L = t.size(2), E = t.size(3), row = t.stride(2);
+    const bool rows_whole = t.stride(3) == 1 && (H == 1 || t.stride(1) == E) && row >= H * E && L > 1 &&
+                            (t.size(0) == 1 || t.stride(0) == L * row);
+    if (rows_whole && arrayOf(t).dtype() == ir::DType::F32) mask |= 1u << i;
+  }
+  // As the lowering's useHostKernel: the kernels take v as wide as q, and
+  // the backward one widths up to 64.
+  const int64_t E = args[first].toTensor().size(3);
+  if (args[first + 2].toTensor().size(3) != E || (first == 1 && E > 64)) return 0;
+  return mask;
+}
+
+// The fragment key's part for packed operands: each one's storage size and
+// where it lies there (the fragment's param is the storage).
+std::string packedKey(uint32_t packed, const std::vector<IValue>& args) {
+  std::string k;
+  for (size_t i = 0; i < args.size() && i < 32; ++i) {
+    if (!(packed >> i & 1u)) continue;
+    const at::Tensor& t = args[i].toTensor();
+    k += "|P";
+    ir::appendInt(k, static_cast<int64_t>(i));
+    k += ',';
+    ir::appendInt(k, arrayOf(t).numel());
+    k += ',';
+    ir::appendInt(k, t.storage_offset());
+    k += ',';
+    ir::appendInt(k, t.stride(2));
+  }
+  return k;
+}
+
+bool arrivesPacked(uint32_t packed, const InputSource& is) {
+  return is.kind == InputSource::Kind::Tensor && (packed >> is.arg & 1u);
+}
+
 std::shared_ptr<const Fragment> buildFragment(const c10::OperatorHandle& op, const std::vector<IValue>& args,
                                               const ops::Lowering* low, bool foreach_expand, const std::string& base,
-                                              uint32_t transposed) {
+                                              uint32_t transposed, uint32_t packed) {
   runtime::metrics().fused_lowerings++;
   auto frag = std::make_shared<Fragment>();
   Plan plan = planFor(op, args, low);
@@ -1169,6 +1220,13 @@ std::shared_ptr<const Fragment> buildFragment(const c10::OperatorHandle& op, con
     if (t.device().is_cpu()) return b.param({cpuScalarIr(t), {}});
     if (arrivesTransposed(transposed, is))
       return b.transpose(b.param({toIr(t.scalar_type()), {t.size(1), t.size(0)}}), {1, 0});
+    if (arrivesPacked(packed, is)) {
+      const runtime::ViewGeometry g = geometryOf(t);
+      ir::Value storage = b.param({ir::DType::F32, {arrayOf(t).numel()}});
+      ir::Value v = b.reshape(runtime::buildRead(b, storage, b.constantInt(g.offset, ir::DType::I64), g), g.sizes);
+      b.noteView(v, ir::StridedView{storage, g.offset, g.strides});
+      return v;
+    }
     return b.param({toIr(t.scalar_type()), t.sizes().vec()});
   };
   paramScalarSources(src, b, frag->inputs);
@@ -1195,7 +1253,9 @@ void runFused(const c10::OperatorHandle& op, torch::jit::Stack* stack, std::vect
   auto& fusion = runtime::Fusion::get();
   std::lock_guard<std::recursive_mutex> lock(fusion.mutex());
   const uint32_t transposed = transposedOperands(base, args);
-  const std::string frag_key = transposed ? key + "|T" + std::to_string(transposed) : key;
+  const uint32_t packed = packedAttentionOperands(base, args);
+  std::string frag_key = transposed ? key + "|T" + std::to_string(transposed) : key;
+  if (packed) frag_key += packedKey(packed, args);
   std::shared_ptr<const Fragment> frag;
   {
     std::lock_guard<std::mutex> g(g_fragment_mu);
@@ -1203,7 +1263,7 @@ void runFused(const c10::OperatorHandle& op, torch::jit::Stack* stack, std::vect
     if (it != g_fragments.end()) frag = it->second;
   }
   if (!frag) {
-    frag = buildFragment(op, args, low, foreach_expand, base, transposed);
+    frag = buildFragment(op, args, low, foreach_expand, base, transposed, packed);
     std::lock_guard<std::mutex> g(g_fragment_mu);
     g_fragments[frag_key] = frag;
   }
@@ -1255,6 +1315,12 @@ void runFused(const c10::OperatorHandle& op, torch::jit::Stack* stack, std::vect
       case InputSource::Kind::Tensor:
       case InputSource::Kind::CpuScalar: {
         const at::Tensor& t = args[is.arg].toTensor();
+        if (arrivesPacked(packed, is)) {  // the whole storage
+          const int64_t n = arrayOf(t).numel();
+          operands.push_back(graph.read(arrayOf(t), runtime::ViewGeometry{ir::DType::F32, {n}, {1}, 0}));
+          runtime::metrics().operands_in_place++;
+          break;
+        }
         ir::Value v = tensorValue(t);
         if (arrivesTransposed(transposed, is))
           v = b.transpose(b.reshape(v, {t.size(0), t.size(1)}), {1, 0});  // the stored matrix

@@ -215,6 +215,40 @@ uint64_t hash64(std::string_view s, uint64_t seed) {
 }
 
 namespace {
+// The strides of a view (`sizes`, `strides`) reshaped to `target` when the
+// reshape moves no data, else nullopt. The view's dims fall into runs that
+// are contiguous with one another (a run's outer stride is its inner stride
+// times the inner sizes); each run must be exactly covered by consecutive
+// dims of `target`, which then step through it from the run's inner stride.
+std::optional<std::vector<int64_t>> reshapedStrides(const Shape& sizes, const std::vector<int64_t>& strides,
+                                                    const Shape& target) {
+  std::vector<int64_t> out(target.size(), 1);
+  int64_t numel = 1;
+  for (auto n : sizes) numel *= n;
+  if (numel == 0) return std::nullopt;
+  int next = static_cast<int>(target.size()) - 1;  // innermost target dim not yet placed
+  for (int i = static_cast<int>(sizes.size()) - 1; i >= 0;) {
+    if (sizes[i] == 1) {
+      --i;
+      continue;
+    }
+    const int64_t inner = strides[i];
+    int64_t run = sizes[i];
+    int k = i - 1;
+    for (; k >= 0 && (sizes[k] == 1 || strides[k] == inner * run); --k) run *= sizes[k];
+    int64_t covered = 1;
+    for (; next >= 0 && covered < run; --next) {
+      out[next] = inner * covered;
+      covered *= target[next];
+    }
+    if (covered != run) return std::nullopt;
+    i = k;
+  }
+  for (; next >= 0; --next)
+    if (target[next] != 1) return std::nullopt;
+  return out;
+}
+
 std::string i64Array(const std::vector<int64_t>& v) {
   std::string s = "array<i64";
   for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : ": ") + std::to_string(v[i]);
@@ -625,6 +659,19 @@ Value Builder::constantInt(int64_t v, DType t, const Shape& shape) {
   return shape.empty() ? c : broadcastInDim(c, shape, {});
 }
 
+Value Builder::constantInts(const std::vector<int64_t>& vs, DType t) {
+  Value c = fresh(Type{t, {static_cast<int64_t>(vs.size())}});
+  std::string lit = "[";
+  for (size_t i = 0; i < vs.size(); ++i) {
+    if (i) lit += ", ";
+    appendInt(lit, vs[i]);
+  }
+  lit += ']';
+  emitLine(ref(c) + " = \"stablehlo.constant\"() {value = dense<" + lit + "> : " + c.type.str() + "} : () -> " +
+           c.type.str());
+  return c;
+}
+
 Value Builder::convert(const Value& v, DType t) {
   if (v.dtype() == t) return v;
   Value r = fresh(Type{t, v.shape()});
@@ -657,6 +704,10 @@ Value Builder::reshape(const Value& v, const Shape& shape) {
   if (t.numel() != v.type.numel()) fail("reshape " + v.type.str() + " to " + t.str());
   Value r = fresh(t);
   emitLine(ref(r) + " = \"stablehlo.reshape\"(" + ref(v) + ") : (" + v.type.str() + ") -> " + t.str());
+  if (auto view = viewOf(v)) {
+    if (auto strides = reshapedStrides(v.shape(), view->strides, shape))
+      views_[r.id] = StridedView{view->base, view->offset, std::move(*strides)};
+  }
   return r;
 }
 
@@ -717,7 +768,23 @@ Value Builder::transpose(const Value& v, const std::vector<int64_t>& perm) {
   emitLine(ref(r) + " = \"stablehlo.transpose\"(" + ref(v) + ") {permutation = " + i64Array(perm) + "} : (" +
            v.type.str() + ") -> " + r.type.str());
   if (perm.size() == 2) transposed_from_.emplace(r.id, v);
+  if (auto view = viewOf(v)) {
+    StridedView t{view->base, view->offset, {}};
+    for (auto p : perm) t.strides.push_back(view->strides[p]);
+    views_[r.id] = std::move(t);
+  }
   return r;
+}
+
+void Builder::noteView(const Value& v, StridedView view) {
+  if (static_cast<int>(view.strides.size()) != v.rank()) fail("noteView: strides do not match " + v.type.str());
+  views_[v.id] = std::move(view);
+}
+
+std::optional<StridedView> Builder::viewOf(const Value& v) const {
+  auto it = views_.find(v.id);
+  if (it == views_.end()) return std::nullopt;
+  return it->second;
 }
 
 std::optional<Value> Builder::transposeSource(const Value& v) const {
@@ -739,6 +806,14 @@ Value Builder::slice(const Value& v, const Shape& start, const Shape& limit, con
   emitLine(ref(r) + " = \"stablehlo.slice\"(" + ref(v) + ") {start_indices = " + i64Array(start) +
            ", limit_indices = " + i64Array(limit) + ", strides = " + i64Array(strides) + "} : (" + v.type.str() +
            ") -> " + r.type.str());
+  if (auto view = viewOf(v)) {
+    StridedView t{view->base, view->offset, {}};
+    for (int i = 0; i < v.rank(); ++i) {
+      t.offset += start[i] * view->strides[i];
+      t.strides.push_back(view->strides[i] * strides[i]);
+    }
+    views_[r.id] = std::move(t);
+  }
   return r;
 }
 

@@ -54,6 +54,15 @@ struct Value {
   int rank() const { return type.rank(); }
 };
 
+// Where a value's elements lie in another value's row-major buffer: element
+// (i0, i1, ...) is base[offset + sum(i_k * strides[k])]. A kernel that takes
+// strided operands can read `base` in place instead of a copy.
+struct StridedView {
+  Value base;
+  int64_t offset = 0;
+  std::vector<int64_t> strides;  // one per dim of the value, in elements of base
+};
+
 // Thrown when a lowering cannot express an op for these arguments; the
 // dispatcher then uses the CPU fallback (counted, warned) or raises.
 class Unsupported : public std::runtime_error {
@@ -119,6 +128,8 @@ class Builder {
   // --- constants and conversions
   Value constant(double v, DType t, const Shape& shape = {});
   Value constantInt(int64_t v, DType t, const Shape& shape = {});
+  // A 1-d integer constant holding `vs`.
+  Value constantInts(const std::vector<int64_t>& vs, DType t);
   Value zeros(const Type& t) { return constant(0.0, t.dtype, t.shape); }
   Value convert(const Value& v, DType t);
   Value bitcast(const Value& v, const Type& t);
@@ -137,6 +148,12 @@ class Builder {
   // kernel that takes operands transposed (a GEMM) can read the original and
   // leave the transpose dead; nullopt for any other value.
   std::optional<Value> transposeSource(const Value& v) const;
+  // Views: `v` holds the elements of `view.base` that `view` addresses (a
+  // tensor view read from its storage). Reshapes, transposes and slices of a
+  // noted value are views of the same base where the strides allow, so
+  // viewOf answers for them too; nullopt for any other value.
+  void noteView(const Value& v, StridedView view);
+  std::optional<StridedView> viewOf(const Value& v) const;
   Value slice(const Value& v, const Shape& start, const Shape& limit, const Shape& strides);
   Value dynamicSlice(const Value& v, const std::vector<Value>& starts, const Shape& sizes);
   Value dynamicUpdateSlice(const Value& v, const Value& update, const std::vector<Value>& starts);
@@ -242,6 +259,7 @@ class Builder {
   std::unordered_map<int, std::string> names_;
   std::vector<Value> outputs_;
   std::unordered_map<int, Value> transposed_from_;  // 2-d transposes: result id -> operand
+  std::unordered_map<int, StridedView> views_;      // see noteView
   std::vector<std::pair<int, int>> aliases_;        // (param, output)
   std::vector<Block> blocks_;                       // blocks_[0] is @main's body; nested regions push.
   std::map<std::string, std::shared_ptr<const Function>> functions_;  // called ones, by name

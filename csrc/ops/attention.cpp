@@ -77,6 +77,37 @@ bool useHostKernel(const Attention& a, bool backward) {
 // is its own inverse).
 Value seqMajor(ir::Builder& b, const Value& x) { return b.transpose(x, {0, 2, 1, 3}); }
 
+// A q, k or v operand of the kernels: the buffer read, and where the
+// [B, L, H, E] tensor lies in it (runtime/host_kernels.h, the layout operand).
+struct KernelInput {
+  Value buffer;
+  int64_t offset = 0, row = 0;
+};
+
+// x, sequence-major [B, L, H, E]: the storage it is a view of when its rows
+// lie whole in it, one after another (a model's head split of a packed
+// q/k/v projection), so that the kernel reads it in place instead of XLA
+// copying it out; else x itself.
+KernelInput kernelInput(ir::Builder& b, const Value& x) {
+  const Shape& s = x.shape();
+  const int64_t H = s[2], E = s[3];
+  if (auto v = b.viewOf(x); v && v->base.dtype() == DType::F32 && s[1] > 1) {
+    const auto& st = v->strides;
+    const int64_t row = st[1];
+    if (st[3] == 1 && (H == 1 || st[2] == E) && row >= H * E && (s[0] == 1 || st[0] == s[1] * row))
+      return {v->base, v->offset, row};
+  }
+  return {x, 0, H * E};
+}
+
+// The kernels' q, k, v and layout operands.
+std::vector<Value> kernelInputs(ir::Builder& b, const Value& q, const Value& k, const Value& v) {
+  const KernelInput in[3] = {kernelInput(b, q), kernelInput(b, k), kernelInput(b, v)};
+  Value layout = b.constantInts(
+      {k.shape()[1], in[0].offset, in[0].row, in[1].offset, in[1].row, in[2].offset, in[2].row}, DType::I64);
+  return {in[0].buffer, in[1].buffer, in[2].buffer, layout};
+}
+
 // The kernel's trailing operands: the scale and the causal flag.
 std::vector<Value> withFlags(ir::Builder& b, const Attention& a, std::vector<Value> operands) {
   operands.push_back(b.constant(a.scale, DType::F32));
@@ -92,7 +123,8 @@ Registrar reg_attention("_scaled_dot_product_flash_attention_for_cpu", [](Ctx& c
   if (useHostKernel(a, false)) {
     Shape lse_shape(a.q.shape().begin(), a.q.shape().end() - 1);
     Value q = seqMajor(b, a.q);
-    auto r = b.customCall(runtime::kAttentionForward, withFlags(b, a, {q, seqMajor(b, a.k), seqMajor(b, a.v)}),
+    auto r = b.customCall(runtime::kAttentionForward,
+                          withFlags(b, a, kernelInputs(b, q, seqMajor(b, a.k), seqMajor(b, a.v))),
                           {q.type, Type{DType::F32, lse_shape}});
     return std::vector<Value>{seqMajor(b, r[0]), r[1]};
   }
@@ -118,9 +150,10 @@ Registrar reg_attention_backward("_scaled_dot_product_flash_attention_for_cpu_ba
   Value lse = b.convert(c.tensor(5), a.acc);
   if (useHostKernel(a, true)) {
     Value q = seqMajor(b, a.q), k = seqMajor(b, a.k), v = seqMajor(b, a.v);
-    auto r =
-        b.customCall(runtime::kAttentionBackward, withFlags(b, a, {seqMajor(b, dout), q, k, v, seqMajor(b, out), lse}),
-                     {q.type, k.type, v.type});
+    std::vector<Value> in = kernelInputs(b, q, k, v);
+    auto r = b.customCall(runtime::kAttentionBackward,
+                          withFlags(b, a, {seqMajor(b, dout), in[0], in[1], in[2], seqMajor(b, out), lse, in[3]}),
+                          {q.type, k.type, v.type});
     return std::vector<Value>{seqMajor(b, r[0]), seqMajor(b, r[1]), seqMajor(b, r[2])};
   }
   Value s = scores(b, a);

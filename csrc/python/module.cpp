@@ -47,6 +47,7 @@ py::dict metricsDict() {
   d["compiles_by_op"] = cb;
   d["kernel_signatures"] = aten::kernelCacheSize();
   d["fused_lowerings"] = m.fused_lowerings.load();
+  d["operands_in_place"] = m.operands_in_place.load();
   d["disk_hits"] = m.disk_hits.load();
   d["recompile_reasons"] = runtime::recentCompileReasons();
   if (runtime::Runtime::initialized()) {

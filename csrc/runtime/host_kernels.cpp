@@ -422,17 +422,23 @@ TPU_HOST_SIMD void headProbabilities(const float* Q, int64_t R, const float* kt,
   }
 }
 
-// One head: its rows of Q, K, V and O are R elements apart (the sequence-major
-// layout interleaves the heads).
+// Elements between one head's consecutive rows in each array (the
+// sequence-major layout interleaves the heads; q, k and v may sit in a wider
+// packed projection). `o` is the results' and the output gradient's.
+struct RowStrides {
+  int64_t q, k, v, o;
+};
+
+// One head, its rows `r` apart.
 TPU_HOST_SIMD void forwardHead(const float* Q, const float* K, const float* V, float* O, float* LSE, int64_t L,
-                               int64_t S, int64_t E, int64_t R, float scale, bool causal) {
+                               int64_t S, int64_t E, const RowStrides& r, float scale, bool causal) {
   const int64_t SP = blocks(S) * kBlock, EP = blocks(E) * kBlock;
   float* kt = scratch(0, E * SP);
   float* p = scratch(1, L * SP);
-  transposePadded(K, kt, S, SP, E, R);
-  headProbabilities(Q, R, kt, p, L, S, SP, E, scale, causal, nullptr, LSE);
-  HeadRows v(V, S, E, R, EP);
-  HeadOut o(O, L, E, R, EP);
+  transposePadded(K, kt, S, SP, E, r.k);
+  headProbabilities(Q, r.q, kt, p, L, S, SP, E, scale, causal, nullptr, LSE);
+  HeadRows v(V, S, E, r.v, EP);
+  HeadOut o(O, L, E, r.o, EP);
   product(L, Strided{p, SP, 1}, v.p, v.stride, o.p, o.stride, 1.0f, keySumSpan(S, EP, causal));
   o.flush();
 }
@@ -442,12 +448,12 @@ TPU_HOST_SIMD void forwardHead(const float* Q, const float* K, const float* V, f
 // causal mask a key tile starting at j reads query rows i >= j only.
 TPU_HOST_SIMD void backwardHead(const float* dO, const float* Q, const float* K, const float* V, const float* O,
                                 const float* LSE, float* dQ, float* dK, float* dV, int64_t L, int64_t S, int64_t E,
-                                int64_t R, float scale, bool causal) {
-  const int64_t SP = blocks(S) * kBlock, EP = blocks(E) * kBlock;
+                                const RowStrides& r, float scale, bool causal) {
+  const int64_t SP = blocks(S) * kBlock, EP = blocks(E) * kBlock, R = r.o;
   float *kt = scratch(0, E * SP), *vt = scratch(1, E * SP), *P = scratch(2, L * SP), *dS = scratch(3, L * SP);
-  transposePadded(K, kt, S, SP, E, R);
-  transposePadded(V, vt, S, SP, E, R);
-  headProbabilities(Q, R, kt, P, L, S, SP, E, scale, causal, LSE, nullptr);
+  transposePadded(K, kt, S, SP, E, r.k);
+  transposePadded(V, vt, S, SP, E, r.v);
+  headProbabilities(Q, r.q, kt, P, L, S, SP, E, scale, causal, LSE, nullptr);
   product(L, Strided{dO, R, 1}, vt, SP, dS, SP, 1.0f, scoreSpan(S, E, causal));  // dP
   for (int64_t i = 0; i < L; ++i) {
     v8f dot{};  // dO_i . O_i
@@ -462,7 +468,7 @@ TPU_HOST_SIMD void backwardHead(const float* dO, const float* Q, const float* K,
     for (int64_t j = 0; j < cols; j += kBlock) store8(ds + j, load8(p + j) * (load8(ds + j) - d) * sc);
     std::fill(ds + cols, ds + SP, 0.0f);  // as P is
   }
-  HeadRows k(K, S, E, R, EP), q(Q, L, E, R, EP), dout(dO, L, E, R, EP);
+  HeadRows k(K, S, E, r.k, EP), q(Q, L, E, r.q, EP), dout(dO, L, E, R, EP);
   HeadOut dq(dQ, L, E, R, EP), dk(dK, S, E, R, EP), dv(dV, S, E, R, EP);
   product(L, Strided{dS, SP, 1}, k.p, k.stride, dq.p, dq.stride, 1.0f, keySumSpan(S, EP, causal));
   auto keyTile = [&](int64_t j, int64_t) { return ProductSpan{EP, causal ? std::min(j, L) : 0, L}; };
@@ -587,28 +593,59 @@ const float* f32(const FfiList& l, int i) { return static_cast<const float*>(ite
 float* f32Out(const FfiList& l, int i) { return static_cast<float*>(item(l, i)->data); }
 
 struct AttentionCall {
-  int64_t batch = 0, heads = 0, L = 0, S = 0, E = 0;
+  AttentionShape shape;
+  int64_t q_offset = 0, k_offset = 0, v_offset = 0;
   float scale = 1.0f;
   bool causal = false;
 };
 
-// Reads an attention call: the operand and result counts, float32 operands
-// then the scale and the int32 causal flag, q-like buffers [B, L, H, E] and
-// k-like ones [B, S, H, E]. Returns an error message, or "" when `c` is set.
-std::string readCall(const FfiCallFrame* f, int n_args, int n_rets, AttentionCall* c) {
-  if (f->args.size != n_args || f->rets.size != n_rets) return "wrong number of operands or results";
+int64_t numel(const FfiBuffer* b) {
+  int64_t n = 1;
+  for (int64_t i = 0; i < b->rank; ++i) n *= b->dims[i];
+  return n;
+}
+
+// Reads an attention call (the operand and result counts already checked):
+// the float32 buffers; B, L, H, E from `like` (the output or its gradient, [B, L, H, E]);
+// S and where q, k and v lie from the layout operand, each checked to lie
+// inside its buffer; then the scale and the int32 causal flag. `qkv` is the
+// index of the q operand. Returns an error message, or "" when `c` is set.
+std::string readCall(const FfiCallFrame* f, int n_args, int qkv, const FfiBuffer* like, AttentionCall* c) {
+  const int layout_arg = n_args - 3;
   for (int i = 0; i < n_args - 1; ++i)
-    if (item(f->args, i)->dtype != kDTypeF32) return "operand " + std::to_string(i) + " is not float32";
+    if (i != layout_arg && item(f->args, i)->dtype != kDTypeF32)
+      return "operand " + std::to_string(i) + " is not float32";
+  const FfiBuffer* layout = item(f->args, layout_arg);
+  if (layout->dtype != kDTypeS64 || layout->rank != 1 || layout->dims[0] != 7) return "the layout is not int64 [7]";
   if (item(f->args, n_args - 1)->dtype != kDTypeS32) return "the causal flag is not int32";
-  const FfiBuffer* q = item(f->args, n_args == 5 ? 0 : 1);
-  const FfiBuffer* k = item(f->args, n_args == 5 ? 1 : 2);
-  if (q->rank != 4 || k->rank != 4 || q->dims[0] != k->dims[0] || q->dims[2] != k->dims[2] || q->dims[3] != k->dims[3])
-    return "query and key shapes do not match";
-  c->batch = q->dims[0];
-  c->heads = q->dims[2];
-  c->L = q->dims[1];
-  c->S = k->dims[1];
-  c->E = q->dims[3];
+  if (like->rank != 4) return "the output is not 4-d";
+  const auto* l = static_cast<const int64_t*>(layout->data);
+  AttentionShape& a = c->shape;
+  a.batch = like->dims[0];
+  a.L = like->dims[1];
+  a.heads = like->dims[2];
+  a.E = like->dims[3];
+  a.S = l[0];
+  a.q_row = l[2];
+  a.k_row = l[4];
+  a.v_row = l[6];
+  c->q_offset = l[1];
+  c->k_offset = l[3];
+  c->v_offset = l[5];
+  const int64_t rows[3] = {a.L, a.S, a.S}, offsets[3] = {l[1], l[3], l[5]}, strides[3] = {l[2], l[4], l[6]};
+  for (int i = 0; i < 3; ++i) {
+    const int64_t n = a.batch * rows[i];
+    if (a.S < 0 || offsets[i] < 0 || strides[i] < a.packedRow() ||
+        (n > 0 && offsets[i] + (n - 1) * strides[i] + a.packedRow() > numel(item(f->args, qkv + i))))
+      return std::string("the ") + "qkv"[i] + " layout does not fit its buffer";
+  }
+  const int64_t q_size = a.batch * a.L * a.packedRow(), kv_size = a.batch * a.S * a.packedRow(),
+                lse_size = a.batch * a.heads * a.L;
+  const bool sized = qkv == 0 ? numel(item(f->rets, 1)) == lse_size
+                              : numel(item(f->args, 4)) == q_size && numel(item(f->args, 5)) == lse_size &&
+                                    numel(item(f->rets, 0)) == q_size && numel(item(f->rets, 1)) == kv_size &&
+                                    numel(item(f->rets, 2)) == kv_size;
+  if (!sized) return "the output, logsumexp or gradient sizes do not match";
   c->scale = *f32(f->args, n_args - 2);
   c->causal = *static_cast<const int32_t*>(item(f->args, n_args - 1)->data) != 0;
   return "";
@@ -617,30 +654,35 @@ std::string readCall(const FfiCallFrame* f, int n_args, int n_rets, AttentionCal
 // The shared part of both handlers: the metadata query and other stages
 // return at once; a call that does not read as attention is an FFI error
 // naming `target`; otherwise `run` computes.
-void* handleAttention(FfiCallFrame* f, const char* target, int n_args, int n_rets,
+void* handleAttention(FfiCallFrame* f, const char* target, int n_args, int n_rets, int qkv,
                       void (*run)(const FfiList& a, const FfiList& r, const AttentionCall& c, const XlaPool& pool)) {
   if (metadataQuery(f) || f->stage != kStageExecute) return nullptr;
   AttentionCall c;
-  std::string err = readCall(f, n_args, n_rets, &c);
+  if (f->args.size != n_args || f->rets.size != n_rets)
+    return ffiError(f, std::string(target) + ": wrong number of operands or results");
+  const FfiBuffer* like = qkv == 0 ? item(f->rets, 0) : item(f->args, 0);
+  std::string err = readCall(f, n_args, qkv, like, &c);
   if (!err.empty()) return ffiError(f, std::string(target) + ": " + err);
   run(f->args, f->rets, c, xlaPoolOf(f->api, f->ctx));
   return nullptr;
 }
 
 void* attentionForwardHandler(FfiCallFrame* f) {
-  return handleAttention(f, kAttentionForward, 5, 2,
+  return handleAttention(f, kAttentionForward, 6, 2, 0,
                          [](const FfiList& a, const FfiList& r, const AttentionCall& c, const XlaPool& pool) {
-                           attentionForwardOn(pool, f32(a, 0), f32(a, 1), f32(a, 2), f32Out(r, 0), f32Out(r, 1),
-                                              {c.batch, c.heads, c.L, c.S, c.E}, c.scale, c.causal);
+                           attentionForwardOn(pool, f32(a, 0) + c.q_offset, f32(a, 1) + c.k_offset,
+                                              f32(a, 2) + c.v_offset, f32Out(r, 0), f32Out(r, 1), c.shape, c.scale,
+                                              c.causal);
                          });
 }
 
 void* attentionBackwardHandler(FfiCallFrame* f) {
-  return handleAttention(
-      f, kAttentionBackward, 8, 3, [](const FfiList& a, const FfiList& r, const AttentionCall& c, const XlaPool& pool) {
-        attentionBackwardOn(pool, f32(a, 0), f32(a, 1), f32(a, 2), f32(a, 3), f32(a, 4), f32(a, 5), f32Out(r, 0),
-                            f32Out(r, 1), f32Out(r, 2), {c.batch, c.heads, c.L, c.S, c.E}, c.scale, c.causal);
-      });
+  return handleAttention(f, kAttentionBackward, 9, 3, 1,
+                         [](const FfiList& a, const FfiList& r, const AttentionCall& c, const XlaPool& pool) {
+                           attentionBackwardOn(pool, f32(a, 0), f32(a, 1) + c.q_offset, f32(a, 2) + c.k_offset,
+                                               f32(a, 3) + c.v_offset, f32(a, 4), f32(a, 5), f32Out(r, 0), f32Out(r, 1),
+                                               f32Out(r, 2), c.shape, c.scale, c.causal);
+                         });
 }
 
 // layer norm forward:  x [M, N], w [N], b [N], eps [] -> y [M, N], mean [M], rstd [M]
@@ -733,23 +775,24 @@ namespace {
 
 void attentionForwardOn(const XlaPool& pool, const float* q, const float* k, const float* v, float* out, float* lse,
                         const AttentionShape& a, float scale, bool causal) {
-  const int64_t R = a.heads * a.E;
+  const RowStrides r{a.qRow(), a.kRow(), a.vRow(), a.packedRow()};
   parallelFor(pool, a.batch * a.heads, [&](int64_t bh) {
-    int64_t b = bh / a.heads, h = bh % a.heads;
-    int64_t qo = b * a.L * R + h * a.E, ko = b * a.S * R + h * a.E;
-    forwardHead(q + qo, k + ko, v + ko, out + qo, lse + bh * a.L, a.L, a.S, a.E, R, scale, causal);
+    int64_t b = bh / a.heads, h = bh % a.heads, he = h * a.E;
+    int64_t oo = b * a.L * r.o + he;
+    forwardHead(q + b * a.L * r.q + he, k + b * a.S * r.k + he, v + b * a.S * r.v + he, out + oo, lse + bh * a.L, a.L,
+                a.S, a.E, r, scale, causal);
   });
 }
 
 void attentionBackwardOn(const XlaPool& pool, const float* dout, const float* q, const float* k, const float* v,
                          const float* out, const float* lse, float* dq, float* dk, float* dv, const AttentionShape& a,
                          float scale, bool causal) {
-  const int64_t R = a.heads * a.E;
+  const RowStrides r{a.qRow(), a.kRow(), a.vRow(), a.packedRow()};
   parallelFor(pool, a.batch * a.heads, [&](int64_t bh) {
-    int64_t b = bh / a.heads, h = bh % a.heads;
-    int64_t qo = b * a.L * R + h * a.E, ko = b * a.S * R + h * a.E;
-    backwardHead(dout + qo, q + qo, k + ko, v + ko, out + qo, lse + bh * a.L, dq + qo, dk + ko, dv + ko, a.L, a.S, a.E,
-                 R, scale, causal);
+    int64_t b = bh / a.heads, h = bh % a.heads, he = h * a.E;
+    int64_t oo = b * a.L * r.o + he, ko = b * a.S * r.o + he;
+    backwardHead(dout + oo, q + b * a.L * r.q + he, k + b * a.S * r.k + he, v + b * a.S * r.v + he, out + oo,
+                 lse + bh * a.L, dq + oo, dk + ko, dv + ko, a.L, a.S, a.E, r, scale, causal);
   });
 }
 

@@ -17,9 +17,16 @@ namespace tpu::runtime {
 // ([batch, sequence, heads, width]): the lowering transposes to it, and XLA
 // cancels that transpose against the model's own head split and merge, so
 // neither a gather nor a copy is left around the call.
-//   attention forward:  q [B,L,H,E], k [B,S,H,E], v [B,S,H,E], scale [], causal (i32) []
+//   attention forward:  q, k, v, layout (i64 [7]), scale [], causal (i32) []
 //                       -> out [B,L,H,E], logsumexp [B,H,L]
-//   attention backward: dout, q, k, v, out, logsumexp, scale, causal -> dq, dk, dv
+//   attention backward: dout [B,L,H,E], q, k, v, out, logsumexp, layout, scale, causal
+//                       -> dq [B,L,H,E], dk [B,S,H,E], dv [B,S,H,E]
+//   q, k and v are the buffers that hold them (any shape): layout is
+//   {S, q offset, q row stride, k offset, k row stride, v offset, v row stride}
+//   in elements; a row (one position's H*E values) is contiguous and a batch
+//   is L (for k and v, S) rows. So the three can be read in place from one
+//   projection's [B, L, 3*H*E] output; separate [B,L,H,E] arrays are offset
+//   0, row stride H*E.
 inline constexpr const char* kAttentionForward = "torch_tpu_attention_fwd";
 inline constexpr const char* kAttentionBackward = "torch_tpu_attention_bwd";
 //   layer norm over the rows of x (the lowering passes ones and zeros for an
@@ -82,6 +89,13 @@ bool registerHostKernels(const pjrt::Api& api);
 
 struct AttentionShape {
   int64_t batch = 0, heads = 0, L = 0, S = 0, E = 0;  // queries L, keys S, head width E
+  // Row strides of q, k and v in elements (0: H*E, the [B, L, H, E] layout).
+  // Results are always [B, L|S, H, E].
+  int64_t q_row = 0, k_row = 0, v_row = 0;
+  int64_t packedRow() const { return heads * E; }
+  int64_t qRow() const { return q_row ? q_row : packedRow(); }
+  int64_t kRow() const { return k_row ? k_row : packedRow(); }
+  int64_t vRow() const { return v_row ? v_row : packedRow(); }
 };
 
 // The kernels themselves, on plain arrays (for the unit tests), in the

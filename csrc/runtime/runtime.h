@@ -37,7 +37,8 @@ struct Metrics {
   std::atomic<int64_t> h2d_transfers{0};
   std::atomic<int64_t> d2h_transfers{0};
   std::atomic<int64_t> compile_ns{0};
-  std::atomic<int64_t> fused_lowerings{0};  // op signatures lowered for fused eager
+  std::atomic<int64_t> fused_lowerings{0};    // op signatures lowered for fused eager
+  std::atomic<int64_t> operands_in_place{0};  // views a kernel read from their storage, not a copy
   std::mutex mu;
   std::map<std::string, int64_t> fallbacks;  // op name -> count
   std::map<std::string, int64_t> compiles_by_op;

@@ -104,7 +104,7 @@ struct FfiThreadPoolNumThreadsArgs {
 };
 constexpr int kFfiApiMinor = 1;
 constexpr int kStageExecute = 3;
-constexpr int kDTypeS32 = 4, kDTypeF32 = 11;
+constexpr int kDTypeS32 = 4, kDTypeS64 = 5, kDTypeF32 = 11;
 constexpr int kErrorInvalidArgument = 3;
 
 struct PjrtFfiRegisterArgs {

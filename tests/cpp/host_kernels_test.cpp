@@ -138,6 +138,48 @@ INSTANTIATE_TEST_SUITE_P(Shapes, AttentionKernel,
                                   (c.causal ? "_causal" : "");
                          });
 
+// [B, L, 3, H, E]: the q, k and v of one packed projection, row stride 3*H*E.
+std::vector<float> packRows(const Case& c, const std::vector<float>& q, const std::vector<float>& k,
+                            const std::vector<float>& v) {
+  const int64_t he = c.heads * c.E;
+  std::vector<float> qkv(3 * c.qSize());
+  for (int64_t r = 0; r < c.batch * c.L; ++r)
+    for (int64_t j = 0; j < he; ++j) {
+      qkv[r * 3 * he + j] = q[r * he + j];
+      qkv[r * 3 * he + he + j] = k[r * he + j];
+      qkv[r * 3 * he + 2 * he + j] = v[r * he + j];
+    }
+  return qkv;
+}
+
+// q, k and v read in place from a packed projection give the same bits as
+// from separate arrays.
+TEST(AttentionKernel, ReadsPackedQkvInPlace) {
+  for (bool causal : {true, false}) {
+    Case c{2, 3, 40, 40, 12, causal};
+    const int64_t he = c.heads * c.E;
+    auto q = randomVec(c.qSize(), 21), k = randomVec(c.kSize(), 22), v = randomVec(c.kSize(), 23),
+         g = randomVec(c.qSize(), 24);
+    auto qkv = packRows(c, q, k, v);
+    runtime::AttentionShape packed = c.shape();
+    packed.q_row = packed.k_row = packed.v_row = 3 * he;
+    std::vector<float> o1(c.qSize()), o2(c.qSize()), l1(c.batch * c.heads * c.L), l2(l1.size());
+    runtime::attentionForward(q.data(), k.data(), v.data(), o1.data(), l1.data(), c.shape(), 0.3f, causal);
+    runtime::attentionForward(qkv.data(), qkv.data() + he, qkv.data() + 2 * he, o2.data(), l2.data(), packed, 0.3f,
+                              causal);
+    EXPECT_EQ(o1, o2);
+    EXPECT_EQ(l1, l2);
+    std::vector<float> dq1(c.qSize()), dk1(c.kSize()), dv1(c.kSize()), dq2(c.qSize()), dk2(c.kSize()), dv2(c.kSize());
+    runtime::attentionBackward(g.data(), q.data(), k.data(), v.data(), o1.data(), l1.data(), dq1.data(), dk1.data(),
+                               dv1.data(), c.shape(), 0.3f, causal);
+    runtime::attentionBackward(g.data(), qkv.data(), qkv.data() + he, qkv.data() + 2 * he, o1.data(), l1.data(),
+                               dq2.data(), dk2.data(), dv2.data(), packed, 0.3f, causal);
+    EXPECT_EQ(dq1, dq2);
+    EXPECT_EQ(dk1, dk2);
+    EXPECT_EQ(dv1, dv2);
+  }
+}
+
 // A stand-in host BLAS: the Fortran sgemm's contract (column-major,
 // C = alpha op(A) op(B) + beta C) in plain loops, and a per-thread
 // thread-count setting, as MKL's is, with counts of what the kernel did.
@@ -183,24 +225,53 @@ pjrt::Client& client() {
 }
 
 TEST(AttentionKernel, RunsInsideAnXlaProgram) {
+  // Separate q, k, v arrays, then the same read from one packed [B, L, 3*H*E]
+  // array through the layout operand: forward and backward.
   Case c{1, 2, 8, 8, 8, true};
-  ir::Builder b;
-  ir::Type t{ir::DType::F32, {1, c.L, c.heads, c.E}};
-  auto q = b.param(t), k = b.param(t), v = b.param(t);
-  auto r = b.customCall(runtime::kAttentionForward,
-                        {q, k, v, b.constant(0.5, ir::DType::F32), b.constantInt(1, ir::DType::I32)},
-                        {t, ir::Type{ir::DType::F32, {1, c.heads, c.L}}});
-  b.output(r[0]);
-  auto exe = client().compile(b.emit(), pjrt::compileOptions(true));
-  auto hq = randomVec(t.numel(), 5), hk = randomVec(t.numel(), 6), hv = randomVec(t.numel(), 7);
-  std::vector<std::unique_ptr<pjrt::Buffer>> bufs;
-  for (auto* h : {&hq, &hk, &hv}) bufs.push_back(client().fromHost(h->data(), pjrt::ElementType::F32, t.shape, 0));
-  auto outs = exe->execute({bufs[0]->raw(), bufs[1]->raw(), bufs[2]->raw()}, client().devices()[0].raw);
-  std::vector<float> got(t.numel());
-  outs[0]->toHost(got.data(), got.size() * sizeof(float));
+  const int64_t he = c.heads * c.E;
+  ir::Type t{ir::DType::F32, {1, c.L, c.heads, c.E}}, lse_t{ir::DType::F32, {1, c.heads, c.L}};
+  ir::Type packed_t{ir::DType::F32, {1, c.L, 3 * he}};
+  auto hq = randomVec(t.numel(), 5), hk = randomVec(t.numel(), 6), hv = randomVec(t.numel(), 7),
+       hg = randomVec(t.numel(), 8);
+  auto hqkv = packRows(c, hq, hk, hv);
   std::vector<double> out, lse, dq, dk, dv;
-  reference(c, hq, hk, hv, hq, 0.5f, out, lse, dq, dk, dv);
-  expectNear(got, out, "out");
+  reference(c, hq, hk, hv, hg, 0.5f, out, lse, dq, dk, dv);
+  for (bool packed : {false, true}) {
+    ir::Builder b;
+    std::vector<ir::Value> qkv;
+    std::vector<int64_t> layout{c.L, 0, he, 0, he, 0, he};
+    if (packed) {
+      auto p = b.param(packed_t);
+      qkv = {p, p, p};
+      layout = {c.L, 0, 3 * he, he, 3 * he, 2 * he, 3 * he};
+    } else {
+      qkv = {b.param(t), b.param(t), b.param(t)};
+    }
+    auto g = b.param(t);
+    auto lay = b.constantInts(layout, ir::DType::I64);
+    auto scale = b.constant(0.5, ir::DType::F32), causal = b.constantInt(1, ir::DType::I32);
+    auto f = b.customCall(runtime::kAttentionForward, {qkv[0], qkv[1], qkv[2], lay, scale, causal}, {t, lse_t});
+    auto d = b.customCall(runtime::kAttentionBackward, {g, qkv[0], qkv[1], qkv[2], f[0], f[1], lay, scale, causal},
+                          {t, t, t});
+    for (const auto& r : {f[0], d[0], d[1], d[2]}) b.output(r);
+    auto exe = client().compile(b.emit(), pjrt::compileOptions(true));
+    std::vector<std::unique_ptr<pjrt::Buffer>> bufs;
+    if (packed) {
+      bufs.push_back(client().fromHost(hqkv.data(), pjrt::ElementType::F32, packed_t.shape, 0));
+    } else {
+      for (auto* h : {&hq, &hk, &hv}) bufs.push_back(client().fromHost(h->data(), pjrt::ElementType::F32, t.shape, 0));
+    }
+    bufs.push_back(client().fromHost(hg.data(), pjrt::ElementType::F32, t.shape, 0));
+    std::vector<PJRT_Buffer*> args;
+    for (auto& buf : bufs) args.push_back(buf->raw());
+    auto outs = exe->execute(args, client().devices()[0].raw);
+    const std::vector<double>* want[4] = {&out, &dq, &dk, &dv};
+    for (int i = 0; i < 4; ++i) {
+      std::vector<float> got(t.numel());
+      outs[i]->toHost(got.data(), got.size() * sizeof(float));
+      expectNear(got, *want[i], packed ? "packed" : "separate");
+    }
+  }
 }
 
 // Runs the one-parameter program `b` (parameter type t) and expects the
@@ -227,6 +298,19 @@ TEST(AttentionKernel, BadOperandsAreAnErrorWithTheTargetName) {
                         {t, ir::Type{ir::DType::F32, {1, 1, 4}}});
   b.output(r[0]);
   expectKernelError(b, t, "torch_tpu_attention_fwd: wrong number of operands");
+}
+
+TEST(AttentionKernel, ALayoutOutsideItsBufferIsAnError) {
+  ir::Builder b;
+  ir::Type t{ir::DType::F32, {1, 4, 2, 8}};
+  auto q = b.param(t);
+  // k's rows start 8 elements in: its last row runs past the buffer.
+  auto lay = b.constantInts({4, 0, 16, 8, 16, 0, 16}, ir::DType::I64);
+  auto r = b.customCall(runtime::kAttentionForward,
+                        {q, q, q, lay, b.constant(0.5, ir::DType::F32), b.constantInt(0, ir::DType::I32)},
+                        {t, ir::Type{ir::DType::F32, {1, 2, 4}}});
+  b.output(r[0]);
+  expectKernelError(b, t, "torch_tpu_attention_fwd: the k layout does not fit its buffer");
 }
 
 // Layer norm over rows of n in double: y, mean, rstd and the gradients.

@@ -163,3 +163,39 @@ TEST(Memory, LimitRaisesOutOfMemory) {
   runtime::DeviceArray ok(0, 16);  // still usable afterwards
   EXPECT_EQ(ok.nbytes(), 16u);
 }
+
+// The builder follows a noted view through reshapes, transposes and slices,
+// so that a kernel taking strided operands (attention's q, k and v) can read
+// the storage in place.
+TEST(BuilderViews, FollowReshapesTransposesAndSlices) {
+  ir::Builder b;
+  auto flat = b.param({ir::DType::F32, {200}});
+  EXPECT_FALSE(b.viewOf(flat));
+  // A packed projection, 2 x 4 rows of 24, read from 8 elements in.
+  auto rows = b.reshape(b.slice(flat, {8}, {200}, {1}), {2, 4, 24});
+  EXPECT_FALSE(b.viewOf(rows));  // only noted values are followed
+  b.noteView(rows, ir::StridedView{flat, 8, {96, 24, 1}});
+  auto k = b.slice(rows, {0, 0, 8}, {2, 4, 16}, {1, 1, 1});  // the middle 8 columns
+  auto kv = b.viewOf(k);
+  ASSERT_TRUE(kv);
+  EXPECT_EQ(kv->base.id, flat.id);
+  EXPECT_EQ(kv->offset, 16);
+  EXPECT_EQ(kv->strides, (std::vector<int64_t>{96, 24, 1}));
+  auto heads = b.transpose(b.reshape(k, {2, 4, 2, 4}), {0, 2, 1, 3});  // [B, H, L, E]
+  auto hv = b.viewOf(heads);
+  ASSERT_TRUE(hv);
+  EXPECT_EQ(hv->offset, 16);
+  EXPECT_EQ(hv->strides, (std::vector<int64_t>{96, 4, 24, 1}));
+  // Batch and rows merge (rows are 24 apart, batches 4 rows); the 8 columns
+  // of different rows do not.
+  auto merged = b.viewOf(b.reshape(k, {8, 8}));
+  ASSERT_TRUE(merged);
+  EXPECT_EQ(merged->strides, (std::vector<int64_t>{24, 1}));
+  EXPECT_FALSE(b.viewOf(b.reshape(k, {64})));
+  EXPECT_FALSE(b.viewOf(b.reshape(k, {2, 32})));
+  // Stepped slices scale the strides.
+  auto every_other = b.viewOf(b.slice(k, {0, 1, 0}, {2, 4, 8}, {1, 2, 1}));
+  ASSERT_TRUE(every_other);
+  EXPECT_EQ(every_other->offset, 40);
+  EXPECT_EQ(every_other->strides, (std::vector<int64_t>{96, 48, 1}));
+}
