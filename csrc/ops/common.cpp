@@ -350,8 +350,10 @@ constexpr int64_t kHostGemmMinWork = 32768;
 
 // x [M, K] @ y [K, N] as the runtime's GEMM kernel: an operand that is a
 // transpose is passed untransposed with its flag, so the transpose is left
-// dead instead of copied.
-std::optional<Value> hostGemmProduct(ir::Builder& b, const Value& x, const Value& y) {
+// dead instead of copied. `terms`: none, or bias [N], alpha and beta (see
+// runtime::kGemm).
+std::optional<Value> hostGemmProduct(ir::Builder& b, const Value& x, const Value& y,
+                                     const std::vector<Value>& terms = {}) {
   if (!hostGemm() || x.dtype() != DType::F32 || y.dtype() != DType::F32) return std::nullopt;
   const int64_t M = x.shape()[0], K = x.shape()[1], N = y.shape()[1];
   constexpr int64_t kInt = std::numeric_limits<int>::max();  // the BLAS takes 32-bit sizes
@@ -366,9 +368,20 @@ std::optional<Value> hostGemmProduct(ir::Builder& b, const Value& x, const Value
     bb = *src;
     flags |= 2;
   }
-  return b.customCall(runtime::kGemm, {a, bb, b.constantInt(flags, DType::I32)}, {Type{DType::F32, {M, N}}})[0];
+  std::vector<Value> operands{a, bb, b.constantInt(flags, DType::I32)};
+  operands.insert(operands.end(), terms.begin(), terms.end());
+  return b.customCall(runtime::kGemm, operands, {Type{DType::F32, {M, N}}})[0];
 }
 }  // namespace
+
+std::optional<Value> hostAddmm(ir::Builder& b, const Value& bias, const Value& x, const Value& y, const Value& alpha,
+                               const Value& beta) {
+  if (x.rank() != 2 || y.rank() != 2 || bias.dtype() != DType::F32) return std::nullopt;
+  const int64_t N = y.shape()[1];
+  const bool row = (bias.rank() == 1 && bias.shape()[0] == N) || (bias.rank() == 2 && bias.shape() == Shape{1, N});
+  if (!row) return std::nullopt;
+  return hostGemmProduct(b, x, y, {b.reshape(bias, {N}), b.convert(alpha, DType::F32), b.convert(beta, DType::F32)});
+}
 
 Value matmul(ir::Builder& b, const Value& x0, const Value& y0) {
   Value x = x0, y = y0;

@@ -566,7 +566,7 @@ void layerNormForwardOn(const XlaPool& pool, const float* x, const float* w, con
 void layerNormBackwardOn(const XlaPool& pool, const float* dy, const float* x, const float* mean, const float* rstd,
                          const float* w, float* dx, float* dw, float* db, int64_t M, int64_t N);
 void gemmOn(const XlaPool& pool, int64_t threads, const HostBlas& blas, const float* a, const float* b, float* c,
-            int64_t M, int64_t N, int64_t K, bool trans_a, bool trans_b);
+            int64_t M, int64_t N, int64_t K, bool trans_a, bool trans_b, const GemmTerms& terms);
 
 void* ffiError(const FfiCallFrame* f, const std::string& msg) {
   auto* api = static_cast<const FfiApi*>(f->api);
@@ -732,11 +732,13 @@ void* layerNormBackwardHandler(FfiCallFrame* f) {
 struct GemmCall {
   int64_t M = 0, N = 0, K = 0;
   bool trans_a = false, trans_b = false;
+  GemmTerms terms;
 };
 
-// gemm: a [M, K] or [K, M], b [K, N] or [N, K], transposes (i32 []) -> c [M, N].
+// gemm: a [M, K] or [K, M], b [K, N] or [N, K], transposes (i32 []), and
+// optionally bias [N], alpha [], beta [] -> c [M, N].
 std::string readGemm(const FfiCallFrame* f, GemmCall* g) {
-  if (f->args.size != 3 || f->rets.size != 1) return "wrong number of operands or results";
+  if ((f->args.size != 3 && f->args.size != 6) || f->rets.size != 1) return "wrong number of operands or results";
   const FfiBuffer* a = item(f->args, 0);
   const FfiBuffer* b = item(f->args, 1);
   const FfiBuffer* c = item(f->rets, 0);
@@ -753,6 +755,14 @@ std::string readGemm(const FfiCallFrame* f, GemmCall* g) {
   if (c->dims[0] != g->M || c->dims[1] != g->N) return "the result shape does not match";
   constexpr int64_t kMax = std::numeric_limits<int>::max();
   if (g->M * g->K > kMax || g->K * g->N > kMax || g->M * g->N > kMax) return "too large for a 32-bit BLAS";
+  if (f->args.size == 6) {
+    const FfiBuffer* bias = item(f->args, 3);
+    if (bias->dtype != kDTypeF32 || bias->rank != 1 || bias->dims[0] != g->N) return "the bias is not float32 [N]";
+    for (int i : {4, 5})
+      if (item(f->args, i)->dtype != kDTypeF32 || item(f->args, i)->rank != 0)
+        return "alpha or beta is not a float32 scalar";
+    g->terms = GemmTerms{*f32(f->args, 4), f32(f->args, 3), *f32(f->args, 5)};
+  }
   return "";
 }
 
@@ -765,7 +775,7 @@ void* gemmHandler(FfiCallFrame* f) {
   if (!err.empty()) return ffiError(f, std::string(kGemm) + ": " + err);
   const XlaPool pool = xlaPoolOf(f->api, f->ctx);
   gemmOn(pool, pool.threads, blas, f32(f->args, 0), f32(f->args, 1), f32Out(f->rets, 0), g.M, g.N, g.K, g.trans_a,
-         g.trans_b);
+         g.trans_b, g.terms);
   return nullptr;
 }
 
@@ -867,10 +877,18 @@ GemmPlan planGemm(int64_t M, int64_t N, int64_t threads) {
   return p;
 }
 
+// The block's rows of c set to the bias, which the BLAS then scales by beta:
+// true when there is a bias to add.
+bool fillBias(float* c, int64_t N, int64_t m0, int64_t m1, int64_t n0, int64_t n1, const GemmTerms& t) {
+  if (!t.bias || t.beta == 0.0f) return false;
+  for (int64_t i = m0; i < m1; ++i) std::copy(t.bias + n0, t.bias + n1, c + i * N + n0);
+  return true;
+}
+
 // Rows [m0, m1) and columns [n0, n1) of the row-major c = op(a) op(b), as the
 // column-major BLAS sees it: c^T = op(b)^T op(a)^T, single-threaded.
 void gemmBlock(const HostBlas& blas, const float* a, const float* b, float* c, int64_t M, int64_t N, int64_t K,
-               bool trans_a, bool trans_b, int64_t m0, int64_t m1, int64_t n0, int64_t n1) {
+               bool trans_a, bool trans_b, int64_t m0, int64_t m1, int64_t n0, int64_t n1, const GemmTerms& t) {
   const int m = static_cast<int>(m1 - m0), n = static_cast<int>(n1 - n0), k = static_cast<int>(K);
   const int lda = static_cast<int>(std::max<int64_t>(1, trans_a ? M : K));
   const int ldb = static_cast<int>(std::max<int64_t>(1, trans_b ? K : N));
@@ -878,27 +896,31 @@ void gemmBlock(const HostBlas& blas, const float* a, const float* b, float* c, i
   const float* ap = trans_a ? a + m0 : a + m0 * K;
   const float* bp = trans_b ? b + n0 * K : b + n0;
   const char opa = trans_a ? 'T' : 'N', opb = trans_b ? 'T' : 'N';
-  const float one = 1.0f, zero = 0.0f;
+  const float alpha = t.alpha, beta = fillBias(c, N, m0, m1, n0, n1, t) ? t.beta : 0.0f;
   const int previous = blas.set_threads_local(1);
-  blas.sgemm(&opb, &opa, &n, &m, &k, &one, bp, &ldb, ap, &lda, &zero, c + m0 * N + n0, &ldc);
+  blas.sgemm(&opb, &opa, &n, &m, &k, &alpha, bp, &ldb, ap, &lda, &beta, c + m0 * N + n0, &ldc);
   blas.set_threads_local(previous);
 }
 
 // `threads`: XLA's pool's, or the blocks' plan without one (the unit tests).
 void gemmOn(const XlaPool& pool, int64_t threads, const HostBlas& blas, const float* a, const float* b, float* c,
-            int64_t M, int64_t N, int64_t K, bool trans_a, bool trans_b) {
+            int64_t M, int64_t N, int64_t K, bool trans_a, bool trans_b, const GemmTerms& terms) {
   if (M == 0 || N == 0) return;
-  if (K == 0) {
-    std::fill(c, c + M * N, 0.0f);
+  if (K == 0) {  // an empty product: beta bias
+    if (fillBias(c, N, 0, M, 0, N, terms)) {
+      for (int64_t i = 0; i < M * N; ++i) c[i] *= terms.beta;
+    } else {
+      std::fill(c, c + M * N, 0.0f);
+    }
     return;
   }
   const GemmPlan p = planGemm(M, N, threads);
   auto block = [&](int64_t i) {
     const int64_t lo = i * p.block, hi = std::min((i + 1) * p.block, p.by_rows ? M : N);
     if (p.by_rows)
-      gemmBlock(blas, a, b, c, M, N, K, trans_a, trans_b, lo, hi, 0, N);
+      gemmBlock(blas, a, b, c, M, N, K, trans_a, trans_b, lo, hi, 0, N, terms);
     else
-      gemmBlock(blas, a, b, c, M, N, K, trans_a, trans_b, 0, M, lo, hi);
+      gemmBlock(blas, a, b, c, M, N, K, trans_a, trans_b, 0, M, lo, hi, terms);
   };
   if (p.blocks > 1 && (pool.threads >= 2 || !pool.api)) {
     parallelFor(pool, p.blocks, block);
@@ -931,10 +953,10 @@ HostBlas hostBlas() {
 }
 
 void gemm(const float* a, const float* b, float* c, int64_t M, int64_t N, int64_t K, bool trans_a, bool trans_b,
-          int64_t threads) {
+          int64_t threads, const GemmTerms& terms) {
   const HostBlas blas = hostBlas();
   if (!blas.available()) throw std::runtime_error("torch_tpu: gemm without a host BLAS");
-  gemmOn(XlaPool{}, threads, blas, a, b, c, M, N, K, trans_a, trans_b);
+  gemmOn(XlaPool{}, threads, blas, a, b, c, M, N, K, trans_a, trans_b, terms);
 }
 
 void layerNormForward(const float* x, const float* w, const float* b, float* y, float* mean, float* rstd, int64_t M,

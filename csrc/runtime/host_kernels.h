@@ -37,7 +37,10 @@ inline constexpr const char* kLayerNormForward = "torch_tpu_layer_norm_fwd";
 inline constexpr const char* kLayerNormBackward = "torch_tpu_layer_norm_bwd";
 //   matrix product on a host BLAS (see HostBlas):
 //   a [M, K] ([K, M] when transposed), b [K, N] ([N, K] when transposed),
-//   transposes (i32 []: bit 0 a, bit 1 b) -> c [M, N]
+//   transposes (i32 []: bit 0 a, bit 1 b) [, bias [N], alpha [], beta []]
+//   -> c [M, N] = alpha op(a) op(b) + beta bias, the bias added to every row
+//   (a linear layer's addmm; beta 0 ignores the bias, NaN included, as the
+//   BLAS and PyTorch do)
 inline constexpr const char* kGemm = "torch_tpu_gemm";
 
 // A host BLAS for the GEMM kernel: XLA:CPU's dots (Eigen's packing, then
@@ -108,10 +111,16 @@ void attentionBackward(const float* dout, const float* q, const float* k, const 
 
 void layerNormForward(const float* x, const float* w, const float* b, float* y, float* mean, float* rstd, int64_t M,
                       int64_t N, float eps);
-// c = op(a) op(b) through the host BLAS (which must be set), in the row or
-// column blocks the kernel uses with `threads` threads.
+// The optional terms of the GEMM kernel: c = alpha op(a) op(b) + beta bias.
+struct GemmTerms {
+  float alpha = 1.0f;
+  const float* bias = nullptr;  // [N], added to every row
+  float beta = 0.0f;
+};
+// c = op(a) op(b) (with `terms`) through the host BLAS (which must be set),
+// in the row or column blocks the kernel uses with `threads` threads.
 void gemm(const float* a, const float* b, float* c, int64_t M, int64_t N, int64_t K, bool trans_a, bool trans_b,
-          int64_t threads = 1);
+          int64_t threads = 1, const GemmTerms& terms = {});
 
 void layerNormBackward(const float* dy, const float* x, const float* mean, const float* rstd, const float* w, float* dx,
                        float* dw, float* db, int64_t M, int64_t N);

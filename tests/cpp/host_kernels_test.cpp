@@ -471,6 +471,33 @@ INSTANTIATE_TEST_SUITE_P(Shapes, GemmKernel,
                                   std::to_string(i.param.K);
                          });
 
+// alpha op(a) op(b) + beta bias, every transpose and split; beta 0 ignores
+// a NaN bias, and an empty product leaves beta bias.
+TEST(GemmKernel, AddsTheBiasRowAsTheProductIsWritten) {
+  usePlainBlas();
+  for (const GemmCase& g : {GemmCase{300, 37, 19}, GemmCase{37, 300, 19}, GemmCase{5, 7, 0}}) {
+    auto a = randomVec(g.M * g.K, 41), b = randomVec(g.K * g.N, 42), bias = randomVec(g.N, 43);
+    std::vector<float> nan_bias(g.N, std::nanf(""));
+    for (int t = 0; t < 4; ++t) {
+      const bool ta = t & 1, tb = t & 2;
+      auto product = productReference(a, b, g.M, g.N, g.K, ta, tb);
+      for (int64_t threads : {1, 3}) {
+        std::vector<double> want(product.size()), scaled(product.size());
+        for (size_t i = 0; i < want.size(); ++i) {
+          want[i] = 2.0 * product[i] + 0.5 * bias[i % g.N];
+          scaled[i] = 2.0 * product[i];
+        }
+        std::vector<float> c(g.M * g.N, 123.0f);
+        runtime::gemm(a.data(), b.data(), c.data(), g.M, g.N, g.K, ta, tb, threads, {2.0f, bias.data(), 0.5f});
+        expectNear(c, want, "alpha 2, beta 0.5");
+        std::fill(c.begin(), c.end(), 123.0f);
+        runtime::gemm(a.data(), b.data(), c.data(), g.M, g.N, g.K, ta, tb, threads, {2.0f, nan_bias.data(), 0.0f});
+        expectNear(c, scaled, "beta 0, a NaN bias");
+      }
+    }
+  }
+}
+
 TEST(GemmKernel, WithoutAHostBlasIsAnError) {
   runtime::setHostBlas({});
   std::vector<float> a(4, 1.0f), c(4);
@@ -511,6 +538,17 @@ TEST(GemmKernel, BadOperandsAreAnErrorWithTheTargetName) {
   b.output(
       b.customCall(runtime::kGemm, {x, x, b.constantInt(0, ir::DType::I32)}, {ir::Type{ir::DType::F32, {4, 8}}})[0]);
   expectKernelError(b, t, "torch_tpu_gemm: the contracted sizes differ");
+}
+
+TEST(GemmKernel, ABiasOfTheWrongSizeIsAnError) {
+  ir::Builder b;
+  ir::Type t{ir::DType::F32, {8, 8}};
+  auto x = b.param(t);
+  auto bias = b.constant(1.0, ir::DType::F32, {4});  // N is 8
+  auto one = b.constant(1.0, ir::DType::F32);
+  b.output(b.customCall(runtime::kGemm, {x, x, b.constantInt(0, ir::DType::I32), bias, one, one},
+                        {ir::Type{ir::DType::F32, {8, 8}}})[0]);
+  expectKernelError(b, t, "torch_tpu_gemm: the bias is not float32 [N]");
 }
 
 // ------------------------------------------------- XLA's intra-op pool

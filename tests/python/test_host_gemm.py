@@ -47,6 +47,28 @@ def test_products_with_transposed_operands_match_cpu(fallback_error, mode, ta, t
     torch.testing.assert_close(addmm, torch.addmm(bias, a, b, beta=0.5, alpha=2.0))
 
 
+@pytest.mark.parametrize("mode", ["strict", "fused"])
+def test_addmm_adds_the_bias_in_the_kernel_as_the_cpu_does(fallback_error, mode):
+    # A bias row ([N] or [1, N]) is added by the GEMM kernel: alpha and beta
+    # apply, and beta=0 ignores a NaN bias, as PyTorch's CPU addmm does.
+    a, b = operand(300, 70, False, 0), operand(70, 130, True, 1)
+    bias = torch.randn(130, generator=torch.Generator().manual_seed(2))
+    nan_bias = torch.full((1, 130), float("nan"))
+    with torch_tpu.mode(mode):
+        da, db = a.to("tpu"), b.to("tpu")
+        got = [torch.addmm(bias.to("tpu"), da, db).cpu(),
+               torch.addmm(bias.view(1, -1).to("tpu"), da, db, alpha=-1.5, beta=3.0).cpu(),
+               torch.addmm(nan_bias.to("tpu"), da, db, beta=0).cpu()]
+    want = [torch.addmm(bias, a, b), torch.addmm(bias.view(1, -1), a, b, alpha=-1.5, beta=3.0),
+            torch.addmm(nan_bias, a, b, beta=0)]
+    # alpha * (a @ b) + beta * bias rounds once per term wherever it is
+    # computed: where the terms (up to about 60 here) cancel, the default
+    # relative tolerance of the small result is below one rounding of them.
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, atol=3e-5, rtol=1.3e-6)
+    assert not torch.isnan(got[2]).any()
+
+
 @pytest.mark.parametrize("backend", [None, "tpu"])
 def test_linear_layers_train_like_the_cpu(fallback_error, backend):
     # The backward's weight gradients multiply transposed activations.
