@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <iterator>
 #include <list>
 #include <numeric>
 #include <optional>
@@ -370,21 +371,30 @@ void checkIndicesLater(const BufferPtr& ok, const std::string& op, int device) {
   if (g_blocking) checkPendingIndices();
 }
 
-void checkPendingIndices() {
+void checkPendingIndices(bool finished_only) {
   std::vector<std::pair<BufferPtr, std::string>> todo;
   {
     auto& c = indexChecks();
     std::lock_guard<std::mutex> g(c.mu);
     if (c.pending.empty()) return;
-    todo.swap(c.pending);
+    if (finished_only) {
+      // Checks of programs still running stay pending, so that a read does
+      // not wait for work queued after what it reads.
+      auto running = std::stable_partition(c.pending.begin(), c.pending.end(),
+                                           [](const auto& check) { return !check.first->isReady(); });
+      todo.assign(std::make_move_iterator(running), std::make_move_iterator(c.pending.end()));
+      c.pending.erase(running, c.pending.end());
+    } else {
+      todo.swap(c.pending);
+    }
   }
   for (const auto& [buf, op] : todo) {
     uint8_t ok = 1;
     Runtime::get().read(*buf, &ok, 1);  // in place on the CPU plugin: no copy task, no thread hand-off
     if (!ok)
       throw std::out_of_range("index out of range in " + op +
-                              ": an index is outside the size of the dimension it indexes (the check ran at this "
-                              "host read; set TPU_LAUNCH_BLOCKING=1 to raise at the op itself)");
+                              ": an index is outside the size of the dimension it indexes (the check ran at a "
+                              "host read after the op; set TPU_LAUNCH_BLOCKING=1 to raise at the op itself)");
   }
 }
 

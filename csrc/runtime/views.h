@@ -56,10 +56,13 @@ BufferPtr readView(DeviceArray& a, const ViewGeometry& g);
 void writeView(DeviceArray& a, const ViewGeometry& g, const BufferPtr& value);
 
 // Index checks: `ok` is a bool scalar computed by an indexing program. It is
-// read at the next host read or synchronize (at once in blocking mode); if
-// false, that read throws std::out_of_range naming `op`.
+// read at the first host read after the program finished, or at synchronize
+// (at once in blocking mode); if false, that read throws std::out_of_range
+// naming `op`. A read of a result waits for the programs it depends on, so
+// their checks run at that read; `finished_only` leaves the checks of
+// programs still running (queued after what is read) to a later read.
 void checkIndicesLater(const BufferPtr& ok, const std::string& op, int device);
-void checkPendingIndices();
+void checkPendingIndices(bool finished_only = false);
 
 // A cached 0-d buffer holding `v` (scalars passed to programs).
 BufferPtr scalarBuffer(ir::DType t, double v, int device);

@@ -43,6 +43,25 @@ def test_out_of_range_index_raises_at_next_host_read_in_strict_mode():
     assert x.sum().item() == 10
 
 
+def test_a_failed_index_check_queued_after_a_read_is_raised_later_not_lost():
+    # A read waits for the programs it depends on and runs their index checks;
+    # a check of a program queued after it runs at the first read after that
+    # program finished, or at synchronize, whichever comes first.
+    x = torch.arange(5.0, device="tpu")
+    total = x.sum()
+    bad = x[torch.tensor([1, 7], device="tpu")] * 2  # queued after `total`
+    try:
+        assert total.item() == 10  # raises only if `bad` already finished
+    except IndexError:
+        pass
+    else:
+        with pytest.raises(IndexError, match="index out of range in aten::index"):
+            torch.tpu.synchronize()
+    torch.tpu.synchronize()  # raised once
+    assert x.sum().item() == 10
+    del bad
+
+
 @pytest.mark.parametrize("fn", [
     lambda x, i: x.index_select(0, i),
     lambda x, i: x.gather(0, i),
