@@ -1166,22 +1166,21 @@ uint32_t packedAttentionOperands(const std::string& base, const std::vector<IVal
   int first = -1;
   if (base == "_scaled_dot_product_flash_attention_for_cpu") first = 0;
   if (base == "_scaled_dot_product_flash_attention_for_cpu_backward") first = 1;
-  if (first < 0 || !ops::hostKernels() || args.size() < static_cast<size_t>(first + 3)) return 0;
+  if (first < 0 || args.size() < static_cast<size_t>(first + 3)) return 0;
   uint32_t mask = 0;
   for (int i = first; i < first + 3; ++i) {
     if (!args[i].isTensor()) return 0;
     const at::Tensor& t = args[i].toTensor();
     if (!t.defined() || t.device().type() != kTpu || t.scalar_type() != at::kFloat || t.dim() != 4) return 0;
-    const int64_t H = t.size(1), L = t.size(2), E = t.size(3), row = t.stride(2);
-    const bool rows_whole = t.stride(3) == 1 && (H == 1 || t.stride(1) == E) && row >= H * E && L > 1 &&
-                            (t.size(0) == 1 || t.stride(0) == L * row);
-    if (rows_whole && arrayOf(t).dtype() == ir::DType::F32) mask |= 1u << i;
+    // [B, H, L, E] as the kernels' sequence-major [B, L, H, E].
+    const auto sz = t.sizes(), st = t.strides();
+    if (ops::attentionRowStride({sz[0], sz[2], sz[1], sz[3]}, {st[0], st[2], st[1], st[3]}) &&
+        arrayOf(t).dtype() == ir::DType::F32)
+      mask |= 1u << i;
   }
-  // As the lowering's useHostKernel: the kernels take v as wide as q, and
-  // the backward one widths up to 64.
-  const int64_t E = args[first].toTensor().size(3);
-  if (args[first + 2].toTensor().size(3) != E || (first == 1 && E > 64)) return 0;
-  return mask;
+  const bool on_kernels =
+      ops::attentionOnHostKernels(args[first].toTensor().size(3), args[first + 2].toTensor().size(3), first == 1);
+  return on_kernels ? mask : 0;
 }
 
 // The fragment key's part for packed operands: each one's storage size and

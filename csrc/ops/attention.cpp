@@ -13,6 +13,24 @@
 #include "runtime/host_kernels.h"
 
 namespace tpu::ops {
+
+// The forward kernel measured 1.2-2.5x faster than XLA:CPU's form at head
+// widths 16, 32 and 64. The backward one, since its products are register
+// tiles, wins up to width 64 too (forward + backward of [4, 8, 128, 128 x 64]:
+// 5.5 ms against 6.9 ms with XLA's backward) and ties at 128, so wider heads
+// keep the StableHLO backward (it reads the kernel's output and logsumexp alike).
+bool attentionOnHostKernels(int64_t E, int64_t Ev, bool backward) {
+  return hostKernels() && Ev == E && (!backward || E <= 64);
+}
+
+std::optional<int64_t> attentionRowStride(const std::vector<int64_t>& sizes, const std::vector<int64_t>& strides) {
+  if (sizes.size() != 4 || strides.size() != 4 || sizes[1] < 2) return std::nullopt;
+  const int64_t H = sizes[2], E = sizes[3], row = strides[1];
+  const bool whole =
+      strides[3] == 1 && (H == 1 || strides[2] == E) && row >= H * E && (sizes[0] == 1 || strides[0] == sizes[1] * row);
+  return whole ? std::optional<int64_t>(row) : std::nullopt;
+}
+
 namespace {
 
 struct Attention {
@@ -63,14 +81,10 @@ Value asGemmInput(ir::Builder& b, const Attention& a, const Value& x) {
   return a.in == a.acc ? x : b.convert(b.convert(x, a.in), a.acc);
 }
 
-// float32 attention on the CPU plugin runs as the runtime's host kernels.
-// The forward kernel measured 1.2-2.5x faster than XLA:CPU's form at head
-// widths 16, 32 and 64. The backward one, since its products are register
-// tiles, wins up to width 64 too (forward + backward of [4, 8, 128, 128 x 64]:
-// 5.5 ms against 6.9 ms with XLA's backward) and ties at 128, so wider heads
-// keep the StableHLO backward (it reads the kernel's output and logsumexp alike).
+// float32 attention on the CPU plugin runs as the runtime's host kernels
+// (attentionOnHostKernels).
 bool useHostKernel(const Attention& a, bool backward) {
-  return hostKernels() && a.in == DType::F32 && a.v.shape()[3] == a.q.shape()[3] && (!backward || a.q.shape()[3] <= 64);
+  return a.in == DType::F32 && attentionOnHostKernels(a.q.shape()[3], a.v.shape()[3], backward);
 }
 
 // [B, H, L, E] <-> the kernels' sequence-major [B, L, H, E] (the permutation
@@ -84,20 +98,13 @@ struct KernelInput {
   int64_t offset = 0, row = 0;
 };
 
-// x, sequence-major [B, L, H, E]: the storage it is a view of when its rows
-// lie whole in it, one after another (a model's head split of a packed
-// q/k/v projection), so that the kernel reads it in place instead of XLA
-// copying it out; else x itself.
+// x, sequence-major [B, L, H, E]: the storage it is a view of where the
+// kernel can read it in place (attentionRowStride), instead of XLA copying it
+// out; else x itself.
 KernelInput kernelInput(ir::Builder& b, const Value& x) {
-  const Shape& s = x.shape();
-  const int64_t H = s[2], E = s[3];
-  if (auto v = b.viewOf(x); v && v->base.dtype() == DType::F32 && s[1] > 1) {
-    const auto& st = v->strides;
-    const int64_t row = st[1];
-    if (st[3] == 1 && (H == 1 || st[2] == E) && row >= H * E && (s[0] == 1 || st[0] == s[1] * row))
-      return {v->base, v->offset, row};
-  }
-  return {x, 0, H * E};
+  if (auto v = b.viewOf(x); v && v->base.dtype() == DType::F32)
+    if (auto row = attentionRowStride(x.shape(), v->strides)) return {v->base, v->offset, *row};
+  return {x, 0, x.shape()[2] * x.shape()[3]};
 }
 
 // The kernels' q, k, v and layout operands.

@@ -155,6 +155,14 @@ bool hostKernels();
 // plugin with a host BLAS, runtime/host_kernels.h). Set as setHostKernels.
 void setHostGemm(bool available);
 bool hostGemm();
+// Whether float32 attention with q width E and v width Ev runs as the host
+// kernels (forward, or backward).
+bool attentionOnHostKernels(int64_t E, int64_t Ev, bool backward);
+// The row stride at which the host attention kernels read a sequence-major
+// [B, L, H, E] view (`sizes`, `strides` in elements of its storage) in place:
+// when its rows lie whole in the storage, one after another (a model's head
+// split of a packed q/k/v projection). nullopt otherwise.
+std::optional<int64_t> attentionRowStride(const std::vector<int64_t>& sizes, const std::vector<int64_t>& strides);
 
 // Registry. Lowerings register by base name ("add") or by "name.overload"
 // ("sum.dim_IntList"); lookup tries the exact overload first.

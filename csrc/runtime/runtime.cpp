@@ -364,16 +364,15 @@ BufferPtr Runtime::upload(const void* data, ir::DType t, const std::vector<int64
 }
 
 void Runtime::download(const pjrt::Buffer& b, void* dst, size_t bytes) {
-  // The value first: then the checks of the programs it came from have
-  // finished too. Waiting for every check instead made a training loop's
-  // loss.item() wait for the backward queued after the loss (embedding
-  // gradients check their indices), and the device idled while the host
-  // prepared the next step.
-  b.awaitReady();
+  // The value first (read waits for it): then the checks of the programs it
+  // came from have finished too. Waiting for every check instead made a
+  // training loop's loss.item() wait for the backward queued after the loss
+  // (embedding gradients check their indices), and the device idled while
+  // the host prepared the next step.
+  read(b, dst, bytes);
   checkPendingIndices(/*finished_only=*/true);
   metrics().d2h_transfers++;
   metrics().d2h_bytes += bytes;
-  read(b, dst, bytes);
 }
 
 void Runtime::read(const pjrt::Buffer& b, void* dst, size_t bytes) const {
