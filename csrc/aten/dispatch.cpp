@@ -1490,6 +1490,10 @@ struct CapturedGraph {
   int device = 0;
   std::vector<int> array_group;                   // per argument: the first argument sharing its storage (-1: CPU/none)
   std::vector<std::pair<int, int>> input_writes;  // (argument, program result)
+  // Params of overwritten arguments whose buffers the program may write its
+  // results into: the argument's array, replaced by the result, does not
+  // stop execute() from donating them.
+  std::vector<int> donated;
   std::vector<OutputSpec> outputs;
   int ops = 0;
 };
@@ -1605,6 +1609,12 @@ std::shared_ptr<CapturedGraph> captureEnd(const std::vector<at::Tensor>& outputs
     auto it = arg_of.find(cg->run.out_owners[k]);
     if (it != arg_of.end()) cg->input_writes.emplace_back(it->second, static_cast<int>(k));
   }
+  for (int p : cg->run.prog->aliased_params) {
+    const auto& tag = cg->run.tags[p];
+    bool written = std::any_of(cg->input_writes.begin(), cg->input_writes.end(),
+                               [&](const auto& w) { return w.first == tag.index; });
+    if (tag.kind == runtime::InputTag::Kind::Input && written) cg->donated.push_back(p);
+  }
   for (const at::Tensor& t : outputs) {
     OutputSpec o;
     if (t.defined()) {
@@ -1689,7 +1699,7 @@ std::optional<std::vector<at::Tensor>> replay(CapturedGraph& g, const std::vecto
   }
   std::vector<runtime::BufferPtr> results;
   try {
-    results = runtime::execute(prog, bufs, g.device);
+    results = runtime::execute(prog, bufs, g.device, g.donated);
   } catch (const std::exception& e) {
     rethrow(e, "torch_tpu: compiled graph");
   }

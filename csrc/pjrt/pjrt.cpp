@@ -170,6 +170,7 @@ void Event::onReady(std::function<void()> fn) const {
 
 Buffer::~Buffer() {
   if (!buf_) return;
+  live_.fetch_sub(1, std::memory_order_relaxed);
   auto args = makeArgs<PJRT_Buffer_Destroy_Args>();
   args.buffer = buf_;
   api_->destroyError(api_->raw()->PJRT_Buffer_Destroy(&args));

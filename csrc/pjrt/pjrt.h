@@ -2,6 +2,7 @@
 // and tests on its own (tests/cpp/pjrt_test.cpp).
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -109,8 +110,13 @@ class Client;
 // A device buffer. Owns the PJRT_Buffer.
 class Buffer {
  public:
-  Buffer(std::shared_ptr<const Api> api, PJRT_Buffer* buf) : api_(std::move(api)), buf_(buf) {}
+  Buffer(std::shared_ptr<const Api> api, PJRT_Buffer* buf) : api_(std::move(api)), buf_(buf) {
+    if (buf_) live_.fetch_add(1, std::memory_order_relaxed);
+  }
   ~Buffer();
+  // Buffers alive in the process: what holds device memory besides tensors
+  // (a program's fixed inputs, pending transfers) shows here.
+  static int64_t live() { return live_.load(std::memory_order_relaxed); }
   Buffer(const Buffer&) = delete;
   Buffer& operator=(const Buffer&) = delete;
 
@@ -132,6 +138,7 @@ class Buffer {
   PJRT_Device* device() const;
 
  private:
+  static inline std::atomic<int64_t> live_{0};
   std::shared_ptr<const Api> api_;
   PJRT_Buffer* buf_;
 };

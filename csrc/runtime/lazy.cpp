@@ -85,7 +85,7 @@ ir::Value LazyGraph::storage(DeviceArray& a, ir::DType t) {
       flat = b_->param(ty);
       inputs_.push_back(a.buffer());
       tags_.push_back(InputTag{InputTag::Kind::Input, cap->second});
-      input_owners_.push_back(0);
+      input_owners_.push_back(a.uid());
       capture_params_[&a] = flat;
     }
   } else if (a.lazy()) {
@@ -171,9 +171,10 @@ void LazyGraph::materialize(CaptureResult* cap) {
     reset();
     return;
   }
-  // A captured graph keeps its inputs for every replay: nothing to donate.
+  // A captured graph's argument that the graph overwrites is donated as in
+  // fused eager: a replay lets go of the argument's buffer while it runs.
   std::vector<std::pair<int, int>> donated;
-  if (donate_ && !cap) donated = donations(outs);
+  if (donate_) donated = donations(outs);
   std::vector<char> flat_out(outs.size());
   for (const auto& [input, j] : donated) flat_out[j] = 1;
   // A donated buffer is flat: its result stays flat too (an N-d result would
@@ -217,7 +218,12 @@ void LazyGraph::materialize(CaptureResult* cap) {
   auto checks = checks_;
   if (cap) {
     cap->prog = prog;
-    cap->inputs = inputs_;
+    // Only fixed inputs are kept for replays: holding the arguments' buffers
+    // would keep this call's weights, optimizer state and activations alive
+    // as long as the graph.
+    cap->inputs.resize(inputs_.size());
+    for (size_t i = 0; i < inputs_.size(); ++i)
+      if (tags_[i].kind == InputTag::Kind::Fixed) cap->inputs[i] = inputs_[i];
     cap->tags = tags_;
     for (const auto& lv : outs) cap->out_owners.push_back(lv->owner);
     for (const auto& c : checks_) cap->checks.push_back(c.second);

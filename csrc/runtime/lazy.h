@@ -32,7 +32,7 @@ struct InputTag {
 // with other arguments without lowering anything.
 struct CaptureResult {
   std::shared_ptr<Program> prog;
-  std::vector<BufferPtr> inputs;
+  std::vector<BufferPtr> inputs;  // per param: the buffer of a Fixed one, else null
   std::vector<InputTag> tags;
   std::vector<DeviceArray*> out_owners;
   std::vector<std::string> checks;

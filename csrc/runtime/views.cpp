@@ -284,14 +284,17 @@ bool ViewGeometry::contiguous() const {
   return true;
 }
 
-std::vector<BufferPtr> execute(const Program& p, const std::vector<BufferPtr>& inputs, int device) {
+std::vector<BufferPtr> execute(const Program& p, const std::vector<BufferPtr>& inputs, int device,
+                               const std::vector<int>& overwritten) {
   std::vector<PJRT_Buffer*> raw;
   raw.reserve(inputs.size());
   for (const auto& b : inputs) raw.push_back(b->raw());
-  // An aliased input is donated only when `inputs` holds its last reference.
+  // Anyone else holding an aliased input keeps it: the plugin copies it.
   std::vector<int64_t> keep;
-  for (int i : p.aliased_params)
-    if (inputs[i].use_count() > 1) keep.push_back(i);
+  for (int i : p.aliased_params) {
+    const long holders = 1 + std::count(overwritten.begin(), overwritten.end(), i);
+    if (inputs[i].use_count() > holders) keep.push_back(i);
+  }
   if (!p.aliased_params.empty())
     metrics().donated_buffers += static_cast<int64_t>(p.aliased_params.size() - keep.size());
   std::shared_ptr<pjrt::Event> done;

@@ -32,8 +32,12 @@ ir::Value buildWrite(ir::Builder& b, const ir::Value& flat, const ir::Value& val
                      const ViewGeometry& g);
 
 // Runs a program: inputs in order; returns its outputs. Counts executions.
-// In blocking mode (TPU_LAUNCH_BLOCKING) waits for the results.
-std::vector<BufferPtr> execute(const Program& p, const std::vector<BufferPtr>& inputs, int device);
+// In blocking mode (TPU_LAUNCH_BLOCKING) waits for the results. An aliased
+// input is donated when `inputs` holds its only reference, or, for the
+// params in `overwritten`, one more: that of the array the caller replaces
+// with the program's result right after.
+std::vector<BufferPtr> execute(const Program& p, const std::vector<BufferPtr>& inputs, int device,
+                               const std::vector<int>& overwritten = {});
 void setLaunchBlocking(bool on);
 // Waits for every program launched on `device` so far; rethrows the first
 // failure. Events record the same set.
