@@ -308,9 +308,17 @@ std::vector<BufferPtr> execute(const Program& p, const std::vector<BufferPtr>& i
   for (auto& o : outs) result.emplace_back(std::move(o));
   if (sync) {
     for (const auto& r : result) r->awaitReady();
-  } else {
-    trackPending(device, std::move(done));
+    return result;
   }
+  // The plugin's handle of a donated buffer blocks its destruction until the
+  // program that took the buffer has finished (xla-cpu-pjrt: the optimizer
+  // step's launch waited for the backward). Held here, the handles die
+  // when the program is done, and the launch returns at once.
+  std::vector<BufferPtr> donated;
+  for (int i : p.aliased_params)
+    if (std::find(keep.begin(), keep.end(), i) == keep.end()) donated.push_back(inputs[i]);
+  if (!donated.empty()) done->onReady([held = std::move(donated)]() mutable { held.clear(); });
+  trackPending(device, std::move(done));
   return result;
 }
 
