@@ -264,6 +264,10 @@ import torch, torch_tpu
 def rss():
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * 4096
+# The runtime's start and the program's compile first: their memory, freed
+# between the arrays, would pin heap pages that a trim cannot return.
+torch.ones(4 << 20, device="tpu")
+torch.tpu.synchronize()
 # 16 MB arrays come from the heap (not their own mmap), which keeps them once freed.
 xs = [torch.ones(4 << 20, device="tpu") for _ in range(12)]
 torch.tpu.synchronize()
