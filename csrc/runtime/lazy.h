@@ -107,7 +107,8 @@ class LazyGraph {
   // held the array's old contents, where XLA can write it in place (see
   // ir::Builder::inPlaceSafe). Returns (input, index in `outs`) pairs; the
   // program aliases them, and execute() donates those inputs nobody else holds.
-  std::vector<std::pair<int, int>> donations(const std::vector<std::shared_ptr<LazyValue>>& outs);
+  // Buffers under `min_bytes` are left alone.
+  std::vector<std::pair<int, int>> donations(const std::vector<std::shared_ptr<LazyValue>>& outs, size_t min_bytes);
   int device_;
   std::unique_ptr<ir::Builder> b_;
   std::vector<BufferPtr> inputs_;
@@ -122,7 +123,7 @@ class LazyGraph {
   int materializations_ = 0;
   bool bake_scalars_ = false;
   bool donate_;
-  size_t donate_min_bytes_;  // smaller buffers are not donated
+  size_t donate_min_bytes_;  // fused eager: smaller buffers are not donated
   // declareDonations' analysis, by graph fingerprint and candidate pairs.
   std::unordered_map<std::string, std::vector<std::pair<int, int>>> donations_;
   std::vector<std::weak_ptr<LazyValue>> values_;

@@ -326,10 +326,10 @@ def test_a_recorded_graph_keeps_no_argument_alive():
     assert torch_tpu.metrics()["live_buffers"] == before
 
 
-def test_a_compiled_optimizer_step_donates_large_parameters_and_matches_eager():
-    # 512 x 512 float32 weights are 1 MiB: the compiled step writes each
-    # weight and both moments into their old buffers, replay after replay,
-    # and a view of a weight taken before a step still sees the update.
+def test_a_compiled_optimizer_step_donates_its_state_and_matches_eager():
+    # The compiled step writes each parameter, both moments and the step
+    # count into their old buffers, replay after replay, and a view of a
+    # weight taken before a step still sees the update.
     def run(compiled):
         torch._dynamo.reset()
         torch.manual_seed(0)
@@ -356,8 +356,9 @@ def test_a_compiled_optimizer_step_donates_large_parameters_and_matches_eager():
         torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(row, params[0][3])
     torch.testing.assert_close(row, eager_row, rtol=1e-5, atol=1e-5)
-    # The weight and its two moments, in the recording's run and every replay.
-    assert donated == [3, 3, 3, 3], donated
+    # Weight and bias, each with two moments and a step count, in the
+    # recording's run and every replay.
+    assert donated == [8, 8, 8, 8], donated
 
 
 def test_a_launch_that_donates_returns_before_its_program_finishes():
@@ -378,7 +379,7 @@ def test_a_launch_that_donates_returns_before_its_program_finishes():
         step()
         still_running.append(not torch.tpu.current_stream().query())
         torch.tpu.synchronize()
-        assert torch_tpu.metrics()["donated_buffers"] - d0 == 3
+        assert torch_tpu.metrics()["donated_buffers"] - d0 == 8
     # A launch that waited finds its program done; a busy host may rarely
     # also see one finish first, so most, not all, must still be running.
     assert sum(still_running) >= 4, still_running
