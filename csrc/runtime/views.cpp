@@ -290,13 +290,19 @@ std::vector<BufferPtr> execute(const Program& p, const std::vector<BufferPtr>& i
   raw.reserve(inputs.size());
   for (const auto& b : inputs) raw.push_back(b->raw());
   // Anyone else holding an aliased input keeps it: the plugin copies it.
+  // `donates`, per input: first the references allowed besides `inputs`'
+  // (1 for an overwritten argument's array), then whether it is donated.
+  std::vector<char> donates;
   std::vector<int64_t> keep;
-  for (int i : p.aliased_params) {
-    const long holders = 1 + std::count(overwritten.begin(), overwritten.end(), i);
-    if (inputs[i].use_count() > holders) keep.push_back(i);
-  }
-  if (!p.aliased_params.empty())
+  if (!p.aliased_params.empty()) {
+    donates.assign(inputs.size(), 0);
+    for (int i : overwritten) donates[i] = 1;
+    for (int i : p.aliased_params) {
+      donates[i] = inputs[i].use_count() <= 1 + donates[i];
+      if (!donates[i]) keep.push_back(i);
+    }
     metrics().donated_buffers += static_cast<int64_t>(p.aliased_params.size() - keep.size());
+  }
   std::shared_ptr<pjrt::Event> done;
   bool sync = g_blocking || p.synchronous;
   CoreSpinner::InFlight in_flight(Runtime::get().coreSpinner());
@@ -311,12 +317,12 @@ std::vector<BufferPtr> execute(const Program& p, const std::vector<BufferPtr>& i
     return result;
   }
   // The plugin's handle of a donated buffer blocks its destruction until the
-  // program that took the buffer has finished (xla-cpu-pjrt: the optimizer
-  // step's launch waited for the backward). Held here, the handles die
-  // when the program is done, and the launch returns at once.
+  // program that took the buffer has finished (xla-cpu-pjrt: a compiled
+  // optimizer step's launch waited for the step itself). Held here, the
+  // handles die when the program is done, and the launch returns at once.
   std::vector<BufferPtr> donated;
   for (int i : p.aliased_params)
-    if (std::find(keep.begin(), keep.end(), i) == keep.end()) donated.push_back(inputs[i]);
+    if (donates[i]) donated.push_back(inputs[i]);
   if (!donated.empty()) done->onReady([held = std::move(donated)]() mutable { held.clear(); });
   trackPending(device, std::move(done));
   return result;
