@@ -2,6 +2,7 @@
 // (index / index_put), index_add/copy/fill, embedding backward.
 // Negative indices wrap as in PyTorch.
 #include <limits>
+#include <numeric>
 
 #include "ops/common.h"
 
@@ -55,13 +56,26 @@ Value scatterAlong(ir::Builder& b, const Value& x, int64_t dim, const Value& idx
     Value r = scatterAlong(b, b.reshape(x, {1}), 0, b.reshape(idx, {1}), b.reshape(src, {1}), combine);
     return b.reshape(r, {});
   }
-  Value coords = coordinates(b, idx, dim, x.shape()[dim]);
   // src may be larger than idx: use its leading idx-shaped block.
   Value upd = src;
   if (src.shape() != idx.shape()) {
     Shape start(src.rank(), 0), strides(src.rank(), 1);
     upd = b.slice(src, start, idx.shape(), strides);
   }
+  // One index per line along `dim` (the one-hot of a loss gradient): every
+  // element is written at most once, so the scatter is an elementwise select
+  // that fuses into its consumers instead of a serial scatter loop over a
+  // materialized copy of x.
+  Shape line = x.shape();
+  line[dim] = 1;
+  if (idx.shape() == line) {
+    std::vector<int64_t> same(x.rank());
+    std::iota(same.begin(), same.end(), 0);
+    Value at = b.broadcastInDim(wrapIndex(b, idx, x.shape()[dim]), x.shape(), same);
+    Value hit = b.compare(b.iota(Type{DType::I64, x.shape()}, static_cast<int>(dim)), at, ir::Cmp::EQ);
+    return b.select(hit, combine(b, x, b.broadcastInDim(upd, x.shape(), same)), x);
+  }
+  Value coords = coordinates(b, idx, dim, x.shape()[dim]);
   ir::Builder::ScatterDims dn;
   for (int d = 0; d < x.rank(); ++d) {
     dn.inserted_window_dims.push_back(d);

@@ -135,6 +135,16 @@ def test_index_tensor_out_of_range():
     _device_still_works()
 
 
+def test_one_index_per_line_scatter_out_of_range():
+    # Lowered as a select rather than a scatter: the range check must still fire,
+    # for indices past the end and for negative ones (scatter does not wrap).
+    t = torch.zeros(3, 4, device="tpu")
+    for bad in (4, -1):
+        with pytest.raises(IndexError):
+            t.scatter(1, torch.full((3, 1), bad, device="tpu"), 1.0).cpu()
+    _device_still_works()
+
+
 @pytest.mark.parametrize("make", ["to", "empty"])
 def test_unsupported_dtype(make):
     with pytest.raises((TypeError, RuntimeError)) as info:

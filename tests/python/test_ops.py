@@ -297,6 +297,12 @@ def test_indexing(dtype):
     src = make((5, 3), dtype, seed=2)
     check(lambda a, i, s: a.scatter(1, i[:, :1], s[:, :1]), x, g, src)
     check(lambda a, i, s: a.scatter_add(1, i, s), x, g, src, **acc_tol)
+    # One index per line (a select, not a scatter): along either dim, with a
+    # value, accumulating, and with an index shorter than self (a scatter).
+    check(lambda a, i, s: a.scatter(1, i[:, 1:2], 2), x, g, src)
+    check(lambda a, i, s: a.scatter_add(1, i[:, 2:3], s[:, 2:3]), x, g, src)
+    check(lambda a, i, s: a.t().scatter(0, i[:, :1].t(), s[:, :1].t()), x, g, src)
+    check(lambda a, i, s: a.scatter(1, i[:3, :1], s[:3, :1]), x, g, src)
     if dtype.is_floating_point:
         check(lambda a, i, s: a.scatter_reduce(1, i, s, "amax"), x, g, src)
         check(lambda a, i, s: a.scatter_reduce(1, i, s, "mean", include_self=False), x, g, src)
