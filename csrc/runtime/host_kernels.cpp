@@ -553,6 +553,54 @@ TPU_HOST_SIMD void layerNormBackwardRow(const float* __restrict__ dy, const floa
   }
 }
 
+// Softmax or log-softmax of one row, in the lowering's formula (ops/nn.cpp):
+// shifted by the row's max. A row whose max is infinite takes the scalar loop
+// and comes out NaN, as in PyTorch.
+void softmaxRowScalar(const float* x, float* y, int64_t n, bool log, float m) {
+  const float shift = m;
+  float s = 0.0f;
+  for (int64_t j = 0; j < n; ++j) s += std::exp(x[j] - shift);
+  const float ls = std::log(s);
+  for (int64_t j = 0; j < n; ++j) y[j] = log ? (x[j] - shift) - ls : std::exp(x[j] - shift) / s;
+}
+
+TPU_HOST_SIMD void softmaxRow(const float* __restrict__ x, float* __restrict__ y, int64_t n, bool log) {
+  const float m = rowMax(x, n);
+  if (!std::isfinite(m)) return softmaxRowScalar(x, y, n, log, m);
+  const int64_t nv = n / kBlock * kBlock;
+  const v8f mv = splat8(m);
+  v8f s0{}, s1{};
+  int64_t j = 0;
+  if (log) {
+    // Two accumulators: the exponentials are independent, the sum is not.
+    for (; j + 2 * kBlock <= nv; j += 2 * kBlock) {
+      s0 += exp8(load8(x + j) - mv);
+      s1 += exp8(load8(x + j + kBlock) - mv);
+    }
+    for (; j < nv; j += kBlock) s0 += exp8(load8(x + j) - mv);
+    float s = lanesSum(s0 + s1);
+    for (; j < n; ++j) s += std::exp(x[j] - m);
+    const float ls = std::log(s);
+    const v8f lv = splat8(ls);
+    for (j = 0; j < nv; j += kBlock) store8(y + j, (load8(x + j) - mv) - lv);
+    for (; j < n; ++j) y[j] = (x[j] - m) - ls;
+    return;
+  }
+  for (; j < nv; j += kBlock) {
+    const v8f e = exp8(load8(x + j) - mv);
+    s0 += e;
+    store8(y + j, e);
+  }
+  float s = lanesSum(s0);
+  for (; j < n; ++j) {
+    y[j] = std::exp(x[j] - m);
+    s += y[j];
+  }
+  const v8f sv = splat8(s);
+  for (j = 0; j < nv; j += kBlock) store8(y + j, load8(y + j) / sv);
+  for (; j < n; ++j) y[j] /= s;
+}
+
 // ------------------------------------------------------------- handlers
 
 // The kernels over XLA's pool (defined below, after the handlers).
@@ -567,6 +615,7 @@ void layerNormBackwardOn(const XlaPool& pool, const float* dy, const float* x, c
                          const float* w, float* dx, float* dw, float* db, int64_t M, int64_t N);
 void gemmOn(const XlaPool& pool, int64_t threads, const HostBlas& blas, const float* a, const float* b, float* c,
             int64_t M, int64_t N, int64_t K, bool trans_a, bool trans_b, const GemmTerms& terms);
+void softmaxForwardOn(const XlaPool& pool, const float* x, float* y, int64_t M, int64_t N, bool log);
 
 void* ffiError(const FfiCallFrame* f, const std::string& msg) {
   auto* api = static_cast<const FfiApi*>(f->api);
@@ -729,6 +778,23 @@ void* layerNormBackwardHandler(FfiCallFrame* f) {
                          });
 }
 
+// softmax: x [M, N], log (i32 []) -> y [M, N].
+void* softmaxForwardHandler(FfiCallFrame* f) {
+  if (metadataQuery(f) || f->stage != kStageExecute) return nullptr;
+  std::string err;
+  if (f->args.size != 2 || f->rets.size != 1) err = "wrong number of operands or results";
+  const FfiBuffer* x = err.empty() ? item(f->args, 0) : nullptr;
+  const FfiBuffer* y = err.empty() ? item(f->rets, 0) : nullptr;
+  if (err.empty() && (x->dtype != kDTypeF32 || y->dtype != kDTypeF32 || x->rank != 2 || y->rank != 2 ||
+                      x->dims[0] != y->dims[0] || x->dims[1] != y->dims[1]))
+    err = "the operand and result are not float32 matrices of one shape";
+  if (err.empty() && item(f->args, 1)->dtype != kDTypeS32) err = "the log flag is not int32";
+  if (!err.empty()) return ffiError(f, std::string(kSoftmaxForward) + ": " + err);
+  const bool log = *static_cast<const int32_t*>(item(f->args, 1)->data) != 0;
+  softmaxForwardOn(xlaPoolOf(f->api, f->ctx), f32(f->args, 0), f32Out(f->rets, 0), x->dims[0], x->dims[1], log);
+  return nullptr;
+}
+
 struct GemmCall {
   int64_t M = 0, N = 0, K = 0;
   bool trans_a = false, trans_b = false;
@@ -853,6 +919,14 @@ void layerNormBackwardOn(const XlaPool& pool, const float* dy, const float* x, c
   }
 }
 
+// Rows in blocks as layer norm's, each row on its own (no cross-row sums).
+void softmaxForwardOn(const XlaPool& pool, const float* x, float* y, int64_t M, int64_t N, bool log) {
+  forEachRowBlock(pool, M, [&](int64_t blk) {
+    for (int64_t i = blk * kLayerNormRows; i < std::min(M, (blk + 1) * kLayerNormRows); ++i)
+      softmaxRow(x + i * N, y + i * N, N, log);
+  });
+}
+
 std::mutex g_blas_mu;
 HostBlas g_blas;
 
@@ -969,6 +1043,10 @@ void layerNormBackward(const float* dy, const float* x, const float* mean, const
   layerNormBackwardOn(XlaPool{}, dy, x, mean, rstd, w, dx, dw, db, M, N);
 }
 
+void softmaxForward(const float* x, float* y, int64_t M, int64_t N, bool log) {
+  softmaxForwardOn(XlaPool{}, x, y, M, N, log);
+}
+
 bool registerHostKernels(const pjrt::Api& api) {
   if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma")) return false;
   const PjrtFfiExtension* ffi = nullptr;
@@ -976,11 +1054,11 @@ bool registerHostKernels(const pjrt::Api& api) {
     if (e->type == PJRT_Extension_Type_FFI && e->struct_size >= sizeof(PjrtFfiExtension))
       ffi = reinterpret_cast<const PjrtFfiExtension*>(e);
   if (!ffi || !ffi->register_handler) return false;
-  std::vector<std::pair<const char*, void* (*)(FfiCallFrame*)>> handlers{
-      {kAttentionForward, attentionForwardHandler},
-      {kAttentionBackward, attentionBackwardHandler},
-      {kLayerNormForward, layerNormForwardHandler},
-      {kLayerNormBackward, layerNormBackwardHandler}};
+  std::vector<std::pair<const char*, void* (*)(FfiCallFrame*)>> handlers{{kAttentionForward, attentionForwardHandler},
+                                                                         {kAttentionBackward, attentionBackwardHandler},
+                                                                         {kLayerNormForward, layerNormForwardHandler},
+                                                                         {kLayerNormBackward, layerNormBackwardHandler},
+                                                                         {kSoftmaxForward, softmaxForwardHandler}};
   if (hostBlas().available()) handlers.emplace_back(kGemm, gemmHandler);
   for (auto [name, fn] : handlers) {
     PjrtFfiRegisterArgs a{

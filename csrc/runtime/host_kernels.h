@@ -35,6 +35,10 @@ inline constexpr const char* kAttentionBackward = "torch_tpu_attention_bwd";
 //   backward: dy [M, N], x [M, N], mean [M], rstd [M], w [N] -> dx [M, N], dw [N], db [N]
 inline constexpr const char* kLayerNormForward = "torch_tpu_layer_norm_fwd";
 inline constexpr const char* kLayerNormBackward = "torch_tpu_layer_norm_bwd";
+//   softmax (log 0) or log-softmax (log 1) over the rows of x (the backward
+//   stays XLA's: it fuses with the gradient's producer, a loss's one-hot):
+//   x [M, N], log (i32 []) -> y [M, N]
+inline constexpr const char* kSoftmaxForward = "torch_tpu_softmax_fwd";
 //   matrix product on a host BLAS (see HostBlas):
 //   a [M, K] ([K, M] when transposed), b [K, N] ([N, K] when transposed),
 //   transposes (i32 []: bit 0 a, bit 1 b) [, bias [N], alpha [], beta []]
@@ -124,5 +128,7 @@ void gemm(const float* a, const float* b, float* c, int64_t M, int64_t N, int64_
 
 void layerNormBackward(const float* dy, const float* x, const float* mean, const float* rstd, const float* w, float* dx,
                        float* dw, float* db, int64_t M, int64_t N);
+
+void softmaxForward(const float* x, float* y, int64_t M, int64_t N, bool log);
 
 }  // namespace tpu::runtime

@@ -424,6 +424,82 @@ TEST(LayerNormKernel, RunsInsideAnXlaProgramWithTheSameBitsAsOnOneThread) {
   }
 }
 
+// ------------------------------------------------- softmax
+
+class SoftmaxKernel : public ::testing::TestWithParam<std::pair<int64_t, int64_t>> {};
+
+TEST_P(SoftmaxKernel, MatchesTheDoublePrecisionReference) {
+  auto [M, N] = GetParam();
+  auto x = randomVec(M * N, 31);
+  for (auto& v : x) v *= 8.0f;  // values far apart, so that the shift by the max matters
+  for (bool log : {false, true}) {
+    std::vector<float> y(M * N);
+    runtime::softmaxForward(x.data(), y.data(), M, N, log);
+    std::vector<double> want(M * N);
+    for (int64_t i = 0; i < M; ++i) {
+      const float* r = x.data() + i * N;
+      double m = *std::max_element(r, r + N), s = 0.0;
+      for (int64_t j = 0; j < N; ++j) s += std::exp(double(r[j]) - m);
+      for (int64_t j = 0; j < N; ++j)
+        want[i * N + j] = log ? double(r[j]) - m - std::log(s) : std::exp(double(r[j]) - m) / s;
+    }
+    expectNear(y, want, log ? "log_softmax" : "softmax");
+  }
+}
+
+// Whole vectors, tails, one row, and several blocks of rows with a short last one.
+INSTANTIATE_TEST_SUITE_P(Shapes, SoftmaxKernel,
+                         ::testing::Values(std::make_pair<int64_t, int64_t>(64, 96),
+                                           std::make_pair<int64_t, int64_t>(5, 13),
+                                           std::make_pair<int64_t, int64_t>(1, 8),
+                                           std::make_pair<int64_t, int64_t>(300, 1001)),
+                         [](const ::testing::TestParamInfo<std::pair<int64_t, int64_t>>& i) {
+                           return "M" + std::to_string(i.param.first) + "_N" + std::to_string(i.param.second);
+                         });
+
+TEST(SoftmaxKernel, RowsWithAnInfiniteMaxOrANanAreNan) {
+  // As PyTorch: +inf gives inf - inf, an all -inf row -inf - -inf, and a NaN
+  // reaches every element through the sum. The other rows are untouched.
+  const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
+  const int64_t N = 12;
+  std::vector<float> x(4 * N, 0.5f);
+  x[N + 3] = inf;
+  std::fill(x.begin() + 2 * N, x.begin() + 3 * N, -inf);
+  x[3 * N + 10] = nan;
+  for (bool log : {false, true}) {
+    std::vector<float> y(4 * N);
+    runtime::softmaxForward(x.data(), y.data(), 4, N, log);
+    for (int64_t j = 0; j < N; ++j) EXPECT_NEAR(y[j], log ? -std::log(12.0f) : 1.0f / 12, 1e-6) << j;
+    for (int64_t j = N; j < 4 * N; ++j) EXPECT_TRUE(std::isnan(y[j])) << "log " << log << " element " << j;
+  }
+}
+
+TEST(SoftmaxKernel, BadOperandsAreAnErrorWithTheTargetName) {
+  ir::Builder b;
+  ir::Type t{ir::DType::F32, {4, 8}};
+  auto x = b.param(t);
+  // The flag is a float.
+  auto r = b.customCall(runtime::kSoftmaxForward, {x, b.constant(1.0, ir::DType::F32)}, {t});
+  b.output(r[0]);
+  expectKernelError(b, t, "torch_tpu_softmax_fwd: the log flag is not int32");
+}
+
+TEST(SoftmaxKernel, RunsInsideAnXlaProgramWithTheSameBitsAsOnOneThread) {
+  const int64_t M = 1000, N = 96;  // eight blocks of rows over XLA's threads
+  ir::Builder b;
+  ir::Type t{ir::DType::F32, {M, N}};
+  auto x = b.param(t);
+  b.output(b.customCall(runtime::kSoftmaxForward, {x, b.constantInt(1, ir::DType::I32)}, {t})[0]);
+  auto exe = client().compile(b.emit(), pjrt::compileOptions(true));
+  auto hx = randomVec(M * N, 32);
+  auto in = client().fromHost(hx.data(), pjrt::ElementType::F32, t.shape, 0);
+  auto outs = exe->execute({in->raw()}, client().devices()[0].raw);
+  std::vector<float> want(M * N), got(M * N);
+  runtime::softmaxForward(hx.data(), want.data(), M, N, true);
+  outs[0]->toHost(got.data(), got.size() * sizeof(float));
+  EXPECT_EQ(got, want);
+}
+
 // ------------------------------------------------- GEMM
 
 // Row-major c = op(a) op(b) in double; a is [M, K] ([K, M] transposed), b
