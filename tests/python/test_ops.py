@@ -446,3 +446,19 @@ def test_foreach_ops_match_per_tensor():
         return a
 
     check(inplace, *xs, *ys)
+
+
+@pytest.mark.parametrize("dim", [-1, 0], ids=["last_dim_kernel", "other_dim"])
+@pytest.mark.parametrize("fn", [torch.softmax, torch.log_softmax], ids=["softmax", "log_softmax"])
+def test_softmax_rows_with_inf_and_nan_match_pytorch(fn, dim):
+    # A row (column for dim 0) with +inf, one all -inf, one with a NaN: NaN
+    # throughout, as on the CPU; the others finite. 16 wide: the row kernel's path.
+    x = make((16, 16), torch.float32) * 10
+    x[1, 3] = float("inf")
+    x[2] = -float("inf")
+    x[3, 5] = float("nan")
+    x[4, :8] = -float("inf")
+    if dim == 0:
+        x = x.t().contiguous()
+    ref, out = run_both(lambda a: fn(a, dim), x)
+    torch.testing.assert_close(out.cpu(), ref, equal_nan=True)
