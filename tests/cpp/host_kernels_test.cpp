@@ -349,6 +349,11 @@ LayerNormRef layerNormReference(const std::vector<float>& x, const std::vector<f
   return r;
 }
 
+// "M<rows>_N<columns>": the test name of a row kernel's shape.
+std::string rowsByColumns(const ::testing::TestParamInfo<std::pair<int64_t, int64_t>>& i) {
+  return "M" + std::to_string(i.param.first) + "_N" + std::to_string(i.param.second);
+}
+
 class LayerNormKernel : public ::testing::TestWithParam<std::pair<int64_t, int64_t>> {};
 
 TEST_P(LayerNormKernel, MatchesTheDoublePrecisionReference) {
@@ -377,9 +382,7 @@ INSTANTIATE_TEST_SUITE_P(Shapes, LayerNormKernel,
                                            std::make_pair<int64_t, int64_t>(1, 8),
                                            // three blocks of rows, the last one short
                                            std::make_pair<int64_t, int64_t>(300, 24)),
-                         [](const ::testing::TestParamInfo<std::pair<int64_t, int64_t>>& i) {
-                           return "M" + std::to_string(i.param.first) + "_N" + std::to_string(i.param.second);
-                         });
+                         rowsByColumns);
 
 TEST(LayerNormKernel, BadOperandsAreAnErrorWithTheTargetName) {
   ir::Builder b;
@@ -453,9 +456,7 @@ INSTANTIATE_TEST_SUITE_P(Shapes, SoftmaxKernel,
                                            std::make_pair<int64_t, int64_t>(5, 13),
                                            std::make_pair<int64_t, int64_t>(1, 8),
                                            std::make_pair<int64_t, int64_t>(300, 1001)),
-                         [](const ::testing::TestParamInfo<std::pair<int64_t, int64_t>>& i) {
-                           return "M" + std::to_string(i.param.first) + "_N" + std::to_string(i.param.second);
-                         });
+                         rowsByColumns);
 
 TEST(SoftmaxKernel, RowsWithAnInfiniteMaxOrANanAreNan) {
   // As PyTorch: +inf gives inf - inf, an all -inf row -inf - -inf, and a NaN
