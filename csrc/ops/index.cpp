@@ -2,7 +2,6 @@
 // (index / index_put), index_add/copy/fill, embedding backward.
 // Negative indices wrap as in PyTorch.
 #include <limits>
-#include <numeric>
 
 #include "ops/common.h"
 
@@ -69,11 +68,9 @@ Value scatterAlong(ir::Builder& b, const Value& x, int64_t dim, const Value& idx
   Shape line = x.shape();
   line[dim] = 1;
   if (idx.shape() == line) {
-    std::vector<int64_t> same(x.rank());
-    std::iota(same.begin(), same.end(), 0);
-    Value at = b.broadcastInDim(wrapIndex(b, idx, x.shape()[dim]), x.shape(), same);
+    Value at = b.broadcastTo(wrapIndex(b, idx, x.shape()[dim]), x.shape());
     Value hit = b.compare(b.iota(Type{DType::I64, x.shape()}, static_cast<int>(dim)), at, ir::Cmp::EQ);
-    return b.select(hit, combine(b, x, b.broadcastInDim(upd, x.shape(), same)), x);
+    return b.select(hit, combine(b, x, b.broadcastTo(upd, x.shape())), x);
   }
   Value coords = coordinates(b, idx, dim, x.shape()[dim]);
   ir::Builder::ScatterDims dn;

@@ -15,9 +15,9 @@ Value bcast(ir::Builder& b, const Value& reduced_keep, const Shape& s) { return 
 
 // On the CPU plugin a float32 softmax over the last dim runs as the runtime's
 // row kernel (runtime/host_kernels.h): XLA:CPU runs the max and sum-of-exp
-// reductions as separate single-threaded kernels, and the loss of a language
-// model ([4096, 8192] log-softmax) took 60 ms where the kernel takes ~10.
-// The kernel computes this lowering's formula, in float32.
+// reductions as separate single-threaded kernels: a language model's loss,
+// the cross-entropy forward over [4096, 8192] logits, took 63 ms, 41 with the
+// kernel. The kernel computes this lowering's formula, in float32.
 bool useHostSoftmax(const Value& x, int64_t dim, DType out) {
   return hostKernels() && x.dtype() == DType::F32 && out == DType::F32 && dim == x.rank() - 1 && x.shape()[dim] >= 8 &&
          x.type.numel() > 0;

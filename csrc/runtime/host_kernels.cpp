@@ -557,11 +557,10 @@ TPU_HOST_SIMD void layerNormBackwardRow(const float* __restrict__ dy, const floa
 // shifted by the row's max. A row whose max is infinite takes the scalar loop
 // and comes out NaN, as in PyTorch.
 void softmaxRowScalar(const float* x, float* y, int64_t n, bool log, float m) {
-  const float shift = m;
   float s = 0.0f;
-  for (int64_t j = 0; j < n; ++j) s += std::exp(x[j] - shift);
+  for (int64_t j = 0; j < n; ++j) s += std::exp(x[j] - m);
   const float ls = std::log(s);
-  for (int64_t j = 0; j < n; ++j) y[j] = log ? (x[j] - shift) - ls : std::exp(x[j] - shift) / s;
+  for (int64_t j = 0; j < n; ++j) y[j] = log ? (x[j] - m) - ls : std::exp(x[j] - m) / s;
 }
 
 TPU_HOST_SIMD void softmaxRow(const float* __restrict__ x, float* __restrict__ y, int64_t n, bool log) {
@@ -888,12 +887,17 @@ void forEachRowBlock(const XlaPool& pool, int64_t M, const std::function<void(in
   }
 }
 
+// row(i) for every row, in the blocks above (for kernels without cross-row sums).
+template <typename Row>
+void forEachRow(const XlaPool& pool, int64_t M, const Row& row) {
+  forEachRowBlock(pool, M, [&](int64_t blk) {
+    for (int64_t i = blk * kLayerNormRows; i < std::min(M, (blk + 1) * kLayerNormRows); ++i) row(i);
+  });
+}
+
 void layerNormForwardOn(const XlaPool& pool, const float* x, const float* w, const float* b, float* y, float* mean,
                         float* rstd, int64_t M, int64_t N, float eps) {
-  forEachRowBlock(pool, M, [&](int64_t blk) {
-    for (int64_t i = blk * kLayerNormRows; i < std::min(M, (blk + 1) * kLayerNormRows); ++i)
-      layerNormRow(x + i * N, w, b, y + i * N, mean + i, rstd + i, N, eps);
-  });
+  forEachRow(pool, M, [&](int64_t i) { layerNormRow(x + i * N, w, b, y + i * N, mean + i, rstd + i, N, eps); });
 }
 
 // The weight and bias gradients sum over the rows: each block sums its own
@@ -919,12 +923,8 @@ void layerNormBackwardOn(const XlaPool& pool, const float* dy, const float* x, c
   }
 }
 
-// Rows in blocks as layer norm's, each row on its own (no cross-row sums).
 void softmaxForwardOn(const XlaPool& pool, const float* x, float* y, int64_t M, int64_t N, bool log) {
-  forEachRowBlock(pool, M, [&](int64_t blk) {
-    for (int64_t i = blk * kLayerNormRows; i < std::min(M, (blk + 1) * kLayerNormRows); ++i)
-      softmaxRow(x + i * N, y + i * N, N, log);
-  });
+  forEachRow(pool, M, [&](int64_t i) { softmaxRow(x + i * N, y + i * N, N, log); });
 }
 
 std::mutex g_blas_mu;
