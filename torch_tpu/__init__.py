@@ -65,6 +65,10 @@ from . import _accelerate  # noqa: E402
 
 _accelerate.install()  # Accelerate (and the transformers Trainer) picks the tpu device
 
+from . import _shutdown  # noqa: E402
+
+_shutdown.install()  # a backward's last release must not race interpreter exit
+
 if "torch._dynamo" in sys.modules:  # else Dynamo finds it through the entry point
     from . import _compile as _compile_backend
 
