@@ -1089,7 +1089,9 @@ std::string explainSignature(const std::string& op, const std::string& key) {
 }
 
 // " (issued at file:line)" of the innermost Python frame outside torch, so a
-// deferred error points at the user's code; empty without Python.
+// deferred error points at the user's code; empty without Python. It takes
+// the GIL, so never call it under the fusion lock: the GIL's holder may be
+// waiting for that lock (freeing a tensor, recording an op).
 std::string userLocation() {
   if (!Py_IsInitialized()) return "";
   pybind11::gil_scoped_acquire gil;
@@ -1250,7 +1252,7 @@ void runFused(const c10::OperatorHandle& op, torch::jit::Stack* stack, std::vect
               const ops::Lowering* low, bool foreach_expand, const std::string& base, const std::string& key,
               c10::DeviceIndex dev) {
   auto& fusion = runtime::Fusion::get();
-  std::lock_guard<std::recursive_mutex> lock(fusion.mutex());
+  std::unique_lock<std::recursive_mutex> lock(fusion.mutex());
   const uint32_t transposed = transposedOperands(base, args);
   const uint32_t packed = packedAttentionOperands(base, args);
   std::string frag_key = transposed ? key + "|T" + std::to_string(transposed) : key;
@@ -1260,6 +1262,16 @@ void runFused(const c10::OperatorHandle& op, torch::jit::Stack* stack, std::vect
     std::lock_guard<std::mutex> g(g_fragment_mu);
     auto it = g_fragments.find(frag_key);
     if (it != g_fragments.end()) frag = it->second;
+  }
+  // Where a bounds-checked op was issued, for its deferred error (a new
+  // signature may turn out checked). It needs the GIL, so the lock is let go
+  // meanwhile: the GIL's holder may be waiting for it. Nothing of the graph
+  // has been touched yet.
+  std::string location;
+  if (!frag || frag->bounds_check) {
+    lock.unlock();
+    location = userLocation();
+    lock.lock();
   }
   if (!frag) {
     frag = buildFragment(op, args, low, foreach_expand, base, transposed, packed);
@@ -1362,7 +1374,7 @@ void runFused(const c10::OperatorHandle& op, torch::jit::Stack* stack, std::vect
       lists[ob.index].push_back(t);
   }
   for (int r : frag->none_returns) returns[r] = IValue(at::Tensor());
-  if (frag->bounds_check) graph.check(results.back(), op.schema().name() + userLocation());
+  if (frag->bounds_check) graph.check(results.back(), op.schema().name() + location);
   pushReturns(op, stack, args, returns, lists);
   if (graph.noteOp(key)) graph.materialize();
 }

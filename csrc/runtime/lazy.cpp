@@ -120,6 +120,7 @@ void LazyGraph::write(DeviceArray& a, const ViewGeometry& g, const ir::Value& v)
 }
 
 void LazyGraph::bind(DeviceArray& a, const ir::Value& flat, ir::DType t, const ir::Shape& natural) {
+  Fusion::markInUse();
   auto lv = std::make_shared<LazyValue>();
   lv->natural = natural;
   lv->graph = this;
@@ -284,9 +285,13 @@ std::vector<std::pair<int, int>> LazyGraph::donations(const std::vector<std::sha
   return memo->second;
 }
 
+std::atomic<bool> Fusion::in_use_{false};
+
 Fusion& Fusion::get() {
-  static Fusion f;
-  return f;
+  // Never destroyed: arrays freed during exit (by autograd's device thread,
+  // say) still take its mutex.
+  static Fusion* f = new Fusion();
+  return *f;
 }
 
 Fusion::Fusion() {

@@ -6,6 +6,7 @@
 // are never computed. Programs are cached by their text (memory and disk).
 #pragma once
 
+#include <atomic>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -147,6 +148,10 @@ class Fusion {
   // Materialises the device's graph (all devices when device < 0).
   void flush(int device = -1);
   std::recursive_mutex& mutex() { return mu_; }
+  // True once any array has been given a pending value. From then on a freed
+  // array detaches from its value under mutex() (see ~DeviceArray).
+  static bool inUse() { return in_use_.load(std::memory_order_acquire); }
+  static void markInUse() { in_use_.store(true, std::memory_order_release); }
   int maxOps() const { return max_ops_; }
   // A whole captured graph (torch.compile) is recording: no loop or size
   // cuts, so the graph becomes one program when it ends.
@@ -164,6 +169,7 @@ class Fusion {
   int max_ops_;
   std::recursive_mutex mu_;
   std::vector<std::unique_ptr<LazyGraph>> graphs_;
+  static std::atomic<bool> in_use_;
 };
 
 }  // namespace tpu::runtime

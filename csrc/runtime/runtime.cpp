@@ -12,6 +12,7 @@
 
 #include "ops/lowering.h"
 #include "runtime/host_kernels.h"
+#include "runtime/lazy.h"
 #include "runtime/views.h"
 
 namespace tpu::runtime {
@@ -458,6 +459,17 @@ DeviceArray::DeviceArray(int device, size_t nbytes)
   Runtime::get().reserve(device, nbytes);
 }
 
-DeviceArray::~DeviceArray() { Runtime::get().release(device_, nbytes_); }
+DeviceArray::~DeviceArray() {
+  // A graph materialising on another thread reaches its pending arrays through
+  // their values' owner pointers (autograd's device thread frees tensors while
+  // the main thread replays a compiled graph): detach under the graph's lock,
+  // so the materialisation either finishes first or no longer sees this array.
+  if (Fusion::inUse()) {
+    std::lock_guard<std::recursive_mutex> lock(Fusion::get().mutex());
+    if (lazy_ && lazy_->owner == this) lazy_->owner = nullptr;
+    lazy_.reset();
+  }
+  Runtime::get().release(device_, nbytes_);
+}
 
 }  // namespace tpu::runtime
