@@ -101,6 +101,7 @@ struct Entry {
   bool data_dependent = false;  // the last program output is the length of dynamic_results
   std::vector<int> dynamic_results;
   bool bounds_check = false;  // an output (before the length) says all indices were in range
+  uint32_t transposed = 0;    // operands passed as their stored matrix (transposedOperands)
   std::string op_name;
 };
 
@@ -795,12 +796,18 @@ void paramScalarSources(Sources& src, ir::Builder& b, std::vector<InputSource>& 
   };
 }
 
-// Strict eager: a one-op program whose parameters are the flat inputs.
+uint32_t transposedOperands(const std::string& base, const std::vector<IValue>& args);
+bool arrivesTransposed(uint32_t transposed, const InputSource& is);
+
+// Strict eager: a one-op program whose parameters are the flat inputs; a
+// transposed operand of a matrix product is its stored matrix, transposed in
+// the program (see transposedOperands).
 std::shared_ptr<Entry> build(const c10::OperatorHandle& op, const std::vector<IValue>& args, const ops::Lowering* low,
-                             bool foreach_expand, const std::string& base) {
+                             bool foreach_expand, const std::string& base, uint32_t transposed) {
   const auto& schema = op.schema();
   auto entry = std::make_shared<Entry>();
   entry->data_dependent = low->data_dependent;
+  entry->transposed = transposed;
   Plan plan = planFor(op, args, low);
   ir::Builder b;
   Sources src;
@@ -814,6 +821,7 @@ std::shared_ptr<Entry> build(const c10::OperatorHandle& op, const std::vector<IV
     }
     ir::Value v = b.param(ty);
     entry->inputs.push_back(is);
+    if (arrivesTransposed(transposed, is)) return b.transpose(b.reshape(v, {t.size(1), t.size(0)}), {1, 0});
     return b.reshape(v, t.sizes().vec());
   };
   paramScalarSources(src, b, entry->inputs);
@@ -941,9 +949,18 @@ void runEntry(const Entry& e, const c10::OperatorHandle& op, torch::jit::Stack* 
   std::optional<at::Generator> gen;
   for (const auto& src : e.inputs) {
     switch (src.kind) {
-      case InputSource::Kind::Tensor:
-        inputs.push_back(readTensor(args[src.arg].toTensor()));
+      case InputSource::Kind::Tensor: {
+        const at::Tensor& t = args[src.arg].toTensor();
+        if (arrivesTransposed(e.transposed, src)) {  // the stored matrix: no transposing read
+          runtime::ViewGeometry g = geometryOf(t);
+          std::swap(g.sizes[0], g.sizes[1]);
+          std::swap(g.strides[0], g.strides[1]);
+          inputs.push_back(runtime::readView(arrayOf(t), g));
+        } else {
+          inputs.push_back(readTensor(t));
+        }
         break;
+      }
       case InputSource::Kind::ListElem: {
         at::Tensor t = args[src.arg].toList().get(src.elem).toTensor();
         inputs.push_back(readTensor(t));
@@ -1135,12 +1152,14 @@ std::unordered_map<std::string, std::shared_ptr<const Fragment>> g_fragments;
 
 // Matrix products whose operand is a transposed view (the weight of a
 // linear layer, the activations of its weight gradient) take that operand in
-// memory order: the caller passes the stored matrix and the fragment
-// transposes it back, so the lowering sees the transpose and the GEMM kernel
-// reads the stored matrix with its transpose flag (the transpose in the
-// caller cancels against the view's). Without this XLA had to materialise
-// each transpose for the kernel, fused into the producer of the operand:
-// transposed writes that made the GPT step 1.7x slower. Bit i: argument i.
+// memory order: the caller passes the stored matrix and the fragment (fused
+// eager) or one-op program (strict eager) transposes it back, so the lowering
+// sees the transpose and the GEMM kernel reads the stored matrix with its
+// transpose flag (the transpose in the caller cancels against the view's).
+// Without this XLA had to materialise each transpose for the kernel, fused
+// into the producer of the operand: transposed writes that made the GPT step
+// 1.7x slower; strict eager ran a transposing read, a program of its own
+// (55 us more per 1024x64x256 linear). Bit i: argument i.
 uint32_t transposedOperands(const std::string& base, const std::vector<IValue>& args) {
   if (!ops::hostGemm() || (base != "mm" && base != "addmm")) return 0;
   uint32_t mask = 0;
@@ -1451,6 +1470,8 @@ void boxedKernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     }
   }
   if (runtime::Fusion::get().enabled()) runtime::Fusion::get().flush(dev);  // data-dependent: run now
+  const uint32_t transposed = transposedOperands(base, args);
+  if (transposed) key += "|T" + std::to_string(transposed);
   std::shared_ptr<Entry> entry;
   {
     std::lock_guard<std::mutex> g(g_cache_mu);
@@ -1460,7 +1481,7 @@ void boxedKernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   if (!entry) {
     try {
       int64_t compiles_before = runtime::metrics().compiles;
-      entry = build(op, args, low, foreach_expand, base);
+      entry = build(op, args, low, foreach_expand, base, transposed);
       if (runtime::metrics().compiles > compiles_before) runtime::noteCompile(full, explainSignature(full, key));
     } catch (const ir::Unsupported& e) {
       return cpuFallback(op, stack, e.what());

@@ -30,6 +30,30 @@ def test_cpu_plugin_uses_the_host_gemm():
     assert torch_tpu._C._host_gemm()
 
 
+def test_strict_linear_reads_the_stored_weight_without_a_transpose_program(fallback_error):
+    # The weight's transposed view reaches the product as the stored matrix (the kernel
+    # transposes it with a flag): one program per linear, not a transposing read first.
+    if torch_tpu._C._platform() != "cpu":
+        pytest.skip("the host GEMM is the CPU plugin's")
+    g = torch.Generator().manual_seed(0)
+    x, w, b = torch.randn(64, 32, generator=g), torch.randn(18, 32, generator=g), torch.randn(16, generator=g)
+    xt, wt, bt = x.to("tpu"), w.to("tpu"), b.to("tpu")
+    whole = wt[:16].clone()
+    with torch_tpu.mode("strict"):
+        F.linear(xt, whole, bt)
+        torch.tpu.synchronize()
+        before = torch_tpu.metrics()["executions"]
+        y = F.linear(xt, whole, bt)
+        torch.tpu.synchronize()
+        assert torch_tpu.metrics()["executions"] - before == 1
+        # Weights that are part of their storage read as that part.
+        z = F.linear(xt, wt[2:], bt)
+        u = F.linear(xt, wt[:16], bt)
+    torch.testing.assert_close(y.cpu(), F.linear(x, w[:16], b))
+    torch.testing.assert_close(z.cpu(), F.linear(x, w[2:], b))
+    torch.testing.assert_close(u.cpu(), F.linear(x, w[:16], b))
+
+
 @pytest.mark.parametrize("mode", ["strict", "fused"])
 @pytest.mark.parametrize("ta", [False, True])
 @pytest.mark.parametrize("tb", [False, True])
