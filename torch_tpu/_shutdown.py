@@ -12,10 +12,13 @@ machine under load widens the window (measured: 6 aborts in 40 runs of a
 one-backward script beside two busy processes).
 
 The hook below runs before finalization. It sends one backward through each
-device thread, built straight on the engine so that it stashes no Python
-object: the thread releases the previous GraphTask before it takes the new
-one, and the new one is safe to release at any time. The backward is a view
-of an empty tensor, so it launches no program.
+device thread: the thread releases the previous GraphTask before it takes the
+new one. The new one must be safe to release at any time, so it is built in
+C++ (``_C._drain_autograd_device``): it stashes no Python context, and its
+tensors have no Python objects (a tensor whose Python object died while the
+GraphTask still held it keeps that object alive, and its last release would
+take the GIL). The backward is a view of an empty tensor, so it launches no
+program.
 """
 
 from __future__ import annotations
@@ -49,12 +52,8 @@ def drain_autograd_device_threads() -> None:
         return
     from . import _C
 
-    engine = torch.autograd.Variable._execution_engine
     for i in range(_C._device_count()):
-        leaf = torch.empty((), device=f"tpu:{i}", requires_grad=True)
-        seed = torch.empty((), device=f"tpu:{i}")
-        # (outputs, grads, retain_graph, create_graph, inputs, allow_unreachable, accumulate_grad)
-        engine.run_backward((leaf.view(()),), (seed,), False, False, (leaf,), True, False)
+        _C._drain_autograd_device(i)
 
 
 def _at_exit() -> None:

@@ -1,5 +1,6 @@
 // torch_tpu._C: the Python-facing entry points of the C++ core.
 #include <torch/csrc/Generator.h>
+#include <torch/csrc/autograd/autograd.h>
 #include <torch/extension.h>
 
 #include "aten/capture.h"
@@ -153,6 +154,17 @@ PYBIND11_MODULE(_C, m) {
     return g ? py::cast(CapturedHandle{std::move(g)}) : py::none();
   });
   m.def("_capture_abort", [] { aten::captureAbort(); });
+  // One backward through the device's autograd thread, on tensors that have
+  // no Python objects: its release never needs the GIL (see _shutdown.py).
+  m.def("_drain_autograd_device", [](int d) {
+    aten::checkDeviceIndex(d);
+    py::gil_scoped_release nogil;
+    const auto opts = at::TensorOptions().device(aten::kTpu, static_cast<c10::DeviceIndex>(d));
+    at::Tensor leaf = at::empty({}, opts).requires_grad_(true);
+    const torch::autograd::variable_list outputs{leaf.view(at::IntArrayRef{})}, inputs{leaf}, seeds{at::empty({}, opts)};
+    torch::autograd::grad(outputs, inputs, seeds, /*retain_graph=*/false, /*create_graph=*/false,
+                          /*allow_unused=*/true);
+  });
   m.def("_replay", [](CapturedHandle& h, const std::vector<std::optional<at::Tensor>>& inputs) {
     aten::CapturedGraph& g = *h.g;
     std::vector<at::Tensor> ts;
