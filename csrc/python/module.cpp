@@ -161,7 +161,8 @@ PYBIND11_MODULE(_C, m) {
     py::gil_scoped_release nogil;
     const auto opts = at::TensorOptions().device(aten::kTpu, static_cast<c10::DeviceIndex>(d));
     at::Tensor leaf = at::empty({}, opts).requires_grad_(true);
-    const torch::autograd::variable_list outputs{leaf.view(at::IntArrayRef{})}, inputs{leaf}, seeds{at::empty({}, opts)};
+    const torch::autograd::variable_list outputs{leaf.view(at::IntArrayRef{})}, inputs{leaf},
+        seeds{at::empty({}, opts)};
     torch::autograd::grad(outputs, inputs, seeds, /*retain_graph=*/false, /*create_graph=*/false,
                           /*allow_unused=*/true);
   });
