@@ -26,7 +26,7 @@ from __future__ import annotations
 import atexit
 import os
 
-import torch
+from . import _C
 
 _installed = False
 
@@ -50,8 +50,6 @@ def drain_autograd_device_threads() -> None:
     """Waits until every tpu autograd thread has released its last GraphTask."""
     if not _autograd_device_threads_started():
         return
-    from . import _C
-
     for i in range(_C._device_count()):
         _C._drain_autograd_device(i)
 

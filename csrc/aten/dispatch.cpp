@@ -798,6 +798,8 @@ void paramScalarSources(Sources& src, ir::Builder& b, std::vector<InputSource>& 
 
 uint32_t transposedOperands(const std::string& base, const std::vector<IValue>& args);
 bool arrivesTransposed(uint32_t transposed, const InputSource& is);
+// The cache-key suffix of a program or fragment built with `transposed`.
+std::string transposedKey(uint32_t transposed) { return transposed ? "|T" + std::to_string(transposed) : ""; }
 
 // Strict eager: a one-op program whose parameters are the flat inputs; a
 // transposed operand of a matrix product is its stored matrix, transposed in
@@ -1274,7 +1276,7 @@ void runFused(const c10::OperatorHandle& op, torch::jit::Stack* stack, std::vect
   std::unique_lock<std::recursive_mutex> lock(fusion.mutex());
   const uint32_t transposed = transposedOperands(base, args);
   const uint32_t packed = packedAttentionOperands(base, args);
-  std::string frag_key = transposed ? key + "|T" + std::to_string(transposed) : key;
+  std::string frag_key = key + transposedKey(transposed);
   if (packed) frag_key += packedKey(packed, args);
   std::shared_ptr<const Fragment> frag;
   {
@@ -1471,7 +1473,7 @@ void boxedKernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   }
   if (runtime::Fusion::get().enabled()) runtime::Fusion::get().flush(dev);  // data-dependent: run now
   const uint32_t transposed = transposedOperands(base, args);
-  if (transposed) key += "|T" + std::to_string(transposed);
+  key += transposedKey(transposed);
   std::shared_ptr<Entry> entry;
   {
     std::lock_guard<std::mutex> g(g_cache_mu);

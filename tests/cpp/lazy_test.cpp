@@ -8,20 +8,12 @@
 #include <thread>
 #include <vector>
 
+#include "device_buffers.h"
 #include "runtime/runtime.h"
 #include "runtime/views.h"
 
 using namespace tpu;
-
-namespace {
-
-std::vector<float> host(const runtime::BufferPtr& b, size_t n) {
-  std::vector<float> out(n);
-  runtime::Runtime::get().download(*b, out.data(), n * sizeof(float));
-  return out;
-}
-
-}  // namespace
+using tpu::test_util::host;
 
 // Autograd's device thread frees tensors while the main thread materialises
 // the pending graph (a compiled graph's replay flushes its arguments). A

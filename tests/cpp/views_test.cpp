@@ -5,7 +5,10 @@
 
 #include <numeric>
 
+#include "device_buffers.h"
+
 using namespace tpu;
+using tpu::test_util::host;
 
 namespace {
 
@@ -15,12 +18,6 @@ std::unique_ptr<runtime::DeviceArray> filled(int64_t n) {
   auto a = std::make_unique<runtime::DeviceArray>(0, n * sizeof(float));
   a->set(runtime::Runtime::get().upload(host.data(), ir::DType::F32, {n}, 0), ir::DType::F32, n);
   return a;
-}
-
-std::vector<float> host(const runtime::BufferPtr& b, size_t n) {
-  std::vector<float> out(n);
-  runtime::Runtime::get().download(*b, out.data(), n * sizeof(float));
-  return out;
 }
 
 }  // namespace
