@@ -959,6 +959,19 @@ bool fillBias(float* c, int64_t N, int64_t m0, int64_t m1, int64_t n0, int64_t n
   return true;
 }
 
+// Adds beta * bias to every row of the block, after the product. (Filling the
+// block with the bias first, for a beta-1 product, cost a memmove per row:
+// 0.17 ms of the benchmark GPT's 2.3 ms forward program.)
+void addBias(float* c, int64_t N, int64_t m0, int64_t m1, int64_t n0, int64_t n1, const GemmTerms& t) {
+  if (!t.bias || t.beta == 0.0f) return;
+  const float beta = t.beta;
+  const float* __restrict__ bias = t.bias;
+  for (int64_t i = m0; i < m1; ++i) {
+    float* __restrict__ row = c + i * N;
+    for (int64_t j = n0; j < n1; ++j) row[j] += beta * bias[j];
+  }
+}
+
 // Rows [m0, m1) and columns [n0, n1) of the row-major c = op(a) op(b), as the
 // column-major BLAS sees it: c^T = op(b)^T op(a)^T, single-threaded.
 void gemmBlock(const HostBlas& blas, const float* a, const float* b, float* c, int64_t M, int64_t N, int64_t K,
@@ -970,10 +983,11 @@ void gemmBlock(const HostBlas& blas, const float* a, const float* b, float* c, i
   const float* ap = trans_a ? a + m0 : a + m0 * K;
   const float* bp = trans_b ? b + n0 * K : b + n0;
   const char opa = trans_a ? 'T' : 'N', opb = trans_b ? 'T' : 'N';
-  const float alpha = t.alpha, beta = fillBias(c, N, m0, m1, n0, n1, t) ? t.beta : 0.0f;
+  const float alpha = t.alpha, zero = 0.0f;
   const int previous = blas.set_threads_local(1);
-  blas.sgemm(&opb, &opa, &n, &m, &k, &alpha, bp, &ldb, ap, &lda, &beta, c + m0 * N + n0, &ldc);
+  blas.sgemm(&opb, &opa, &n, &m, &k, &alpha, bp, &ldb, ap, &lda, &zero, c + m0 * N + n0, &ldc);
   blas.set_threads_local(previous);
+  addBias(c, N, m0, m1, n0, n1, t);
 }
 
 // `threads`: XLA's pool's, or the blocks' plan without one (the unit tests).
