@@ -803,46 +803,67 @@ std::string transposedKey(uint32_t transposed) { return transposed ? "|T" + std:
 
 // Strict eager: a one-op program whose parameters are the flat inputs; a
 // transposed operand of a matrix product is its stored matrix, transposed in
-// the program (see transposedOperands).
+// the program (see transposedOperands). A tensor argument no result reads
+// (fill_'s and zero_'s self) becomes a constant of its type in a second
+// lowering, so the program takes no buffer for it: an unwritten argument is
+// not first filled with zeros, nor a view argument gathered.
 std::shared_ptr<Entry> build(const c10::OperatorHandle& op, const std::vector<IValue>& args, const ops::Lowering* low,
                              bool foreach_expand, const std::string& base, uint32_t transposed) {
   const auto& schema = op.schema();
-  auto entry = std::make_shared<Entry>();
-  entry->data_dependent = low->data_dependent;
-  entry->transposed = transposed;
-  Plan plan = planFor(op, args, low);
-  ir::Builder b;
-  Sources src;
-  src.tensor = [&](const at::Tensor& t, InputSource is) {
-    ir::Type ty{cpuScalarIr(t), {t.numel()}};
-    if (t.device().is_cpu()) {
-      is.kind = InputSource::Kind::CpuScalar;
-      is.dtype = ty.dtype;
+  std::vector<int> param_of_call;  // per tensor argument lowered: its param, or -1 (a CPU scalar)
+  std::vector<bool> unread_call;   // per tensor argument lowered: a constant in the second lowering
+  for (int pass = 0;; ++pass) {
+    auto entry = std::make_shared<Entry>();
+    entry->data_dependent = low->data_dependent;
+    entry->transposed = transposed;
+    Plan plan = planFor(op, args, low);
+    ir::Builder b;
+    Sources src;
+    size_t call = 0;
+    src.tensor = [&](const at::Tensor& t, InputSource is) {
+      const size_t c = call++;
+      ir::Type ty{cpuScalarIr(t), {t.numel()}};
+      if (t.device().is_cpu()) {
+        if (pass == 0) param_of_call.push_back(-1);
+        is.kind = InputSource::Kind::CpuScalar;
+        is.dtype = ty.dtype;
+        entry->inputs.push_back(is);
+        return b.param({ty.dtype, {}});
+      }
+      if (pass == 1 && c < unread_call.size() && unread_call[c]) return b.constant(0.0, ty.dtype, t.sizes().vec());
+      if (pass == 0) param_of_call.push_back(static_cast<int>(entry->inputs.size()));
+      ir::Value v = b.param(ty);
       entry->inputs.push_back(is);
-      return b.param({ty.dtype, {}});
+      if (arrivesTransposed(transposed, is)) return b.transpose(b.reshape(v, {t.size(1), t.size(0)}), {1, 0});
+      return b.reshape(v, t.sizes().vec());
+    };
+    paramScalarSources(src, b, entry->inputs);
+    Lowered l = lowerOp(op, args, low, foreach_expand, base, plan, b, src);
+    entry->num_returns = l.num_returns;
+    for (const auto& [ob, v] : l.bound) {
+      b.output(l.dynamic_results.empty() ? runtime::resultInShape(b, v, memorySizes(ob)) : v);
+      entry->outputs.push_back(ob);
     }
-    ir::Value v = b.param(ty);
-    entry->inputs.push_back(is);
-    if (arrivesTransposed(transposed, is)) return b.transpose(b.reshape(v, {t.size(1), t.size(0)}), {1, 0});
-    return b.reshape(v, t.sizes().vec());
-  };
-  paramScalarSources(src, b, entry->inputs);
-  Lowered l = lowerOp(op, args, low, foreach_expand, base, plan, b, src);
-  entry->num_returns = l.num_returns;
-  for (const auto& [ob, v] : l.bound) {
-    b.output(l.dynamic_results.empty() ? runtime::resultInShape(b, v, memorySizes(ob)) : v);
-    entry->outputs.push_back(ob);
+    for (int r : l.none_returns) entry->outputs.push_back({OutputBinding::Kind::ReturnNone, r, -1, at::kFloat, {}});
+    if (l.bounds_ok.valid()) {
+      b.output(l.bounds_ok);
+      entry->bounds_check = true;
+    }
+    if (l.dynamic_len.valid()) b.output(b.convert(l.dynamic_len, ir::DType::I64));
+    if (pass == 0 && b.aliases().empty()) {
+      const std::vector<bool> read = b.paramsRead();
+      bool any = false;
+      for (int p : param_of_call) {
+        unread_call.push_back(p >= 0 && !read[p]);
+        any = any || unread_call.back();
+      }
+      if (any) continue;
+    }
+    entry->dynamic_results = l.dynamic_results;
+    entry->op_name = schema.name() + (schema.overload_name().empty() ? "" : "." + schema.overload_name());
+    entry->prog = runtime::Runtime::get().compile(b, schema.name());
+    return entry;
   }
-  for (int r : l.none_returns) entry->outputs.push_back({OutputBinding::Kind::ReturnNone, r, -1, at::kFloat, {}});
-  if (l.bounds_ok.valid()) {
-    b.output(l.bounds_ok);
-    entry->bounds_check = true;
-  }
-  if (l.dynamic_len.valid()) b.output(b.convert(l.dynamic_len, ir::DType::I64));
-  entry->dynamic_results = l.dynamic_results;
-  entry->op_name = schema.name() + (schema.overload_name().empty() ? "" : "." + schema.overload_name());
-  entry->prog = runtime::Runtime::get().compile(b, schema.name());
-  return entry;
 }
 
 // --------------------------------------------------------------- run

@@ -485,28 +485,55 @@ std::vector<std::vector<int>> resultDeps(const std::string& text) {
   }
   return deps;
 }
-}  // namespace
 
-std::vector<bool> Builder::inPlaceSafe(const std::vector<std::pair<int, Value>>& pairs,
-                                       const std::vector<Value>& results) const {
-  // @main's dataflow, read back from its lines: a node per param and per
-  // value. A result of a called op function depends only on the arguments
-  // its body reads for it (a foreach update's new parameter on that
-  // parameter's own gradient, not on every gradient in the list).
+// @main's dataflow, read back from its lines: a node per param and per
+// value. A region op is one line, its body included, so a value the body
+// reads counts as the op's operand. A result of a called op function depends
+// only on the arguments its body reads for it (a foreach update's new
+// parameter on that parameter's own gradient, not on every gradient in the
+// list).
+Dataflow mainDataflow(const std::vector<int>& param_ids, const std::vector<std::string>& lines,
+                      const std::map<std::string, std::shared_ptr<const Function>>& functions) {
   std::unordered_map<std::string, std::vector<std::vector<int>>> callee_deps;
   auto call_deps = [&](const std::string& name) -> const std::vector<std::vector<int>>* {
     auto it = callee_deps.find(name);
     if (it == callee_deps.end()) {
-      auto f = functions_.find(name);
+      auto f = functions.find(name);
       it = callee_deps
-               .emplace(name, f == functions_.end() ? std::vector<std::vector<int>>{} : resultDeps(f->second->text))
+               .emplace(name, f == functions.end() ? std::vector<std::vector<int>>{} : resultDeps(f->second->text))
                .first;
     }
     return it->second.empty() ? nullptr : &it->second;
   };
   Dataflow df;
-  for (int id : param_ids_) df.add(ssaKey(id), false);
-  for (const auto& line : blocks_[0].lines) df.addLine(line, call_deps);
+  for (int id : param_ids) df.add(ssaKey(id), false);
+  for (const auto& line : lines) df.addLine(line, call_deps);
+  return df;
+}
+}  // namespace
+
+std::vector<bool> Builder::paramsRead() const {
+  Dataflow df = mainDataflow(param_ids_, blocks_[0].lines, functions_);
+  std::vector<char> seen(df.operands.size());
+  std::vector<int> stack;
+  for (const auto& v : outputs_)
+    for (int n : df.refs(ref(v))) stack.push_back(n);
+  while (!stack.empty()) {
+    int n = stack.back();
+    stack.pop_back();
+    if (seen[n]) continue;
+    seen[n] = 1;
+    for (int m : df.operands[n]) stack.push_back(m);
+  }
+  std::vector<bool> read;
+  read.reserve(param_ids_.size());
+  for (int id : param_ids_) read.push_back(seen[df.node_of.at(ssaKey(id))] != 0);
+  return read;
+}
+
+std::vector<bool> Builder::inPlaceSafe(const std::vector<std::pair<int, Value>>& pairs,
+                                       const std::vector<Value>& results) const {
+  Dataflow df = mainDataflow(param_ids_, blocks_[0].lines, functions_);
   size_t count = df.operands.size();
   std::vector<std::vector<int>> users(count);
   for (size_t n = 0; n < count; ++n)

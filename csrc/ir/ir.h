@@ -111,6 +111,10 @@ class Builder {
   // `results`: all the values @main will return.
   std::vector<bool> inPlaceSafe(const std::vector<std::pair<int, Value>>& pairs,
                                 const std::vector<Value>& results) const;
+  // For each param: whether a value @main returns (so far) depends on it. A
+  // param no result reads needs no buffer: strict eager drops it (fill_ and
+  // zero_ read only their argument's shape).
+  std::vector<bool> paramsRead() const;
   // The whole module as MLIR text, entry function @main.
   std::string emit() const;
   // Number of ops emitted so far (for metrics and the recompile log).

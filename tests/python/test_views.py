@@ -186,6 +186,51 @@ def test_empty_is_lazy_and_cheap():
     assert torch.tpu.memory_allocated() == before
 
 
+def test_strict_fills_take_one_program_and_read_no_buffer():
+    # fill_ and zero_ read only their argument's shape: the program takes no buffer
+    # for it, so an unwritten tensor is not first filled with zeros (a second
+    # program) and a view is not gathered before it is overwritten.
+    def count(fn):
+        fn()
+        torch.tpu.synchronize()
+        before = torch_tpu.metrics()["executions"]
+        out = fn()
+        torch.tpu.synchronize()
+        return torch_tpu.metrics()["executions"] - before, out
+
+    x = torch.randn(16, 24, device="tpu")
+    with torch_tpu.mode("strict"):
+        for name, fn, want in [
+            ("zeros", lambda: torch.zeros(16, 24, device="tpu"), torch.zeros(16, 24)),
+            ("ones_like", lambda: torch.ones_like(x), torch.ones(16, 24)),
+            ("full", lambda: torch.full((3, 5), 2.5, device="tpu"), torch.full((3, 5), 2.5)),
+            ("empty + fill_", lambda: torch.empty(7, device="tpu", dtype=torch.int64).fill_(9),
+             torch.full((7,), 9, dtype=torch.int64)),
+            ("0-d ones", lambda: torch.ones((), device="tpu"), torch.ones(())),
+        ]:
+            n, out = count(fn)
+            assert n == 1, (name, n)
+            torch.testing.assert_close(out.cpu(), want)
+
+
+@pytest.mark.parametrize("case", ["column", "transposed row", "rows by tensor", "whole", "zero whole"])
+def test_fills_through_views_match_cpu(case):
+    fills = {
+        "column": lambda t: t[:, 1].fill_(3.0),
+        "transposed row": lambda t: t.t()[2].zero_(),
+        "rows by tensor": lambda t: t[1:3].fill_(torch.tensor(2.5)),
+        "whole": lambda t: t.fill_(7),
+        "zero whole": lambda t: t.zero_(),
+    }
+
+    def program(dev):
+        b = base(dev)
+        v = fills[case](b)
+        return [b, v]
+
+    both(program)
+
+
 def test_stepped_views_read_as_boxes_match_cpu():
     # Untransposed stepped views are read as a slice of their padded memory
     # window; the window may run past the end of the storage.
