@@ -177,8 +177,9 @@ def test_changing_python_scalars_do_not_compile_new_programs():
 def test_new_shape_compiles_a_new_program_and_says_why():
     cf = torch.compile(lambda x: torch.tanh(x) * 3, backend="tpu")
     cf(torch.randn(3, device="tpu"))
+    x7 = torch.randn(7, device="tpu")  # before the reset: its eager program may compile too
     torch_tpu.reset_metrics()
-    cf(torch.randn(7, device="tpu"))
+    cf(x7)
     m = torch_tpu.metrics()
     assert m["executions"] >= 1
     reasons = m["recompile_reasons"]
