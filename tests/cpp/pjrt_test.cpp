@@ -170,6 +170,7 @@ TEST(Compile, ReduceMergesAdjacentDimsAndKeepsTheResultShape) {
         }
     return out;
   };
+  const bool was_tuned = ir::xlaCpuTuning();  // restored below: later tests read the runtime's setting
   for (bool tuned : {false, true}) {
     ir::setXlaCpuTuning(tuned);
     for (const std::vector<int64_t>& dims : std::vector<std::vector<int64_t>>{{0, 1}, {1, 2}, {0, 2}, {0, 1, 2}, {0}}) {
@@ -184,7 +185,7 @@ TEST(Compile, ReduceMergesAdjacentDimsAndKeepsTheResultShape) {
       EXPECT_EQ(run(b, {in}), want(dims)) << "dims " << dims.size() << " tuned " << tuned;
     }
   }
-  ir::setXlaCpuTuning(false);
+  ir::setXlaCpuTuning(was_tuned);
 }
 
 TEST(Compile, SortAndGather) {
