@@ -395,6 +395,16 @@ struct Dataflow {
     reshape.push_back(is_reshape);
     return n;
   }
+  // Marks in `seen` the nodes in `stack` and every node they depend on.
+  void markAncestors(std::vector<int> stack, std::vector<char>& seen) const {
+    while (!stack.empty()) {
+      int n = stack.back();
+      stack.pop_back();
+      if (seen[n]) continue;
+      seen[n] = 1;
+      for (int m : operands[n]) stack.push_back(m);
+    }
+  }
   // The nodes `s` refers to (references to values defined elsewhere, such
   // as a nested region's own, are skipped).
   std::vector<int> refs(std::string_view s) const {
@@ -470,14 +480,7 @@ std::vector<std::vector<int>> resultDeps(const std::string& text) {
   std::vector<char> seen;
   for (int r : rets) {
     seen.assign(df.operands.size(), 0);
-    std::vector<int> stack{r};
-    while (!stack.empty()) {
-      int n = stack.back();
-      stack.pop_back();
-      if (seen[n]) continue;
-      seen[n] = 1;
-      for (int m : df.operands[n]) stack.push_back(m);
-    }
+    df.markAncestors({r}, seen);
     std::vector<int> d;
     for (size_t p = 0; p < params.size(); ++p)
       if (seen[params[p]]) d.push_back(static_cast<int>(p));
@@ -515,16 +518,10 @@ Dataflow mainDataflow(const std::vector<int>& param_ids, const std::vector<std::
 std::vector<bool> Builder::paramsRead() const {
   Dataflow df = mainDataflow(param_ids_, blocks_[0].lines, functions_);
   std::vector<char> seen(df.operands.size());
-  std::vector<int> stack;
+  std::vector<int> results;
   for (const auto& v : outputs_)
-    for (int n : df.refs(ref(v))) stack.push_back(n);
-  while (!stack.empty()) {
-    int n = stack.back();
-    stack.pop_back();
-    if (seen[n]) continue;
-    seen[n] = 1;
-    for (int m : df.operands[n]) stack.push_back(m);
-  }
+    for (int n : df.refs(ref(v))) results.push_back(n);
+  df.markAncestors(std::move(results), seen);
   std::vector<bool> read;
   read.reserve(param_ids_.size());
   for (int id : param_ids_) read.push_back(seen[df.node_of.at(ssaKey(id))] != 0);
@@ -555,19 +552,11 @@ std::vector<bool> Builder::inPlaceSafe(const std::vector<std::pair<int, Value>>&
     int o = nodeOfValue(value);
     bool ok = o >= 0;
     std::fill(ancestor.begin(), ancestor.end(), 0);
-    std::vector<int> stack;
-    if (ok) stack.push_back(o);
-    while (!stack.empty()) {
-      int n = stack.back();
-      stack.pop_back();
-      if (ancestor[n]) continue;
-      ancestor[n] = 1;
-      for (int m : operands[n]) stack.push_back(m);
-    }
+    if (ok) df.markAncestors({o}, ancestor);
     // The param's readers: its users, seen through reshapes (a reshape is a
     // view of the same buffer on XLA:CPU). A reshape of it returned as another
     // output would read the buffer after the program.
-    stack.assign(1, p);
+    std::vector<int> stack{p};
     while (ok && !stack.empty()) {
       int n = stack.back();
       stack.pop_back();
