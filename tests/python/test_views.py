@@ -211,6 +211,9 @@ def test_strict_fills_take_one_program_and_read_no_buffer():
             n, out = count(fn)
             assert n == 1, (name, n)
             torch.testing.assert_close(out.cpu(), want)
+        # A column is written back into its storage (one program), but not read first.
+        n, _ = count(lambda: x[:, 1].fill_(3.0))
+        assert n == 2, n
 
 
 @pytest.mark.parametrize("case", ["column", "transposed row", "rows by tensor", "whole", "zero whole"])
