@@ -6,6 +6,7 @@
 #include <ATen/native/CPUFallback.h>
 #include <torch/library.h>
 
+#include <map>
 #include <mutex>
 #include <set>
 #include <unordered_map>
@@ -1227,8 +1228,19 @@ uint32_t packedAttentionOperands(const std::string& base, const std::vector<IVal
   return on_kernels ? mask : 0;
 }
 
-// The fragment key's part for packed operands: each one's storage size and
-// where it lies there (the fragment's param is the storage).
+// The first packed operand before `i` that shares operand i's storage (i
+// itself when none does): operands of one storage (q, k and v split from one
+// projection) share the fragment's param, so the lowering sees one buffer.
+size_t packedStorageOwner(uint32_t packed, const std::vector<IValue>& args, size_t i) {
+  const void* storage = args[i].toTensor().storage().unsafeGetStorageImpl();
+  for (size_t j = 0; j < i; ++j)
+    if ((packed >> j & 1u) && args[j].toTensor().storage().unsafeGetStorageImpl() == storage) return j;
+  return i;
+}
+
+// The fragment key's part for packed operands: each one's storage size,
+// where it lies there (the fragment's param is the storage) and which
+// operand's storage it shares.
 std::string packedKey(uint32_t packed, const std::vector<IValue>& args) {
   std::string k;
   for (size_t i = 0; i < args.size() && i < 32; ++i) {
@@ -1242,6 +1254,8 @@ std::string packedKey(uint32_t packed, const std::vector<IValue>& args) {
     ir::appendInt(k, t.storage_offset());
     k += ',';
     ir::appendInt(k, t.stride(2));
+    k += ',';
+    ir::appendInt(k, static_cast<int64_t>(packedStorageOwner(packed, args, i)));
   }
   return k;
 }
@@ -1258,21 +1272,29 @@ std::shared_ptr<const Fragment> buildFragment(const c10::OperatorHandle& op, con
   Plan plan = planFor(op, args, low);
   ir::Builder b;
   Sources src;
+  std::map<size_t, ir::Value> packed_storage;  // by owning operand (packedStorageOwner)
   src.tensor = [&](const at::Tensor& t, InputSource is) {
-    frag->inputs.push_back(is);
-    if (t.device().is_cpu()) return b.param({cpuScalarIr(t), {}});
-    if (arrivesTransposed(transposed, is))
-      return b.transpose(b.param({toIr(t.scalar_type()), {t.size(1), t.size(0)}}), {1, 0});
     if (arrivesPacked(packed, is)) {
       const runtime::ViewGeometry g = geometryOf(t);
-      ir::Value storage = b.param({ir::DType::F32, {arrayOf(t).numel()}});
+      const size_t owner = packedStorageOwner(packed, args, static_cast<size_t>(is.arg));
+      auto it = packed_storage.find(owner);
+      if (it == packed_storage.end()) {  // a shared storage is one input of the call
+        frag->inputs.push_back(is);
+        it = packed_storage.emplace(owner, b.param({ir::DType::F32, {arrayOf(t).numel()}})).first;
+      }
+      ir::Value storage = it->second;
       ir::Value v = b.reshape(runtime::buildRead(b, storage, b.constantInt(g.offset, ir::DType::I64), g), g.sizes);
       b.noteView(v, ir::StridedView{storage, g.offset, g.strides});
       return v;
     }
+    frag->inputs.push_back(is);
+    if (t.device().is_cpu()) return b.param({cpuScalarIr(t), {}});
+    if (arrivesTransposed(transposed, is))
+      return b.transpose(b.param({toIr(t.scalar_type()), {t.size(1), t.size(0)}}), {1, 0});
     return b.param({toIr(t.scalar_type()), t.sizes().vec()});
   };
   paramScalarSources(src, b, frag->inputs);
+  ops::MultiOpProgram multi_op;
   Lowered l = lowerOp(op, args, low, foreach_expand, base, plan, b, src);
   for (const auto& [ob, v] : l.bound) {
     b.output(v);

@@ -115,6 +115,29 @@ std::vector<Value> kernelInputs(ir::Builder& b, const Value& q, const Value& k, 
   return {in[0].buffer, in[1].buffer, in[2].buffer, layout};
 }
 
+// Where sequence-major q, k and v (self-attention) are the three thirds of
+// each row of one buffer, as a fused qkv projection leaves them: the row
+// width (3 H E) and each one's offset in it; nullopt otherwise.
+struct PackedQkv {
+  int64_t row = 0, offset[3] = {0, 0, 0};
+};
+std::optional<PackedQkv> packedQkv(ir::Builder& b, const Value& q, const Value& k, const Value& v) {
+  const KernelInput in[3] = {kernelInput(b, q), kernelInput(b, k), kernelInput(b, v)};
+  const int64_t n = q.shape()[2] * q.shape()[3], row = 3 * n;
+  if (q.shape() != k.shape() || q.shape() != v.shape()) return std::nullopt;
+  PackedQkv p;
+  p.row = row;
+  int64_t seen = 0;
+  for (int i = 0; i < 3; ++i) {
+    if (in[i].buffer.id != in[0].buffer.id || in[i].row != row || in[i].offset % n || in[i].offset / n > 2)
+      return std::nullopt;
+    p.offset[i] = in[i].offset;
+    seen |= int64_t{1} << (in[i].offset / n);
+  }
+  if (seen != 7 || in[0].buffer.type.numel() != q.shape()[0] * q.shape()[1] * row) return std::nullopt;
+  return p;
+}
+
 // The kernel's trailing operands: the scale and the causal flag.
 std::vector<Value> withFlags(ir::Builder& b, const Attention& a, std::vector<Value> operands) {
   operands.push_back(b.constant(a.scale, DType::F32));
@@ -158,9 +181,24 @@ Registrar reg_attention_backward("_scaled_dot_product_flash_attention_for_cpu_ba
   if (useHostKernel(a, true)) {
     Value q = seqMajor(b, a.q), k = seqMajor(b, a.k), v = seqMajor(b, a.v);
     std::vector<Value> in = kernelInputs(b, q, k, v);
-    auto r = b.customCall(runtime::kAttentionBackward,
-                          withFlags(b, a, {seqMajor(b, dout), in[0], in[1], in[2], seqMajor(b, out), lse, in[3]}),
-                          {q.type, k.type, v.type});
+    const std::vector<Value> operands =
+        withFlags(b, a, {seqMajor(b, dout), in[0], in[1], in[2], seqMajor(b, out), lse, in[3]});
+    // In a program of several ops, gradients of a packed q, k and v come out
+    // packed the same way: the projection's backward concatenates them, and
+    // XLA folds that concatenation of the result's slices into the result
+    // itself (a 786 KB copy per layer of the benchmark GPT). A one-op program
+    // keeps three results, as the slices would each be copied out.
+    if (auto packed = inMultiOpProgram() ? packedQkv(b, q, k, v) : std::nullopt) {
+      const int64_t B = q.shape()[0], L = q.shape()[1], n = q.shape()[2] * q.shape()[3];
+      Value g = b.reshape(b.customCall(runtime::kAttentionBackward, operands, {in[0].type})[0], {B, L, packed->row});
+      std::vector<Value> grads;
+      for (int i = 0; i < 3; ++i) {
+        Value s = b.slice(g, {0, 0, packed->offset[i]}, {B, L, packed->offset[i] + n}, {1, 1, 1});
+        grads.push_back(seqMajor(b, b.reshape(s, q.shape())));
+      }
+      return grads;
+    }
+    auto r = b.customCall(runtime::kAttentionBackward, operands, {q.type, k.type, v.type});
     return std::vector<Value>{seqMajor(b, r[0]), seqMajor(b, r[1]), seqMajor(b, r[2])};
   }
   Value s = scores(b, a);

@@ -42,6 +42,13 @@ bool hostKernels() { return g_host_kernels; }
 void setHostGemm(bool available) { g_host_gemm = available; }
 bool hostGemm() { return g_host_gemm; }
 
+namespace {
+thread_local bool t_multi_op = false;
+}  // namespace
+bool inMultiOpProgram() { return t_multi_op; }
+MultiOpProgram::MultiOpProgram() : was_(t_multi_op) { t_multi_op = true; }
+MultiOpProgram::~MultiOpProgram() { t_multi_op = was_; }
+
 std::vector<std::string> loweredOps() {
   std::vector<std::string> out;
   for (const auto& [k, v] : table()) out.push_back(k);

@@ -164,6 +164,23 @@ bool attentionOnHostKernels(int64_t E, int64_t Ev, bool backward);
 // split of a packed q/k/v projection). nullopt otherwise.
 std::optional<int64_t> attentionRowStride(const std::vector<int64_t>& sizes, const std::vector<int64_t>& strides);
 
+// Whether the op being lowered joins a program of several ops (a fused-eager
+// fragment, a compiled graph) rather than a strict-eager program of its own:
+// a lowering may then return views of one result that later ops of the same
+// program read whole. Set for its lifetime by a MultiOpProgram on the
+// lowering's thread.
+bool inMultiOpProgram();
+class MultiOpProgram {
+ public:
+  MultiOpProgram();
+  ~MultiOpProgram();
+  MultiOpProgram(const MultiOpProgram&) = delete;
+  MultiOpProgram& operator=(const MultiOpProgram&) = delete;
+
+ private:
+  bool was_;
+};
+
 // Registry. Lowerings register by base name ("add") or by "name.overload"
 // ("sum.dim_IntList"); lookup tries the exact overload first.
 void registerLowering(const std::string& name, LowerFn fn, std::vector<int> const_scalars = {},

@@ -1,6 +1,7 @@
 #include "runtime/host_kernels.h"
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cmath>
 #include <condition_variable>
@@ -427,6 +428,7 @@ TPU_HOST_SIMD void headProbabilities(const float* Q, int64_t R, const float* kt,
 // packed projection). `o` is the results' and the output gradient's.
 struct RowStrides {
   int64_t q, k, v, o;
+  int64_t g = o;  // the gradients' (dq, dk, dv): o, or a packed buffer's row
 };
 
 // One head, its rows `r` apart.
@@ -469,7 +471,7 @@ TPU_HOST_SIMD void backwardHead(const float* dO, const float* Q, const float* K,
     std::fill(ds + cols, ds + SP, 0.0f);  // as P is
   }
   HeadRows k(K, S, E, r.k, EP), q(Q, L, E, r.q, EP), dout(dO, L, E, R, EP);
-  HeadOut dq(dQ, L, E, R, EP), dk(dK, S, E, R, EP), dv(dV, S, E, R, EP);
+  HeadOut dq(dQ, L, E, r.g, EP), dk(dK, S, E, r.g, EP), dv(dV, S, E, r.g, EP);
   product(L, Strided{dS, SP, 1}, k.p, k.stride, dq.p, dq.stride, 1.0f, keySumSpan(S, EP, causal));
   auto keyTile = [&](int64_t j, int64_t) { return ProductSpan{EP, causal ? std::min(j, L) : 0, L}; };
   product(S, Strided{P, 1, SP}, dout.p, dout.stride, dv.p, dv.stride, 1.0f, keyTile);
@@ -607,7 +609,7 @@ void attentionForwardOn(const XlaPool& pool, const float* q, const float* k, con
                         const AttentionShape& a, float scale, bool causal);
 void attentionBackwardOn(const XlaPool& pool, const float* dout, const float* q, const float* k, const float* v,
                          const float* out, const float* lse, float* dq, float* dk, float* dv, const AttentionShape& a,
-                         float scale, bool causal);
+                         float scale, bool causal, int64_t grad_row = 0);
 void layerNormForwardOn(const XlaPool& pool, const float* x, const float* w, const float* b, float* y, float* mean,
                         float* rstd, int64_t M, int64_t N, float eps);
 void layerNormBackwardOn(const XlaPool& pool, const float* dy, const float* x, const float* mean, const float* rstd,
@@ -689,11 +691,25 @@ std::string readCall(const FfiCallFrame* f, int n_args, int qkv, const FfiBuffer
   }
   const int64_t q_size = a.batch * a.L * a.packedRow(), kv_size = a.batch * a.S * a.packedRow(),
                 lse_size = a.batch * a.heads * a.L;
-  const bool sized = qkv == 0 ? numel(item(f->rets, 1)) == lse_size
-                              : numel(item(f->args, 4)) == q_size && numel(item(f->args, 5)) == lse_size &&
-                                    numel(item(f->rets, 0)) == q_size && numel(item(f->rets, 1)) == kv_size &&
-                                    numel(item(f->rets, 2)) == kv_size;
+  const bool packed_grads = qkv == 1 && f->rets.size == 1;
+  const bool sized =
+      qkv == 0 ? numel(item(f->rets, 1)) == lse_size
+               : numel(item(f->args, 4)) == q_size && numel(item(f->args, 5)) == lse_size &&
+                     (packed_grads || (numel(item(f->rets, 0)) == q_size && numel(item(f->rets, 1)) == kv_size &&
+                                       numel(item(f->rets, 2)) == kv_size));
   if (!sized) return "the output, logsumexp or gradient sizes do not match";
+  if (packed_grads) {
+    // One result for the three gradients: q, k and v must be one buffer's
+    // rows, tiled exactly by the three (so every element is written).
+    const int64_t n = a.packedRow(), row = a.q_row;
+    std::array<int64_t, 3> offs{c->q_offset, c->k_offset, c->v_offset};
+    std::sort(offs.begin(), offs.end());
+    const bool tiled =
+        item(f->args, 1)->data == item(f->args, 2)->data && item(f->args, 1)->data == item(f->args, 3)->data &&
+        a.k_row == row && a.v_row == row && row == 3 * n && a.L == a.S && offs == std::array<int64_t, 3>{0, n, 2 * n} &&
+        numel(item(f->rets, 0)) == numel(item(f->args, 1)) && numel(item(f->rets, 0)) == a.batch * a.L * row;
+    if (!tiled) return "packed gradients need q, k and v to tile one buffer's rows";
+  }
   c->scale = *f32(f->args, n_args - 2);
   c->causal = *static_cast<const int32_t*>(item(f->args, n_args - 1)->data) != 0;
   return "";
@@ -724,7 +740,19 @@ void* attentionForwardHandler(FfiCallFrame* f) {
                          });
 }
 
+// Three results (dq, dk, dv), or one: the gradients laid out as q, k and v
+// lie in their shared buffer (a fused qkv projection's output), so that a
+// program concatenating them for the projection's backward writes nothing twice.
 void* attentionBackwardHandler(FfiCallFrame* f) {
+  if (f->stage == kStageExecute && f->rets.size == 1)
+    return handleAttention(f, kAttentionBackward, 9, 1, 1,
+                           [](const FfiList& a, const FfiList& r, const AttentionCall& c, const XlaPool& pool) {
+                             float* g = f32Out(r, 0);
+                             attentionBackwardOn(pool, f32(a, 0), f32(a, 1) + c.q_offset, f32(a, 2) + c.k_offset,
+                                                 f32(a, 3) + c.v_offset, f32(a, 4), f32(a, 5), g + c.q_offset,
+                                                 g + c.k_offset, g + c.v_offset, c.shape, c.scale, c.causal,
+                                                 c.shape.q_row);
+                           });
   return handleAttention(f, kAttentionBackward, 9, 3, 1,
                          [](const FfiList& a, const FfiList& r, const AttentionCall& c, const XlaPool& pool) {
                            attentionBackwardOn(pool, f32(a, 0), f32(a, 1) + c.q_offset, f32(a, 2) + c.k_offset,
@@ -859,15 +887,16 @@ void attentionForwardOn(const XlaPool& pool, const float* q, const float* k, con
   });
 }
 
+// grad_row: elements between the gradients' rows (0: packed [B, L|S, H, E]).
 void attentionBackwardOn(const XlaPool& pool, const float* dout, const float* q, const float* k, const float* v,
                          const float* out, const float* lse, float* dq, float* dk, float* dv, const AttentionShape& a,
-                         float scale, bool causal) {
-  const RowStrides r{a.qRow(), a.kRow(), a.vRow(), a.packedRow()};
+                         float scale, bool causal, int64_t grad_row) {
+  const RowStrides r{a.qRow(), a.kRow(), a.vRow(), a.packedRow(), grad_row ? grad_row : a.packedRow()};
   parallelFor(pool, a.batch * a.heads, [&](int64_t bh) {
     int64_t b = bh / a.heads, h = bh % a.heads, he = h * a.E;
-    int64_t oo = b * a.L * r.o + he, ko = b * a.S * r.o + he;
+    int64_t oo = b * a.L * r.o + he, go = b * a.L * r.g + he, gko = b * a.S * r.g + he;
     backwardHead(dout + oo, q + b * a.L * r.q + he, k + b * a.S * r.k + he, v + b * a.S * r.v + he, out + oo,
-                 lse + bh * a.L, dq + oo, dk + ko, dv + ko, a.L, a.S, a.E, r, scale, causal);
+                 lse + bh * a.L, dq + go, dk + gko, dv + gko, a.L, a.S, a.E, r, scale, causal);
   });
 }
 

@@ -21,6 +21,11 @@ namespace tpu::runtime {
 //                       -> out [B,L,H,E], logsumexp [B,H,L]
 //   attention backward: dout [B,L,H,E], q, k, v, out, logsumexp, layout, scale, causal
 //                       -> dq [B,L,H,E], dk [B,S,H,E], dv [B,S,H,E]
+//                       or -> one result shaped as q's buffer, when q, k and v
+//                       are the three thirds of each row of that one buffer
+//                       (self-attention on a fused projection): the gradients
+//                       are written where q, k and v lie (a projection's
+//                       backward then reads them with no concatenation)
 //   q, k and v are the buffers that hold them (any shape): layout is
 //   {S, q offset, q row stride, k offset, k row stride, v offset, v row stride}
 //   in elements; a row (one position's H*E values) is contiguous and a batch

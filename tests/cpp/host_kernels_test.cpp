@@ -226,7 +226,8 @@ pjrt::Client& client() {
 
 TEST(AttentionKernel, RunsInsideAnXlaProgram) {
   // Separate q, k, v arrays, then the same read from one packed [B, L, 3*H*E]
-  // array through the layout operand: forward and backward.
+  // array through the layout operand, then with the gradients written packed
+  // the same way into one result: forward and backward.
   Case c{1, 2, 8, 8, 8, true};
   const int64_t he = c.heads * c.E;
   ir::Type t{ir::DType::F32, {1, c.L, c.heads, c.E}}, lse_t{ir::DType::F32, {1, c.heads, c.L}};
@@ -236,7 +237,9 @@ TEST(AttentionKernel, RunsInsideAnXlaProgram) {
   auto hqkv = packRows(c, hq, hk, hv);
   std::vector<double> out, lse, dq, dk, dv;
   reference(c, hq, hk, hv, hg, 0.5f, out, lse, dq, dk, dv);
-  for (bool packed : {false, true}) {
+  std::vector<std::vector<float>> packed_inputs_grads;  // dq, dk, dv from packed inputs, three results
+  for (int mode : {0, 1, 2}) {
+    const bool packed = mode > 0, packed_grads = mode == 2;
     ir::Builder b;
     std::vector<ir::Value> qkv;
     std::vector<int64_t> layout{c.L, 0, he, 0, he, 0, he};
@@ -252,8 +255,9 @@ TEST(AttentionKernel, RunsInsideAnXlaProgram) {
     auto scale = b.constant(0.5, ir::DType::F32), causal = b.constantInt(1, ir::DType::I32);
     auto f = b.customCall(runtime::kAttentionForward, {qkv[0], qkv[1], qkv[2], lay, scale, causal}, {t, lse_t});
     auto d = b.customCall(runtime::kAttentionBackward, {g, qkv[0], qkv[1], qkv[2], f[0], f[1], lay, scale, causal},
-                          {t, t, t});
-    for (const auto& r : {f[0], d[0], d[1], d[2]}) b.output(r);
+                          packed_grads ? std::vector<ir::Type>{packed_t} : std::vector<ir::Type>{t, t, t});
+    b.output(f[0]);
+    for (const auto& r : d) b.output(r);
     auto exe = client().compile(b.emit(), pjrt::compileOptions(true));
     std::vector<std::unique_ptr<pjrt::Buffer>> bufs;
     if (packed) {
@@ -266,11 +270,21 @@ TEST(AttentionKernel, RunsInsideAnXlaProgram) {
     for (auto& buf : bufs) args.push_back(buf->raw());
     auto outs = exe->execute(args, client().devices()[0].raw);
     const std::vector<double>* want[4] = {&out, &dq, &dk, &dv};
-    for (int i = 0; i < 4; ++i) {
-      std::vector<float> got(t.numel());
-      outs[i]->toHost(got.data(), got.size() * sizeof(float));
-      expectNear(got, *want[i], packed ? "packed" : "separate");
+    std::vector<std::vector<float>> got(4, std::vector<float>(t.numel()));
+    outs[0]->toHost(got[0].data(), got[0].size() * sizeof(float));
+    if (packed_grads) {
+      std::vector<float> all(packed_t.numel());
+      outs[1]->toHost(all.data(), all.size() * sizeof(float));
+      for (int64_t r = 0; r < c.L; ++r)
+        for (int i = 0; i < 3; ++i) std::copy_n(all.data() + r * 3 * he + i * he, he, got[1 + i].data() + r * he);
+    } else {
+      for (int i = 1; i < 4; ++i) outs[i]->toHost(got[i].data(), got[i].size() * sizeof(float));
     }
+    const char* what[3] = {"separate", "packed", "packed gradients"};
+    for (int i = 0; i < 4; ++i) expectNear(got[i], *want[i], what[mode]);
+    if (mode == 1) packed_inputs_grads.assign(got.begin() + 1, got.end());
+    if (mode == 2)
+      for (int i = 0; i < 3; ++i) EXPECT_EQ(got[1 + i], packed_inputs_grads[i]) << "gradient " << i;
   }
 }
 
@@ -311,6 +325,23 @@ TEST(AttentionKernel, ALayoutOutsideItsBufferIsAnError) {
                         {t, ir::Type{ir::DType::F32, {1, 2, 4}}});
   b.output(r[0]);
   expectKernelError(b, t, "torch_tpu_attention_fwd: the k layout does not fit its buffer");
+}
+
+TEST(AttentionKernel, PackedGradientsNeedQkvToTileTheBuffer) {
+  // One result for the three gradients, but k's rows start where q's do: the
+  // result's last third would be left unwritten, so the call is refused.
+  ir::Builder b;
+  const int64_t L = 4, H = 2, E = 8, he = H * E;
+  ir::Type packed_t{ir::DType::F32, {1, L, 3 * he}};
+  auto p = b.param(packed_t);
+  auto rows = b.constant(0.5, ir::DType::F32, {1, L, H, E});
+  auto lse = b.constant(0.0, ir::DType::F32, {1, H, L});
+  auto lay = b.constantInts({L, 0, 3 * he, 0, 3 * he, he, 3 * he}, ir::DType::I64);
+  auto r = b.customCall(
+      runtime::kAttentionBackward,
+      {rows, p, p, p, rows, lse, lay, b.constant(0.5, ir::DType::F32), b.constantInt(1, ir::DType::I32)}, {packed_t});
+  b.output(r[0]);
+  expectKernelError(b, packed_t, "torch_tpu_attention_bwd: packed gradients need q, k and v to tile one buffer's rows");
 }
 
 // Layer norm over rows of n in double: y, mean, rstd and the gradients.

@@ -189,6 +189,57 @@ def test_heads_of_a_packed_projection_match_cpu_and_are_read_in_place(fallback_e
     for got, want in zip(results[1], results[0]):
         torch.testing.assert_close(got, want)
     # Strict eager runs each op on its own arrays; the other modes read q, k
-    # and v (forward and backward, both attentions) from the projections.
+    # and v (forward and backward, both attentions) from the projections,
+    # each projection's storage passed once per call (self: 1, cross: 2).
     in_place = torch_tpu.metrics()["operands_in_place"]
-    assert in_place == (0 if mode == "strict" else 12), in_place
+    assert in_place == (0 if mode == "strict" else 6), in_place
+
+
+def test_packed_qkv_gradients_come_out_in_one_buffer_only_in_multi_op_programs(tmp_path):
+    # q, k and v split from one projection: in a compiled graph (and a fused
+    # one) the attention backward writes their gradients into one buffer laid
+    # out as the projection, and XLA folds the projection backward's
+    # concatenation into it. Strict eager's one-op program keeps three
+    # results, since slices of one would each be copied out. Read from the
+    # programs XLA compiled, in a process of its own with a fresh cache.
+    if torch_tpu._C._platform() != "cpu" or not torch_tpu._C._host_kernels():
+        pytest.skip("the packed gradients are the CPU plugin's attention kernel")
+    script = textwrap.dedent("""
+        import torch, torch_tpu
+        import torch.nn.functional as F
+        torch_tpu.set_fallback("error")
+        B, L, H, E = 2, 16, 2, 8
+        g = torch.Generator().manual_seed(0)
+        x, w = torch.randn(B, L, 32, generator=g), torch.randn(3 * H * E, 32, generator=g) * 0.2
+
+        def f(x, w):
+            q, k, v = (x @ w.t()).split(H * E, dim=-1)
+            q, k, v = (t.view(B, L, H, E).transpose(1, 2) for t in (q, k, v))
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True).sum()
+
+        res = []
+        for dev, fn in (("cpu", f), ("tpu", torch.compile(f, backend="tpu")), ("tpu", f)):
+            a = [t.detach().clone().to(dev).requires_grad_() for t in (x, w)]
+            with torch_tpu.mode("strict"):
+                fn(*a).backward()
+            res.append([t.grad.cpu() for t in a])
+        for got in res[1:]:
+            for y, want in zip(got, res[0]):
+                torch.testing.assert_close(y, want)
+        print("ok")
+    """)
+    dump = tmp_path / "dump"
+    env = dict(os.environ, TORCH_TPU_CACHE_DIR=str(tmp_path / "cache"),
+               XLA_FLAGS=f"--xla_dump_to={dump} --xla_dump_hlo_as_text")
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env)
+    assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stderr[-2000:]
+    calls = []  # (result type, program has a concatenate) per backward kernel call
+    for p in dump.glob("*after_optimizations.txt"):
+        text = p.read_text()
+        for line in text.splitlines():
+            if 'custom_call_target="torch_tpu_attention_bwd"' in line:
+                calls.append((line.split(" = ", 1)[1].split(" custom-call(")[0], "concatenate(" in text))
+    packed = [c for c in calls if not c[0].startswith("(")]
+    separate = [c for c in calls if c[0].startswith("(")]
+    assert packed and not any(concat for _, concat in packed), calls  # the compiled graph
+    assert separate, calls  # strict eager
