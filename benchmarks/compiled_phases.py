@@ -19,15 +19,17 @@ on the CPU plugin the host's Python and the programs share the same cores.
 from __future__ import annotations
 
 import argparse
+import functools
 import itertools
 import statistics
 import time
 
 import compiled
-from common import provenance, provenance_lines, sync
+from common import interleaved, provenance, provenance_lines, sync, time_per_call
 
 import torch
 
+import torch_tpu
 from torch_tpu.data import CharTokenizer, load_corpus
 
 PHASES = ("forward", "backward", "optimizer step", "whole step")
@@ -85,15 +87,8 @@ def programs_alone(step, args) -> dict:
     for name, (graph, graph_args) in recorded.items():
         if not graph.captured or _C._replay(graph.captured[0], graph_args) is None:
             continue  # ran as a fused graph (not replayable): not timed alone
-        per_round = []
-        for _ in range(args.rounds):
-            sync("tpu")
-            t0 = time.perf_counter()
-            for _ in range(args.steps):
-                _C._replay(graph.captured[0], graph_args)
-            sync("tpu")
-            per_round.append((time.perf_counter() - t0) / args.steps * 1e3)
-        out[name] = statistics.median(per_round)
+        replay = functools.partial(_C._replay, graph.captured[0], graph_args)
+        out[name] = time_per_call(replay, "tpu", warmup=1, iters=args.steps, repeats=args.rounds) * 1e3
     return out
 
 
@@ -101,13 +96,8 @@ def pipelined_ms(device: str, backend: str, tok, tokens, args) -> float:
     """The training step as compiled.py times it (no synchronize but the loss's .item()),
     median round, in milliseconds."""
     step, _ = compiled.train(device, "strict", backend, tok, tokens, args)
-    per_round = []
-    for _ in range(args.rounds):
-        t0 = time.perf_counter()
-        for _ in range(args.steps):
-            step()
-        per_round.append((time.perf_counter() - t0) / args.steps * 1e3)
-    return statistics.median(per_round)
+    secs = interleaved({"step": (step, lambda: torch_tpu.mode("strict"), device)}, args.steps, args.rounds)
+    return statistics.median(secs["step"]) * 1e3
 
 
 def main(argv=None):

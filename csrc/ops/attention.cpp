@@ -7,6 +7,7 @@
 // program and the backward reuses the forward's logsumexp, as flash
 // attention does; the math stays the plain O(L*S) formulation. On the CPU
 // plugin float32 calls the runtime's kernels instead (runtime/host_kernels.h).
+#include <array>
 #include <cmath>
 
 #include "ops/common.h"
@@ -107,11 +108,15 @@ KernelInput kernelInput(ir::Builder& b, const Value& x) {
   return {x, 0, x.shape()[2] * x.shape()[3]};
 }
 
-// The kernels' q, k, v and layout operands.
-std::vector<Value> kernelInputs(ir::Builder& b, const Value& q, const Value& k, const Value& v) {
-  const KernelInput in[3] = {kernelInput(b, q), kernelInput(b, k), kernelInput(b, v)};
-  Value layout = b.constantInts(
-      {k.shape()[1], in[0].offset, in[0].row, in[1].offset, in[1].row, in[2].offset, in[2].row}, DType::I64);
+using QkvInputs = std::array<KernelInput, 3>;
+QkvInputs kernelInputs(ir::Builder& b, const Value& q, const Value& k, const Value& v) {
+  return {kernelInput(b, q), kernelInput(b, k), kernelInput(b, v)};
+}
+
+// The kernels' q, k, v and layout operands; S is the keys' length.
+std::vector<Value> kernelOperands(ir::Builder& b, const QkvInputs& in, int64_t S) {
+  Value layout =
+      b.constantInts({S, in[0].offset, in[0].row, in[1].offset, in[1].row, in[2].offset, in[2].row}, DType::I64);
   return {in[0].buffer, in[1].buffer, in[2].buffer, layout};
 }
 
@@ -121,8 +126,7 @@ std::vector<Value> kernelInputs(ir::Builder& b, const Value& q, const Value& k, 
 struct PackedQkv {
   int64_t row = 0, offset[3] = {0, 0, 0};
 };
-std::optional<PackedQkv> packedQkv(ir::Builder& b, const Value& q, const Value& k, const Value& v) {
-  const KernelInput in[3] = {kernelInput(b, q), kernelInput(b, k), kernelInput(b, v)};
+std::optional<PackedQkv> packedQkv(const QkvInputs& in, const Value& q, const Value& k, const Value& v) {
   const int64_t n = q.shape()[2] * q.shape()[3], row = 3 * n;
   if (q.shape() != k.shape() || q.shape() != v.shape()) return std::nullopt;
   PackedQkv p;
@@ -153,9 +157,10 @@ Registrar reg_attention("_scaled_dot_product_flash_attention_for_cpu", [](Ctx& c
   if (useHostKernel(a, false)) {
     Shape lse_shape(a.q.shape().begin(), a.q.shape().end() - 1);
     Value q = seqMajor(b, a.q);
-    auto r = b.customCall(runtime::kAttentionForward,
-                          withFlags(b, a, kernelInputs(b, q, seqMajor(b, a.k), seqMajor(b, a.v))),
-                          {q.type, Type{DType::F32, lse_shape}});
+    auto r = b.customCall(
+        runtime::kAttentionForward,
+        withFlags(b, a, kernelOperands(b, kernelInputs(b, q, seqMajor(b, a.k), seqMajor(b, a.v)), a.k.shape()[2])),
+        {q.type, Type{DType::F32, lse_shape}});
     return std::vector<Value>{seqMajor(b, r[0]), r[1]};
   }
   Value s = scores(b, a);
@@ -180,7 +185,8 @@ Registrar reg_attention_backward("_scaled_dot_product_flash_attention_for_cpu_ba
   Value lse = b.convert(c.tensor(5), a.acc);
   if (useHostKernel(a, true)) {
     Value q = seqMajor(b, a.q), k = seqMajor(b, a.k), v = seqMajor(b, a.v);
-    std::vector<Value> in = kernelInputs(b, q, k, v);
+    const QkvInputs ins = kernelInputs(b, q, k, v);
+    const std::vector<Value> in = kernelOperands(b, ins, k.shape()[1]);
     const std::vector<Value> operands =
         withFlags(b, a, {seqMajor(b, dout), in[0], in[1], in[2], seqMajor(b, out), lse, in[3]});
     // In a program of several ops, gradients of a packed q, k and v come out
@@ -188,9 +194,10 @@ Registrar reg_attention_backward("_scaled_dot_product_flash_attention_for_cpu_ba
     // XLA folds that concatenation of the result's slices into the result
     // itself (a 786 KB copy per layer of the benchmark GPT). A one-op program
     // keeps three results, as the slices would each be copied out.
-    if (auto packed = inMultiOpProgram() ? packedQkv(b, q, k, v) : std::nullopt) {
+    if (auto packed = inMultiOpProgram() ? packedQkv(ins, q, k, v) : std::nullopt) {
       const int64_t B = q.shape()[0], L = q.shape()[1], n = q.shape()[2] * q.shape()[3];
-      Value g = b.reshape(b.customCall(runtime::kAttentionBackward, operands, {in[0].type})[0], {B, L, packed->row});
+      Value g =
+          b.reshape(b.customCall(runtime::kAttentionBackward, operands, {ins[0].buffer.type})[0], {B, L, packed->row});
       std::vector<Value> grads;
       for (int i = 0; i < 3; ++i) {
         Value s = b.slice(g, {0, 0, packed->offset[i]}, {B, L, packed->offset[i] + n}, {1, 1, 1});

@@ -744,20 +744,15 @@ void* attentionForwardHandler(FfiCallFrame* f) {
 // lie in their shared buffer (a fused qkv projection's output), so that a
 // program concatenating them for the projection's backward writes nothing twice.
 void* attentionBackwardHandler(FfiCallFrame* f) {
-  if (f->stage == kStageExecute && f->rets.size == 1)
-    return handleAttention(f, kAttentionBackward, 9, 1, 1,
-                           [](const FfiList& a, const FfiList& r, const AttentionCall& c, const XlaPool& pool) {
-                             float* g = f32Out(r, 0);
-                             attentionBackwardOn(pool, f32(a, 0), f32(a, 1) + c.q_offset, f32(a, 2) + c.k_offset,
-                                                 f32(a, 3) + c.v_offset, f32(a, 4), f32(a, 5), g + c.q_offset,
-                                                 g + c.k_offset, g + c.v_offset, c.shape, c.scale, c.causal,
-                                                 c.shape.q_row);
-                           });
-  return handleAttention(f, kAttentionBackward, 9, 3, 1,
+  return handleAttention(f, kAttentionBackward, 9, f->rets.size == 1 ? 1 : 3, 1,
                          [](const FfiList& a, const FfiList& r, const AttentionCall& c, const XlaPool& pool) {
+                           const bool packed = r.size == 1;
+                           float* g = f32Out(r, 0);
                            attentionBackwardOn(pool, f32(a, 0), f32(a, 1) + c.q_offset, f32(a, 2) + c.k_offset,
-                                               f32(a, 3) + c.v_offset, f32(a, 4), f32(a, 5), f32Out(r, 0), f32Out(r, 1),
-                                               f32Out(r, 2), c.shape, c.scale, c.causal);
+                                               f32(a, 3) + c.v_offset, f32(a, 4), f32(a, 5),
+                                               packed ? g + c.q_offset : g, packed ? g + c.k_offset : f32Out(r, 1),
+                                               packed ? g + c.v_offset : f32Out(r, 2), c.shape, c.scale, c.causal,
+                                               packed ? c.shape.q_row : 0);
                          });
 }
 
