@@ -104,6 +104,51 @@ struct Entry {
   bool bounds_check = false;  // an output (before the length) says all indices were in range
   uint32_t transposed = 0;    // operands passed as their stored matrix (transposedOperands)
   std::string op_name;
+  // The results of a program that reads no tensor and draws no random
+  // numbers (a fill: zeros, ones_like, full), by device and scalar values.
+  // Null for any other program. See ConstantResults.
+  std::shared_ptr<struct ConstantResults> constants;
+};
+
+// A fill's results, kept and handed out again instead of recomputed: every
+// torch.zeros(...) of a training step (autograd's zero gradients for outputs
+// no loss reads, the seed of backward) was a program launch. A kept result is
+// handed to one holder at a time (when the cache is its only other owner),
+// so two live tensors never share a buffer: programs pass such a buffer once
+// per array and could not write either in place. The holder cannot write the
+// kept buffer either: execute() donates only buffers nobody else holds, and
+// the cache holds these. Bounded: results up to kMaxBytes a call, a few value
+// sets per program, kBudget in all; past that, fills run as before.
+struct ConstantResults {
+  static constexpr size_t kMaxBytes = 4 * 1024 * 1024, kSets = 4;
+  static constexpr int64_t kBudget = 64 * 1024 * 1024;
+  static std::atomic<int64_t>& used() {
+    static std::atomic<int64_t> bytes{0};
+    return bytes;
+  }
+  std::mutex mu;
+  std::vector<std::pair<std::vector<int64_t>, std::vector<runtime::BufferPtr>>> sets;
+
+  // The kept results for `key` if nobody holds them now, else none.
+  std::vector<runtime::BufferPtr> find(const std::vector<int64_t>& key) {
+    std::lock_guard<std::mutex> g(mu);
+    for (const auto& [k, bufs] : sets) {
+      if (k != key) continue;
+      for (const auto& b : bufs)
+        if (b.use_count() > 1) return {};
+      return bufs;
+    }
+    return {};
+  }
+  void keep(std::vector<int64_t> key, const std::vector<runtime::BufferPtr>& bufs, size_t bytes) {
+    std::lock_guard<std::mutex> g(mu);
+    for (const auto& set : sets)
+      if (set.first == key) return;  // kept already (and held now)
+    const auto n = static_cast<int64_t>(bytes);
+    if (sets.size() >= kSets || used().load() + n > kBudget) return;
+    used() += n;
+    sets.emplace_back(std::move(key), bufs);
+  }
 };
 
 // An op lowered onto a builder: each bound result's value is flat, in the
@@ -802,6 +847,12 @@ bool arrivesTransposed(uint32_t transposed, const InputSource& is);
 // The cache-key suffix of a program or fragment built with `transposed`.
 std::string transposedKey(uint32_t transposed) { return transposed ? "|T" + std::to_string(transposed) : ""; }
 
+size_t resultBytes(const runtime::Program& p) {
+  size_t n = 0;
+  for (const auto& t : p.out_types) n += static_cast<size_t>(t.numel()) * ir::itemSize(t.dtype);
+  return n;
+}
+
 // Strict eager: a one-op program whose parameters are the flat inputs; a
 // transposed operand of a matrix product is its stored matrix, transposed in
 // the program (see transposedOperands). A tensor argument no result reads
@@ -863,6 +914,14 @@ std::shared_ptr<Entry> build(const c10::OperatorHandle& op, const std::vector<IV
     entry->dynamic_results = l.dynamic_results;
     entry->op_name = schema.name() + (schema.overload_name().empty() ? "" : "." + schema.overload_name());
     entry->prog = runtime::Runtime::get().compile(b, schema.name());
+    const bool fill = std::all_of(entry->inputs.begin(), entry->inputs.end(), [](const InputSource& is) {
+      return is.kind == InputSource::Kind::Scalar || is.kind == InputSource::Kind::ScalarListElem;
+    });
+    if (fill && !entry->data_dependent && !entry->bounds_check && !entry->outputs.empty() &&
+        resultBytes(*entry->prog) <= ConstantResults::kMaxBytes)
+      // Never destroyed: the program cache outlives the runtime at exit, and
+      // a buffer must not outlive its plugin client.
+      entry->constants = std::shared_ptr<ConstantResults>(new ConstantResults, [](ConstantResults*) {});
     return entry;
   }
 }
@@ -966,8 +1025,29 @@ std::vector<int64_t> permutedStrides(const OutputBinding& ob) {
   return strides;
 }
 
-void runEntry(const Entry& e, const c10::OperatorHandle& op, torch::jit::Stack* stack, std::vector<IValue>& args,
-              c10::DeviceIndex dev) {
+IValue scalarArg(const InputSource& src, const std::vector<IValue>& args) {
+  return src.kind == InputSource::Kind::Scalar ? args[src.arg] : args[src.arg].toList().get(src.elem);
+}
+
+// What a fill's results depend on: the device and its scalars, as the program
+// receives them.
+std::vector<int64_t> constantKey(const Entry& e, const std::vector<IValue>& args, c10::DeviceIndex dev) {
+  std::vector<int64_t> key{dev};
+  for (const auto& src : e.inputs) {
+    IValue v = scalarArg(src, args);
+    if (src.dtype == ir::DType::F64) {
+      double d = v.toDouble();
+      int64_t bits;
+      std::memcpy(&bits, &d, sizeof bits);
+      key.push_back(bits);
+    } else {
+      key.push_back(src.dtype == ir::DType::Bool ? v.toBool() : v.toInt());
+    }
+  }
+  return key;
+}
+
+std::vector<runtime::BufferPtr> runProgram(const Entry& e, std::vector<IValue>& args, c10::DeviceIndex dev) {
   std::vector<runtime::BufferPtr> inputs;
   inputs.reserve(e.inputs.size());
   std::optional<at::Generator> gen;
@@ -998,7 +1078,7 @@ void runEntry(const Entry& e, const c10::OperatorHandle& op, torch::jit::Stack* 
       }
       case InputSource::Kind::Scalar:
       case InputSource::Kind::ScalarListElem: {
-        IValue v = src.kind == InputSource::Kind::Scalar ? args[src.arg] : args[src.arg].toList().get(src.elem);
+        IValue v = scalarArg(src, args);
         if (src.dtype == ir::DType::F64)
           inputs.push_back(runtime::scalarBuffer(ir::DType::F64, v.toDouble(), dev));
         else if (src.dtype == ir::DType::Bool)
@@ -1019,7 +1099,24 @@ void runEntry(const Entry& e, const c10::OperatorHandle& op, torch::jit::Stack* 
       }
     }
   }
-  auto outs = runtime::execute(*e.prog, inputs, dev);
+  return runtime::execute(*e.prog, inputs, dev);
+}
+
+void runEntry(const Entry& e, const c10::OperatorHandle& op, torch::jit::Stack* stack, std::vector<IValue>& args,
+              c10::DeviceIndex dev) {
+  std::vector<runtime::BufferPtr> outs;
+  if (e.constants) {
+    std::vector<int64_t> key = constantKey(e, args, dev);
+    outs = e.constants->find(key);
+    if (outs.empty()) {
+      outs = runProgram(e, args, dev);
+      e.constants->keep(std::move(key), outs, resultBytes(*e.prog));
+    } else {
+      runtime::metrics().constant_reuses++;
+    }
+  } else {
+    outs = runProgram(e, args, dev);
+  }
   if (e.bounds_check) {
     size_t pos = outs.size() - (e.data_dependent ? 2 : 1);
     runtime::checkIndicesLater(outs[pos], e.op_name, dev);

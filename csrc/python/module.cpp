@@ -33,6 +33,7 @@ py::dict metricsDict() {
   d["cache_misses"] = m.cache_misses.load();
   d["executions"] = m.executions.load();
   d["donated_buffers"] = m.donated_buffers.load();
+  d["constant_reuses"] = m.constant_reuses.load();
   d["live_buffers"] = pjrt::Buffer::live();
   d["h2d_bytes"] = m.h2d_bytes.load();
   d["d2h_bytes"] = m.d2h_bytes.load();

@@ -23,7 +23,7 @@ Metrics& metrics() {
 }
 
 void Metrics::reset() {
-  compiles = cache_hits = cache_misses = disk_hits = executions = donated_buffers = 0;
+  compiles = cache_hits = cache_misses = disk_hits = executions = donated_buffers = constant_reuses = 0;
   h2d_bytes = d2h_bytes = h2d_transfers = d2h_transfers = compile_ns = fused_lowerings = operands_in_place = 0;
   std::lock_guard<std::mutex> g(mu);
   fallbacks.clear();
@@ -35,7 +35,8 @@ std::string Metrics::report() {
   os << "torch_tpu metrics\n"
      << "  compiles:          " << compiles << " (" << compile_ns / 1e9 << " s)\n"
      << "  cache hits/misses: " << cache_hits << " / " << cache_misses << " (disk hits " << disk_hits << ")\n"
-     << "  executions:        " << executions << " (buffers donated: " << donated_buffers << ")\n"
+     << "  executions:        " << executions << " (buffers donated: " << donated_buffers
+     << ", fills reused: " << constant_reuses << ")\n"
      << "  host->device:      " << h2d_transfers << " transfers, " << h2d_bytes << " bytes\n"
      << "  device->host:      " << d2h_transfers << " transfers, " << d2h_bytes << " bytes\n";
   std::lock_guard<std::mutex> g(mu);

@@ -32,6 +32,7 @@ struct Metrics {
   std::atomic<int64_t> disk_hits{0};
   std::atomic<int64_t> executions{0};
   std::atomic<int64_t> donated_buffers{0};  // inputs whose buffers outputs reused
+  std::atomic<int64_t> constant_reuses{0};  // fills (zeros, ones, full) answered with kept results
   std::atomic<int64_t> h2d_bytes{0};
   std::atomic<int64_t> d2h_bytes{0};
   std::atomic<int64_t> h2d_transfers{0};

@@ -357,9 +357,13 @@ def test_a_compiled_optimizer_step_donates_its_state_and_matches_eager():
         torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(row, params[0][3])
     torch.testing.assert_close(row, eager_row, rtol=1e-5, atol=1e-5)
-    # Weight and bias, each with two moments and a step count, in the
-    # recording's run and every replay.
-    assert donated == [8, 8, 8, 8], donated
+    # Weight and bias, each with two moments and a step count, in every
+    # replay. In strict eager the recording's run copies the three state
+    # tensors that hold a kept fill (one zeros per state shape: [512, 512],
+    # [512] and the count; see test_fills_reuse_kept_results_and_in_place_updates_do_not_leak);
+    # fused eager defers fills, so nothing is kept.
+    first = 8 if torch_tpu._C._fused() else 5
+    assert donated == [first, 8, 8, 8], donated
 
 
 def test_a_launch_that_donates_returns_before_its_program_finishes():

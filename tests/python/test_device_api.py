@@ -552,3 +552,71 @@ def test_factory_functions_respect_arguments():
     for n, v in [(3, 2.0), (5, 7.0)]:
         torch.testing.assert_close(torch.full((n,), v, device="tpu").cpu(), torch.full((n,), v))
     torch.testing.assert_close(torch.linspace(0, 1, 5, device="tpu").cpu(), torch.linspace(0, 1, 5))
+
+
+def test_fills_reuse_kept_results_and_in_place_updates_do_not_leak():
+    # A fill (zeros, ones_like, full) reads no tensor: its result is kept and
+    # handed out again, with no launch, to a later call with the same shape
+    # and value once no live tensor holds it (strict eager; fused eager defers
+    # fills into the next program anyway).
+    shape = (300, 1024)  # 1.2 MB: large enough that in-place updates donate buffers
+    fused = torch_tpu._C._fused()
+    torch.zeros(shape, device="tpu")  # kept, and free again
+    m0 = torch_tpu.metrics()
+    a = torch.zeros(shape, device="tpu")
+    m1 = torch_tpu.metrics()
+    if not fused:
+        assert m1["executions"] == m0["executions"]
+        assert m1["constant_reuses"] == m0["constant_reuses"] + 1
+    b = torch.zeros(shape, device="tpu")  # `a` holds the kept buffer: b gets its own
+    if not fused:
+        assert torch_tpu.metrics()["executions"] == m1["executions"] + 1
+    # Updating a holder must not reach the kept result.
+    a.add_(1)
+    b.mul_(3).add_(2)
+    c = torch.zeros(shape, device="tpu")
+    c[0, :5] = 7.0  # a partial write: a scatter from the kept buffer
+    d = torch.zeros(shape, device="tpu")
+    torch.testing.assert_close(a.cpu(), torch.ones(shape))
+    torch.testing.assert_close(b.cpu(), torch.full(shape, 2.0))
+    want_c = torch.zeros(shape)
+    want_c[0, :5] = 7.0
+    torch.testing.assert_close(c.cpu(), want_c)
+    torch.testing.assert_close(d.cpu(), torch.zeros(shape))
+    del d
+    # Programs that take their input's buffer for the result (a compiled
+    # graph's replay, a fused chain of in-place ops) must not take a kept one.
+    bump = torch.compile(lambda t: t.add_(1).mul_(2), backend="tpu")
+    w = torch.zeros(shape, device="tpu")
+    bump(w)
+    bump(w)  # captured: later calls replay the program, which donates its input
+    d0 = torch_tpu.metrics()["donated_buffers"]
+    e = torch.zeros(shape, device="tpu")
+    bump(e)
+    e.cpu()
+    del e
+    f = torch.zeros(shape, device="tpu")
+    with torch_tpu.mode("fused"):
+        f.add_(1).mul_(3)
+        f.cpu()
+    if not fused:
+        assert torch_tpu.metrics()["donated_buffers"] == d0  # both copied the kept buffer
+    g = torch.zeros(shape, device="tpu")
+    torch.testing.assert_close(f.cpu(), torch.full(shape, 3.0))
+    torch.testing.assert_close(g.cpu(), torch.zeros(shape))
+    # The value, dtype and shape are part of what is kept.
+    for v in (2.0, 3.0, 2.0):
+        torch.testing.assert_close(torch.full((4, 5), v, device="tpu").cpu(), torch.full((4, 5), v))
+    torch.testing.assert_close(torch.full((4, 5), 2, dtype=torch.int32, device="tpu").cpu(),
+                               torch.full((4, 5), 2, dtype=torch.int32))
+    x = torch.randn(6, 7, device="tpu")
+    torch.testing.assert_close(torch.ones_like(x).cpu(), torch.ones(6, 7))
+    torch.testing.assert_close(torch.zeros(6, 8, device="tpu").cpu(), torch.zeros(6, 8))
+    # Large fills are not kept: each one runs its program.
+    big = (1100, 1024)  # 4.5 MB
+    torch.zeros(big, device="tpu")
+    e0 = torch_tpu.metrics()["executions"]
+    z = torch.zeros(big, device="tpu")
+    if not fused:
+        assert torch_tpu.metrics()["executions"] - e0 == 1
+    torch.testing.assert_close(z.cpu(), torch.zeros(big))
