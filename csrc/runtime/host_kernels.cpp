@@ -1,5 +1,7 @@
 #include "runtime/host_kernels.h"
 
+#include <immintrin.h>
+
 #include <algorithm>
 #include <array>
 #include <atomic>
@@ -222,11 +224,36 @@ TPU_HOST_SIMD float rowMax(const float* x, int64_t n) {
   return r;
 }
 
-// x's rows (R elements apart) zero-padded to SP -> xt [E, SP].
+// x's rows (R elements apart) zero-padded to SP -> xt [E, SP]: 8x8 blocks
+// transposed in registers, the ragged edges element by element. (With the
+// whole transpose as a scalar loop of strided stores, the GPT benchmark's
+// attention took 5% longer, forward and backward, on one thread.)
+TPU_HOST_SIMD inline void transpose8x8(const float* x, int64_t R, float* xt, int64_t SP) {
+  __m256 r[8], t[8];
+  for (int i = 0; i < 8; ++i) r[i] = _mm256_loadu_ps(x + i * R);
+  for (int i = 0; i < 8; i += 2) {
+    t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
+    t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
+  }
+  for (int i = 0; i < 8; i += 4) {
+    r[i] = _mm256_shuffle_ps(t[i], t[i + 2], 0x44);
+    r[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], 0xEE);
+    r[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0x44);
+    r[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0xEE);
+  }
+  for (int i = 0; i < 4; ++i) {
+    _mm256_storeu_ps(xt + i * SP, _mm256_permute2f128_ps(r[i], r[i + 4], 0x20));
+    _mm256_storeu_ps(xt + (i + 4) * SP, _mm256_permute2f128_ps(r[i], r[i + 4], 0x31));
+  }
+}
+
 TPU_HOST_SIMD void transposePadded(const float* __restrict__ x, float* __restrict__ xt, int64_t rows, int64_t SP,
                                    int64_t E, int64_t R) {
+  const int64_t rows8 = rows / 8 * 8, E8 = E / 8 * 8;
+  for (int64_t r = 0; r < rows8; r += 8)
+    for (int64_t e = 0; e < E8; e += 8) transpose8x8(x + r * R + e, R, xt + e * SP + r, SP);
   for (int64_t r = 0; r < rows; ++r)
-    for (int64_t e = 0; e < E; ++e) xt[e * SP + r] = x[r * R + e];
+    for (int64_t e = r < rows8 ? E8 : 0; e < E; ++e) xt[e * SP + r] = x[r * R + e];
   for (int64_t e = 0; e < E; ++e) std::fill(xt + e * SP + rows, xt + (e + 1) * SP, 0.0f);
 }
 
