@@ -12,11 +12,7 @@ import torch
 import torch.nn.functional as F
 
 import torch_tpu
-
-
-# torch.testing._internal.common_methods_invocations: the OpInfo of
-# nn.functional.scaled_dot_product_attention overrides float32 to these.
-SDPA_FLOAT32_TOL = {"atol": 5e-5, "rtol": 5e-6}
+from tools import opinfo_tolerances
 
 
 def qkv(shape_q, shape_kv, dtype=torch.float32, seed=0):
@@ -53,24 +49,17 @@ def test_fused_attention_matches_cpu(fallback_error, causal, shape_q, shape_kv, 
     assert type(out.grad_fn).__name__ == "ScaledDotProductFlashAttentionForCpuBackward0"
     tol = {} if dtype == torch.float32 else {"atol": 2e-2, "rtol": 2e-2}
     torch.testing.assert_close(out.cpu(), ref, **tol)
-    # The gradients at PyTorch's own float32 tolerance for this op (its OpInfo's
-    # toleranceOverride for TestCommon, which holds the compare-with-CPU test):
-    # the width-128 backward is XLA's code, whose exp and summation order differ
-    # from the CPU kernel's with the host's vector ISA. On an AMD EPYC (Zen 4)
-    # dK was 1.45e-5 from the CPU's (1.25e-5 from float64, the CPU's own 3.0e-6).
-    grad_tol = SDPA_FLOAT32_TOL if dtype == torch.float32 else tol
+    # The gradients at the OpInfo sweep's measured tolerance for this op's
+    # gradients (tools/opinfo_tolerances.py), the one table of such overrides.
+    # At width 128 the backward is XLA's code: on an AMD EPYC dK was 1.45e-5
+    # from the CPU's, over the default atol (1.25e-5 from float64, the CPU 3.0e-6).
+    if dtype == torch.float32:
+        over = opinfo_tolerances.lookup("nn.functional.scaled_dot_product_attention", "grad")
+        grad_tol = {"atol": over["atol"], "rtol": over["rtol"]}
+    else:
+        grad_tol = tol
     for a, b in zip(out_g, ref_g):
         torch.testing.assert_close(a.cpu(), b, **grad_tol)
-
-
-def test_the_float32_tolerance_is_pytorchs_own():
-    from torch.testing._internal.common_device_type import toleranceOverride
-    from torch.testing._internal.common_methods_invocations import op_db
-
-    op = next(o for o in op_db if o.name == "nn.functional.scaled_dot_product_attention")
-    overrides = [dec.d[torch.float32] for info in op.decorators if info.cls_name == "TestCommon"
-                 for dec in getattr(info, "decorators", []) if isinstance(dec, toleranceOverride)]
-    assert [(t.atol, t.rtol) for t in overrides] == [(SDPA_FLOAT32_TOL["atol"], SDPA_FLOAT32_TOL["rtol"])]
 
 
 @pytest.mark.parametrize(
