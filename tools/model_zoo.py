@@ -716,8 +716,8 @@ def worker_main(fd_out: int) -> None:
     logging.disable(logging.WARNING)
     torch.set_num_threads(1)
     # "error" (tests claiming native runs) makes an op without a lowering an error.
-    torch_tpu.set_fallback(os.environ.get("TORCH_TPU_FALLBACK", "warn"))
-    crash_on = os.environ.get("TORCH_TPU_ZOO_TEST_CRASH")  # tests of the crash isolation
+    torch_tpu.set_fallback(torch_tpu._env.get("TORCH_TPU_FALLBACK", "warn"))
+    crash_on = torch_tpu._env.get("TORCH_TPU_ZOO_TEST_CRASH")  # tests of the crash isolation
     send({"type": "ready", "pid": os.getpid(), "torch_tpu": torch_tpu.__file__})
     for line in sys.stdin:
         if not line.strip():

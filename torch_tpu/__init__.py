@@ -74,7 +74,9 @@ if "torch._dynamo" in sys.modules:  # else Dynamo finds it through the entry poi
 
     _compile_backend._register()
 
-if os.environ.get("TPU_LAUNCH_BLOCKING", "") == "1":
+from . import _env  # noqa: E402
+
+if _env.get("TPU_LAUNCH_BLOCKING", "") == "1":
     _C._set_launch_blocking(True)
 
 _MODES = ("strict", "debug", "fused")

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import importlib.abc
 import importlib.util
-import os
 import sys
 
 import torch
@@ -110,7 +109,9 @@ class _Finder(importlib.abc.MetaPathFinder):
 
 
 def install() -> None:
-    if os.environ.get("TORCH_TPU_ACCELERATE", "1") == "0":
+    from . import _env
+
+    if _env.get("TORCH_TPU_ACCELERATE", "1") == "0":
         return
     if _TARGET in sys.modules:
         _patch_state_module(sys.modules[_TARGET])

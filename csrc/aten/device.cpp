@@ -15,7 +15,8 @@
 
 #include "aten/tpu.h"
 #include "ops/lowering.h"
-#include "runtime/lazy.h"
+#include "runtime/env.h"
+#include "runtime/fused_graph.h"
 
 namespace tpu::aten {
 
@@ -115,7 +116,7 @@ std::atomic<int> g_fallback_error{-1};
 bool fallbackIsError() {
   int v = g_fallback_error.load();
   if (v < 0) {
-    const char* e = std::getenv("TORCH_TPU_FALLBACK");
+    const char* e = env::get("TORCH_TPU_FALLBACK");
     v = (e && std::string(e) == "error") ? 1 : 0;
     g_fallback_error = v;
   }
@@ -129,18 +130,8 @@ std::shared_ptr<const std::unordered_set<std::string>> g_disabled;  // null unti
 std::shared_ptr<const std::unordered_set<std::string>> disabledSet() {
   std::lock_guard<std::mutex> lock(g_disabled_mu);
   if (!g_disabled) {
-    auto s = std::make_shared<std::unordered_set<std::string>>();
-    if (const char* e = std::getenv("TORCH_TPU_DISABLE_LOWERINGS")) {
-      std::string v(e);
-      size_t start = 0;
-      while (start <= v.size()) {
-        size_t end = v.find(',', start);
-        if (end == std::string::npos) end = v.size();
-        if (end > start) s->insert(v.substr(start, end - start));
-        start = end + 1;
-      }
-    }
-    g_disabled = std::move(s);
+    const auto names = env::list("TORCH_TPU_DISABLE_LOWERINGS");
+    g_disabled = std::make_shared<std::unordered_set<std::string>>(names.begin(), names.end());
   }
   return g_disabled;
 }
@@ -177,9 +168,11 @@ c10::DeviceIndex currentDevice() { return t_current; }
 
 void checkDeviceIndex(c10::DeviceIndex d) {
   int n = rt().deviceCount();
-  TORCH_CHECK(d >= 0 && d < n, "Invalid device tpu:", static_cast<int>(d), ": torch_tpu has ", n, " device(s) (tpu:0",
-              n > 1 ? " to tpu:" + std::to_string(n - 1) : std::string(),
-              "). TORCH_TPU_CPU_DEVICES sets how many the CPU plugin exposes.");
+  TORCH_CHECK(
+      d >= 0 && d<n, "Invalid device tpu:", static_cast<int>(d), ": torch_tpu has ", n, " device(s) (tpu:0", n> 1
+          ? " to tpu:" + std::to_string(n - 1)
+          : std::string(),
+      "). TORCH_TPU_CPU_DEVICES sets how many the CPU plugin exposes.");
 }
 
 // ---------------------------------------------------------------- allocator

@@ -1,5 +1,9 @@
-// PrivateUse1 glue shared by the aten/ files: dtype mapping, the storage's
-// device array, tensor <-> buffer, the device's generator.
+// aten/ is the PyTorch side of the device (PrivateUse1, renamed "tpu"):
+// device.cpp (allocator, guard, hooks, generator, copies), tensors.cpp,
+// dispatcher.cpp (the boxed kernel every op enters, which picks a mode),
+// op_plan.h (the steps the modes share) and fallback.cpp. This header is the
+// glue they share: dtype mapping, the storage's device array, tensor <->
+// buffer, the device's generator.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -77,10 +81,5 @@ void setFallbackError(bool on);
 bool loweringDisabled(const std::string& base);
 void setDisabledLowerings(std::vector<std::string> names);
 std::vector<std::string> disabledLowerings();
-
-// Hands MKL's sgemm, where this PyTorch build bundles it, to the runtime's
-// GEMM kernel (aten/host_blas.cpp); false when there is none. Called before
-// the runtime starts.
-bool useTorchBlas();
 
 }  // namespace tpu::aten

@@ -6,12 +6,12 @@
 // these are the ops that choice calls. The causal mask is computed in the
 // program and the backward reuses the forward's logsumexp, as flash
 // attention does; the math stays the plain O(L*S) formulation. On the CPU
-// plugin float32 calls the runtime's kernels instead (runtime/host_kernels.h).
+// plugin float32 calls the runtime's kernels instead (plugins/cpu/host_kernels.h).
 #include <array>
 #include <cmath>
 
 #include "ops/common.h"
-#include "runtime/host_kernels.h"
+#include "plugins/cpu/custom_calls.h"
 
 namespace tpu::ops {
 
@@ -21,7 +21,7 @@ namespace tpu::ops {
 // 5.5 ms against 6.9 ms with XLA's backward) and ties at 128, so wider heads
 // keep the StableHLO backward (it reads the kernel's output and logsumexp alike).
 bool attentionOnHostKernels(int64_t E, int64_t Ev, bool backward) {
-  return hostKernels() && Ev == E && (!backward || E <= 64);
+  return pluginKernel(plugins::cpu::kAttentionForward) && Ev == E && (!backward || E <= 64);
 }
 
 std::optional<int64_t> attentionRowStride(const std::vector<int64_t>& sizes, const std::vector<int64_t>& strides) {
@@ -93,7 +93,7 @@ bool useHostKernel(const Attention& a, bool backward) {
 Value seqMajor(ir::Builder& b, const Value& x) { return b.transpose(x, {0, 2, 1, 3}); }
 
 // A q, k or v operand of the kernels: the buffer read, and where the
-// [B, L, H, E] tensor lies in it (runtime/host_kernels.h, the layout operand).
+// [B, L, H, E] tensor lies in it (plugins/cpu/host_kernels.h, the layout operand).
 struct KernelInput {
   Value buffer;
   int64_t offset = 0, row = 0;
@@ -158,7 +158,7 @@ Registrar reg_attention("_scaled_dot_product_flash_attention_for_cpu", [](Ctx& c
     Shape lse_shape(a.q.shape().begin(), a.q.shape().end() - 1);
     Value q = seqMajor(b, a.q);
     auto r = b.customCall(
-        runtime::kAttentionForward,
+        plugins::cpu::kAttentionForward,
         withFlags(b, a, kernelOperands(b, kernelInputs(b, q, seqMajor(b, a.k), seqMajor(b, a.v)), a.k.shape()[2])),
         {q.type, Type{DType::F32, lse_shape}});
     return std::vector<Value>{seqMajor(b, r[0]), r[1]};
@@ -196,8 +196,8 @@ Registrar reg_attention_backward("_scaled_dot_product_flash_attention_for_cpu_ba
     // keeps three results, as the slices would each be copied out.
     if (auto packed = inMultiOpProgram() ? packedQkv(ins, q, k, v) : std::nullopt) {
       const int64_t B = q.shape()[0], L = q.shape()[1], n = q.shape()[2] * q.shape()[3];
-      Value g =
-          b.reshape(b.customCall(runtime::kAttentionBackward, operands, {ins[0].buffer.type})[0], {B, L, packed->row});
+      Value g = b.reshape(b.customCall(plugins::cpu::kAttentionBackward, operands, {ins[0].buffer.type})[0],
+                          {B, L, packed->row});
       std::vector<Value> grads;
       for (int i = 0; i < 3; ++i) {
         Value s = b.slice(g, {0, 0, packed->offset[i]}, {B, L, packed->offset[i] + n}, {1, 1, 1});
@@ -205,7 +205,7 @@ Registrar reg_attention_backward("_scaled_dot_product_flash_attention_for_cpu_ba
       }
       return grads;
     }
-    auto r = b.customCall(runtime::kAttentionBackward, operands, {q.type, k.type, v.type});
+    auto r = b.customCall(plugins::cpu::kAttentionBackward, operands, {q.type, k.type, v.type});
     return std::vector<Value>{seqMajor(b, r[0]), seqMajor(b, r[1]), seqMajor(b, r[2])};
   }
   Value s = scores(b, a);

@@ -7,7 +7,7 @@
 #include <optional>
 #include <stdexcept>
 
-#include "runtime/host_kernels.h"
+#include "plugins/cpu/custom_calls.h"
 
 namespace tpu::ops {
 
@@ -35,12 +35,18 @@ const Lowering* findLowering(const std::string& name, const std::string& overloa
 }
 
 namespace {
-std::atomic<bool> g_host_kernels{false}, g_host_gemm{false};
+// Written once when the runtime starts, before anything is lowered.
+std::vector<std::string>& pluginKernelList() {
+  static std::vector<std::string> targets;
+  return targets;
 }
-void setHostKernels(bool available) { g_host_kernels = available; }
-bool hostKernels() { return g_host_kernels; }
-void setHostGemm(bool available) { g_host_gemm = available; }
-bool hostGemm() { return g_host_gemm; }
+}  // namespace
+void setPluginKernels(std::vector<std::string> targets) { pluginKernelList() = std::move(targets); }
+bool pluginKernel(std::string_view target) {
+  for (const auto& t : pluginKernelList())
+    if (t == target) return true;
+  return false;
+}
 
 namespace {
 thread_local bool t_multi_op = false;
@@ -358,10 +364,10 @@ constexpr int64_t kHostGemmMinWork = 32768;
 // x [M, K] @ y [K, N] as the runtime's GEMM kernel: an operand that is a
 // transpose is passed untransposed with its flag, so the transpose is left
 // dead instead of copied. `terms`: none, or bias [N], alpha and beta (see
-// runtime::kGemm).
+// plugins::cpu::kGemm).
 std::optional<Value> hostGemmProduct(ir::Builder& b, const Value& x, const Value& y,
                                      const std::vector<Value>& terms = {}) {
-  if (!hostGemm() || x.dtype() != DType::F32 || y.dtype() != DType::F32) return std::nullopt;
+  if (!pluginKernel(plugins::cpu::kGemm) || x.dtype() != DType::F32 || y.dtype() != DType::F32) return std::nullopt;
   const int64_t M = x.shape()[0], K = x.shape()[1], N = y.shape()[1];
   constexpr int64_t kInt = std::numeric_limits<int>::max();  // the BLAS takes 32-bit sizes
   if (M * N * K < kHostGemmMinWork || M * K > kInt || K * N > kInt || M * N > kInt) return std::nullopt;
@@ -377,7 +383,7 @@ std::optional<Value> hostGemmProduct(ir::Builder& b, const Value& x, const Value
   }
   std::vector<Value> operands{a, bb, b.constantInt(flags, DType::I32)};
   operands.insert(operands.end(), terms.begin(), terms.end());
-  return b.customCall(runtime::kGemm, operands, {Type{DType::F32, {M, N}}})[0];
+  return b.customCall(plugins::cpu::kGemm, operands, {Type{DType::F32, {M, N}}})[0];
 }
 }  // namespace
 

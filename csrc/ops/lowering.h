@@ -8,6 +8,7 @@
 #include <functional>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "ir/ir.h"
@@ -146,15 +147,12 @@ class Ctx {
   int rng_states_ = 0;
 };
 
-// Whether the runtime registered its host kernels with the plugin (the CPU
-// plugin's attention, runtime/host_kernels.h): lowerings that have one call it
-// instead of their StableHLO form. Set once, before anything is lowered.
-void setHostKernels(bool available);
-bool hostKernels();
-// Whether float32 matrix products call the runtime's GEMM kernel (the CPU
-// plugin with a host BLAS, runtime/host_kernels.h). Set as setHostKernels.
-void setHostGemm(bool available);
-bool hostGemm();
+// The custom-call targets the plugin registered (runtime/plugin.h; the CPU
+// plugin's are in plugins/cpu/custom_calls.h): a lowering with a custom-call
+// form emits it only when its target is here, else its StableHLO form. Set
+// once when the runtime starts, before anything is lowered.
+void setPluginKernels(std::vector<std::string> targets);
+bool pluginKernel(std::string_view target);
 // Whether float32 attention with q width E and v width Ev runs as the host
 // kernels (forward, or backward).
 bool attentionOnHostKernels(int64_t E, int64_t Ev, bool backward);

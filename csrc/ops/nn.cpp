@@ -4,7 +4,7 @@
 #include <optional>
 
 #include "ops/common.h"
-#include "runtime/host_kernels.h"
+#include "plugins/cpu/custom_calls.h"
 
 namespace tpu::ops {
 namespace {
@@ -14,19 +14,19 @@ Value bcast(ir::Builder& b, const Value& reduced_keep, const Shape& s) { return 
 // --------------------------------------------------------------- softmax
 
 // On the CPU plugin a float32 softmax over the last dim runs as the runtime's
-// row kernel (runtime/host_kernels.h): XLA:CPU runs the max and sum-of-exp
+// row kernel (plugins/cpu/host_kernels.h): XLA:CPU runs the max and sum-of-exp
 // reductions as separate single-threaded kernels: a language model's loss,
 // the cross-entropy forward over [4096, 8192] logits, took 63 ms, 41 with the
 // kernel. The kernel computes this lowering's formula, in float32.
 bool useHostSoftmax(const Value& x, int64_t dim, DType out) {
-  return hostKernels() && x.dtype() == DType::F32 && out == DType::F32 && dim == x.rank() - 1 && x.shape()[dim] >= 8 &&
-         x.type.numel() > 0;
+  return pluginKernel(plugins::cpu::kSoftmaxForward) && x.dtype() == DType::F32 && out == DType::F32 &&
+         dim == x.rank() - 1 && x.shape()[dim] >= 8 && x.type.numel() > 0;
 }
 
 Value hostSoftmax(ir::Builder& b, const Value& x, bool log) {
   const Shape& s = x.shape();
   const int64_t n = s.back(), m = x.type.numel() / n;
-  auto r = b.customCall(runtime::kSoftmaxForward, {b.reshape(x, {m, n}), b.constantInt(log ? 1 : 0, DType::I32)},
+  auto r = b.customCall(plugins::cpu::kSoftmaxForward, {b.reshape(x, {m, n}), b.constantInt(log ? 1 : 0, DType::I32)},
                         {Type{DType::F32, {m, n}}});
   return b.reshape(r[0], s);
 }
@@ -76,10 +76,10 @@ Registrar reg_log_softmax_backward("_log_softmax_backward_data", [](Ctx& c) { re
 // --------------------------------------------------------------- layer norm
 
 // On the CPU plugin float32 layer norm runs as the runtime's kernels
-// (runtime/host_kernels.h): XLA:CPU splits each row reduction into two
+// (plugins/cpu/host_kernels.h): XLA:CPU splits each row reduction into two
 // unvectorized kernels, and its forward and backward took 6-8 kernels each.
 bool useHostLayerNorm(const Value& x, const std::optional<Value>& w, const std::optional<Value>& bias, int64_t n) {
-  return hostKernels() && x.dtype() == DType::F32 && (!w || w->dtype() == DType::F32) &&
+  return pluginKernel(plugins::cpu::kLayerNormForward) && x.dtype() == DType::F32 && (!w || w->dtype() == DType::F32) &&
          (!bias || bias->dtype() == DType::F32) && n >= 8 && x.type.numel() > 0;
 }
 
@@ -101,7 +101,7 @@ Registrar reg_native_layer_norm("native_layer_norm", [](Ctx& c) {
     const int64_t m = x.type.numel() / n;
     Value w = c.optTensor(2) ? b.reshape(*c.optTensor(2), {n}) : b.constant(1.0, DType::F32, {n});
     Value bias = c.optTensor(3) ? b.reshape(*c.optTensor(3), {n}) : b.constant(0.0, DType::F32, {n});
-    auto r = b.customCall(runtime::kLayerNormForward, {b.reshape(x, {m, n}), w, bias, b.constant(eps, DType::F32)},
+    auto r = b.customCall(plugins::cpu::kLayerNormForward, {b.reshape(x, {m, n}), w, bias, b.constant(eps, DType::F32)},
                           {Type{DType::F32, {m, n}}, Type{DType::F32, {m}}, Type{DType::F32, {m}}});
     Shape stat_shape = x.shape();
     for (auto d : dims) stat_shape[d] = 1;
@@ -150,7 +150,7 @@ Registrar reg_native_layer_norm_backward("native_layer_norm_backward", [](Ctx& c
     const int64_t m = x.type.numel() / n;
     Value wv = w ? b.reshape(*w, {n}) : b.constant(1.0, DType::F32, {n});
     auto r = b.customCall(
-        runtime::kLayerNormBackward,
+        plugins::cpu::kLayerNormBackward,
         {b.reshape(g, {m, n}), b.reshape(x, {m, n}), b.reshape(c.tensor(3), {m}), b.reshape(c.tensor(4), {m}), wv},
         {Type{DType::F32, {m, n}}, Type{DType::F32, {n}}, Type{DType::F32, {n}}});
     std::vector<Value> res(3);

@@ -3,13 +3,16 @@
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/extension.h>
 
-#include "aten/capture.h"
 #include "aten/tpu.h"
+#include "compile/capture.h"
+#include "eager/modes.h"
 #include "ops/lowering.h"
-#include "runtime/lazy.h"
+#include "plugins/cpu/cpu_plugin.h"
+#include "plugins/cpu/custom_calls.h"
+#include "runtime/env.h"
+#include "runtime/fused_graph.h"
 
 namespace tpu::aten {
-size_t kernelCacheSize();
 int registerLoweredKernels();
 }  // namespace tpu::aten
 
@@ -48,7 +51,7 @@ py::dict metricsDict() {
   }
   d["fallbacks"] = fb;
   d["compiles_by_op"] = cb;
-  d["kernel_signatures"] = aten::kernelCacheSize();
+  d["kernel_signatures"] = eager::strictCacheSize();
   d["fused_lowerings"] = m.fused_lowerings.load();
   d["operands_in_place"] = m.operands_in_place.load();
   d["disk_hits"] = m.disk_hits.load();
@@ -71,11 +74,11 @@ py::dict metricsDict() {
 
 // A captured graph as Python holds it (the graph type stays opaque here).
 struct CapturedHandle {
-  std::shared_ptr<aten::CapturedGraph> g;
+  std::shared_ptr<compile::CapturedGraph> g;
 };
 
 PYBIND11_MODULE(_C, m) {
-  aten::useTorchBlas();
+  plugins::cpu::useTorchBlas();
   m.def("_set_search_dirs", [](std::vector<std::string> dirs) { runtime::Runtime::setSearchDirs(std::move(dirs)); });
   m.def("_init", []() { rt(); });
   m.def("_initialized", []() { return runtime::Runtime::initialized(); });
@@ -97,12 +100,11 @@ PYBIND11_MODULE(_C, m) {
   m.def("_platform", []() { return rt().client().platformName(); });
   m.def("_platform_version", []() { return rt().client().platformVersion(); });
   m.def("_plugin_path", []() { return rt().pluginPath(); });
-  m.def("_host_malloc_tuned", []() { return rt().hostMallocTuned(); });
+  m.def("_plugin_support", []() { return std::string(rt().plugin().name()); });
+  m.def("_plugin_kernels", []() { return rt().plugin().kernels(); });
+  m.def("_host_malloc_tuned", []() { return rt().plugin().mallocTuned(); });
   m.def("_compile_option_overrides", []() { return rt().optionOverrides(); });
-  m.def("_core_spinner_threads", []() {
-    auto* s = rt().coreSpinner();
-    return s ? s->activeThreads() : 0;
-  });
+  m.def("_core_spinner_threads", []() { return rt().plugin().spinnerThreads(); });
   m.def("_device_kind", [](int d) {
     aten::checkDeviceIndex(d);
     return rt().client().devices().at(d).kind;
@@ -141,20 +143,20 @@ PYBIND11_MODULE(_C, m) {
   m.def("_launch_blocking", []() { return runtime::launchBlocking(); });
   m.def("_set_fused", [](bool on) { runtime::Fusion::get().setEnabled(on); });
   py::class_<CapturedHandle>(m, "_CapturedGraph").def_property_readonly("ops", [](const CapturedHandle& h) {
-    return aten::capturedOps(*h.g);
+    return compile::capturedOps(*h.g);
   });
   m.def("_capture_begin", [](const std::vector<std::optional<at::Tensor>>& inputs) {
     std::vector<at::Tensor> ts;
     for (const auto& t : inputs) ts.push_back(t ? *t : at::Tensor());
-    return aten::captureBegin(ts);
+    return compile::captureBegin(ts);
   });
   m.def("_capture_end", [](const std::vector<std::optional<at::Tensor>>& outputs) {
     std::vector<at::Tensor> ts;
     for (const auto& t : outputs) ts.push_back(t ? *t : at::Tensor());
-    auto g = aten::captureEnd(ts);
+    auto g = compile::captureEnd(ts);
     return g ? py::cast(CapturedHandle{std::move(g)}) : py::none();
   });
-  m.def("_capture_abort", [] { aten::captureAbort(); });
+  m.def("_capture_abort", [] { compile::captureAbort(); });
   // One backward through the device's autograd thread, on tensors that have
   // no Python objects: its release never needs the GIL (see _shutdown.py).
   m.def("_drain_autograd_device", [](int d) {
@@ -168,14 +170,14 @@ PYBIND11_MODULE(_C, m) {
                           /*allow_unused=*/true);
   });
   m.def("_replay", [](CapturedHandle& h, const std::vector<std::optional<at::Tensor>>& inputs) {
-    aten::CapturedGraph& g = *h.g;
+    compile::CapturedGraph& g = *h.g;
     std::vector<at::Tensor> ts;
     for (const auto& t : inputs) ts.push_back(t ? *t : at::Tensor());
     py::object res = py::none();
     std::optional<std::vector<at::Tensor>> outs;
     {
       py::gil_scoped_release nogil;
-      outs = aten::replay(g, ts);
+      outs = compile::replay(g, ts);
     }
     if (!outs) return res;
     py::list l;
@@ -206,11 +208,17 @@ PYBIND11_MODULE(_C, m) {
   m.def("_lowered_ops", []() { return ops::loweredOps(); });
   m.def("_host_kernels", []() {
     rt();  // the runtime registers them when it starts
-    return ops::hostKernels();
+    return ops::pluginKernel(plugins::cpu::kAttentionForward);
   });
   m.def("_host_gemm", []() {
     rt();
-    return ops::hostGemm();
+    return ops::pluginKernel(plugins::cpu::kGemm);
+  });
+  // The environment registry (runtime/env.h): name, type, default, scope, meaning.
+  m.def("_env_vars", []() {
+    py::list l;
+    for (const auto& v : env::all()) l.append(py::make_tuple(v.name, v.type, v.dflt, v.scope, v.meaning));
+    return l;
   });
   m.def("_register_lowered_kernels", &aten::registerLoweredKernels);
 }

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "ir/ir.h"
+#include "runtime/env.h"
 
 namespace tpu::runtime {
 namespace {
@@ -51,22 +52,22 @@ DiskCache::DiskCache(std::string dir, int64_t max_bytes) : dir_(std::move(dir)),
 }
 
 std::string DiskCache::defaultDir() {
-  const char* env = std::getenv("TORCH_TPU_CACHE_DIR");
-  if (env) {
-    std::string v(env);
+  if (const char* dir = env::get("TORCH_TPU_CACHE_DIR")) {
+    std::string v(dir);
     if (v.empty() || v == "off" || v == "0") return "";
     return v;
   }
+  // The system's cache folders (not ours to declare).
   if (const char* xdg = std::getenv("XDG_CACHE_HOME"); xdg && *xdg) return std::string(xdg) + "/torch_tpu";
   if (const char* home = std::getenv("HOME"); home && *home) return std::string(home) + "/.cache/torch_tpu";
   return "";
 }
 
 int64_t DiskCache::defaultMaxBytes() {
-  const char* env = std::getenv("TORCH_TPU_CACHE_MAX_BYTES");
-  if (env && *env) {
+  const char* max = env::get("TORCH_TPU_CACHE_MAX_BYTES");
+  if (max && *max) {
     char* end = nullptr;
-    long long v = std::strtoll(env, &end, 10);
+    long long v = std::strtoll(max, &end, 10);
     if (v > 0) return v;
   }
   return int64_t(2) << 30;
@@ -160,7 +161,7 @@ std::vector<EntryInfo> listEntries(const std::string& dir) {
     std::string name = e->d_name;
     if (name.size() < 5 || name.substr(name.size() - 4) != ".xla") continue;
     std::string p = dir + "/" + name;
-    struct stat st{};
+    struct stat st {};
     if (::stat(p.c_str(), &st) == 0)
       out.push_back({p, static_cast<int64_t>(st.st_size), st.st_mtim.tv_sec * 1000000000LL + st.st_mtim.tv_nsec});
   }

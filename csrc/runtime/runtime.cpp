@@ -1,7 +1,5 @@
 #include "runtime/runtime.h"
 
-#include <malloc.h>
-#include <sched.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -11,8 +9,8 @@
 #include <sstream>
 
 #include "ops/lowering.h"
-#include "runtime/host_kernels.h"
-#include "runtime/lazy.h"
+#include "runtime/env.h"
+#include "runtime/fused_graph.h"
 #include "runtime/views.h"
 
 namespace tpu::runtime {
@@ -49,10 +47,7 @@ namespace {
 struct CompileLog {
   std::mutex mu;
   std::vector<std::string> recent;
-  bool print = [] {
-    const char* e = std::getenv("TORCH_TPU_LOG_RECOMPILES");
-    return e && std::string(e) == "1";
-  }();
+  bool print = env::enabled("TORCH_TPU_LOG_RECOMPILES");
 };
 CompileLog& compileLog() {
   static CompileLog l;
@@ -149,70 +144,6 @@ std::vector<std::string>& searchDirs() {
 }
 std::atomic<bool> g_initialized{false};
 
-int envInt(const char* name, int dflt) {
-  const char* v = std::getenv(name);
-  if (!v || !*v) return dflt;
-  char* end = nullptr;
-  long x = std::strtol(v, &end, 10);
-  if (*end || x <= 0) throw std::invalid_argument(std::string(name) + "='" + v + "' must be a positive integer");
-  return static_cast<int>(x);
-}
-
-// XLA:CPU's code uses 256-bit vectors unless told otherwise. Where the host
-// has AVX-512, 512-bit vectors ran elementwise-heavy programs in 0.6-0.85x
-// the time (a GELU backward over [16,64,256]: 221 -> 155 us; silu, softmax,
-// cross-entropy: docs/vector_width.md). TORCH_TPU_CPU_VECTOR_WIDTH picks the
-// width (128, 256 or 512); a width in XLA_FLAGS is left to XLA.
-pjrt::OptionOverrides cpuOptionOverrides() {
-  constexpr const char* kFlag = "xla_cpu_prefer_vector_width";
-  const char* flags = std::getenv("XLA_FLAGS");
-  if (flags && std::string(flags).find(kFlag) != std::string::npos) return {};
-  int64_t width = __builtin_cpu_supports("avx512f") ? 512 : 0;
-  if (const char* v = std::getenv("TORCH_TPU_CPU_VECTOR_WIDTH"); v && *v) {
-    const std::string s = v;
-    if (s != "128" && s != "256" && s != "512")
-      throw std::invalid_argument("TORCH_TPU_CPU_VECTOR_WIDTH='" + s + "' must be 128, 256 or 512");
-    width = std::stoi(s);
-  }
-  if (width == 0) return {};
-  return {{kFlag, width}};
-}
-
-// A switch that is on unless the variable is "0".
-bool envOn(const char* name) {
-  const char* v = std::getenv(name);
-  return !(v && std::string(v) == "0");
-}
-
-// The CPU plugin's device buffers come from malloc. By default glibc serves
-// blocks of 128 KB and more with fresh mmaps (raising that bound only as big
-// blocks are freed) and trims freed memory at the heap top back to the
-// kernel, so a new program output page-faults on first touch: an x + 1 on
-// [256,512] took 66 us, 36 us with freed memory kept. Blocks up to 32 MB now
-// come from the heap, and up to 256 MB of free heap stays in the process.
-bool tuneHostMalloc() {
-#ifdef __GLIBC__
-  constexpr int kMiB = 1024 * 1024;
-  return mallopt(M_MMAP_THRESHOLD, 32 * kMiB) == 1 && mallopt(M_TRIM_THRESHOLD, 256 * kMiB) == 1 &&
-         mallopt(M_TOP_PAD, 16 * kMiB) == 1;
-#else
-  return false;
-#endif
-}
-
-// TORCH_TPU_MEMORY_LIMIT: bytes, or with a K/M/G suffix.
-int64_t envBytes(const char* name) {
-  const char* v = std::getenv(name);
-  if (!v || !*v) return 0;
-  char* end = nullptr;
-  double x = std::strtod(v, &end);
-  int64_t mult = 1;
-  if (*end == 'K' || *end == 'k') mult = 1LL << 10;
-  if (*end == 'M' || *end == 'm') mult = 1LL << 20;
-  if (*end == 'G' || *end == 'g') mult = 1LL << 30;
-  if (x <= 0) throw std::invalid_argument(std::string(name) + "='" + v + "' must be a positive size");
-  return static_cast<int64_t>(x * mult);
-}
 }  // namespace
 
 void Runtime::setSearchDirs(std::vector<std::string> dirs) { searchDirs() = std::move(dirs); }
@@ -234,7 +165,7 @@ Runtime& Runtime::get() {
 
 Runtime::Runtime() {
   std::vector<std::string> dirs;
-  if (const char* p = std::getenv("TORCH_TPU_PLUGIN_PATH")) {
+  if (const char* p = env::get("TORCH_TPU_PLUGIN_PATH")) {
     std::string s(p);
     size_t start = 0;
     while (start <= s.size()) {
@@ -245,35 +176,18 @@ Runtime::Runtime() {
     }
   }
   for (const auto& d : searchDirs()) dirs.push_back(d);
-  const char* name = std::getenv("TORCH_TPU_PLUGIN");
+  const char* name = env::get("TORCH_TPU_PLUGIN");
   std::string path = pjrt::resolvePluginPath(name ? name : "", dirs);
   auto api = pjrt::Api::load(path);
-  client_ = pjrt::Client::create(api, envInt("TORCH_TPU_CPU_DEVICES", 1));
+  client_ = pjrt::Client::create(api, static_cast<int>(env::positiveInt("TORCH_TPU_CPU_DEVICES", 1)));
   if (client_->devices().empty()) throw pjrt::PluginError("The PJRT plugin '" + path + "' reports no devices.");
-  // The CPU plugin runs attention, layer norm and float32 products as the
-  // runtime's own kernels (runtime/host_kernels.h); TORCH_TPU_HOST_KERNELS=0
-  // keeps StableHLO.
-  const bool cpu = client_->platformName() == "cpu";
-  // Float32 products run on the host BLAS where one is set (MKL from torch);
-  // TORCH_TPU_HOST_GEMM=0 keeps XLA's dots.
-  if (cpu && envOn("TORCH_TPU_HOST_KERNELS")) {
-    const bool registered = registerHostKernels(*api);
-    ops::setHostKernels(registered);
-    ops::setHostGemm(registered && hostBlas().available() && envOn("TORCH_TPU_HOST_GEMM"));
-  }
-  ir::setXlaCpuTuning(cpu);
-  // TORCH_TPU_HOST_READS=0 keeps the plugin's copy (as other plugins do).
-  host_memory_ = cpu && envOn("TORCH_TPU_HOST_READS");
-  host_malloc_tuned_ = cpu && envOn("TORCH_TPU_MALLOC_TUNING") && tuneHostMalloc();
-  if (cpu) {
-    option_overrides_ = cpuOptionOverrides();
-    auto linger = CoreSpinner::lingerFromEnv();
-    cpu_set_t set;
-    int cores = sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set) : 0;
-    if (linger.count() > 0 && cores > 0) spinner_ = std::make_unique<CoreSpinner>(cores, linger);
-  }
+  plugin_ = makePluginSupport(*api, *client_);
+  ops::setPluginKernels(plugin_->kernels());
+  launch_hooks_ = plugin_->wantsLaunchHooks() ? plugin_.get() : nullptr;
+  reads_in_place_ = plugin_->readsInPlace();
+  option_overrides_ = plugin_->compileOverrides();
   options_ = pjrt::compileOptions(/*portable=*/true, option_overrides_);
-  struct stat st{};
+  struct stat st {};
   ::stat(path.c_str(), &st);
   identity_ = path + "|" + std::to_string(st.st_size) + "|" + std::to_string(st.st_mtime) + "|" +
               client_->platformName() + "|" + client_->platformVersion() + "|" + std::to_string(api->majorVersion()) +
@@ -281,11 +195,11 @@ Runtime::Runtime() {
   // Compiler flags from the environment change what the plugin builds as much
   // as the compile options do: an executable is reused only under the same ones.
   for (const char* var : {"XLA_FLAGS", "LIBTPU_INIT_ARGS"})
-    if (const char* v = std::getenv(var); v && *v) identity_ += std::string("|") + var + "=" + v;
+    if (const char* v = env::get(var); v && *v) identity_ += std::string("|") + var + "=" + v;
   disk_ = std::make_unique<DiskCache>(DiskCache::defaultDir(), DiskCache::defaultMaxBytes());
   int n = deviceCount();
   mem_.reset(new Mem[n]);
-  int64_t env_limit = envBytes("TORCH_TPU_MEMORY_LIMIT");
+  int64_t env_limit = env::bytes("TORCH_TPU_MEMORY_LIMIT");
   for (int i = 0; i < n; ++i) {
     auto st = client_->memoryStats(i);
     int64_t lim = st.bytes_limit > 0 ? st.bytes_limit : 0;
@@ -382,7 +296,7 @@ void Runtime::read(const pjrt::Buffer& b, void* dst, size_t bytes) const {
   // value is computed it is read in place. The plugin's own copy runs as a
   // task on its thread pool and costs two thread hand-offs, 36 us for a
   // ready scalar's .item() against about 1 us here.
-  if (host_memory_) {
+  if (reads_in_place_) {
     b.awaitReady();
     const void* p = b.unsafePointer();
     if (p && b.onDeviceBytes() == bytes) {
@@ -443,11 +357,6 @@ void Runtime::resetAccumulated(int device) {
   m.freed_bytes = 0;
   m.allocations = 0;
   m.frees = 0;
-}
-void Runtime::releaseFreeMemory() {
-#ifdef __GLIBC__
-  if (host_malloc_tuned_) malloc_trim(0);
-#endif
 }
 int64_t Runtime::memoryLimit(int device) const { return mem_[device].limit; }
 

@@ -1,6 +1,10 @@
-// The process-wide runtime: the loaded plugin and client, device arrays
-// (the contents of a tensor storage), the compilation cache and metrics.
-// No torch headers here.
+// The portable runtime, the layer between the modes and PJRT. This header:
+// the process-wide Runtime (the loaded plugin and client, the compilation
+// cache in memory and on disk, memory accounting, metrics) and DeviceArray
+// (the contents of a tensor storage). Beside it: views.h (strided reads and
+// writes, launching programs), fused_graph.h (the pending graph of fused
+// eager and capture), disk_cache.h, env.h (the environment registry) and
+// plugin.h (the seam to what one plugin adds). No torch headers here.
 #pragma once
 
 #include <atomic>
@@ -14,8 +18,8 @@
 
 #include "ir/ir.h"
 #include "pjrt/pjrt.h"
-#include "runtime/core_spinner.h"
 #include "runtime/disk_cache.h"
+#include "runtime/plugin.h"
 
 namespace tpu::runtime {
 
@@ -91,14 +95,12 @@ class Runtime {
   // Plugin path, build (size, mtime), platform and API version: executables
   // serialized by one plugin build are only loaded by the same build.
   const std::string& pluginIdentity() const { return identity_; }
-  // The XLA debug options every compile sets (the CPU plugin's vector width).
+  // What the plugin adds to the portable core (runtime/plugin.h).
+  PluginSupport& plugin() const { return *plugin_; }
+  // The plugin's launch hooks, or null when it has none.
+  PluginSupport* launchHooks() const { return launch_hooks_; }
+  // The XLA debug options every compile sets (the plugin's).
   const pjrt::OptionOverrides& optionOverrides() const { return option_overrides_; }
-  // Whether glibc malloc keeps freed device memory in the process (the CPU
-  // plugin, unless TORCH_TPU_MALLOC_TUNING=0).
-  bool hostMallocTuned() const { return host_malloc_tuned_; }
-  // The CPU plugin's core spinner (core_spinner.h); null for other plugins
-  // or with TORCH_TPU_CPU_SPIN_US=0.
-  CoreSpinner* coreSpinner() const { return spinner_.get(); }
 
   // Compiles the builder's program, or returns the cached executable for the
   // same text. `what` names the program in metrics (an op name).
@@ -126,21 +128,21 @@ class Runtime {
   };
   MemoryStats memoryStats(int device) const;
   void resetAccumulated(int device);
-  // Gives freed device memory the process still holds back to the system
-  // (the CPU plugin's, which tuneHostMalloc keeps in the heap).
-  void releaseFreeMemory();
+  // Gives freed device memory the process still holds back to the system.
+  void releaseFreeMemory() { plugin_->releaseFreeMemory(); }
 
  private:
   Runtime();
-  // Before client_: destroyed after it, once no execution can still finish.
-  std::unique_ptr<CoreSpinner> spinner_;
+  // Before client_: destroyed after it, once no execution can still finish
+  // (a launch's end hook runs when its event fires).
+  std::unique_ptr<PluginSupport> plugin_;
+  PluginSupport* launch_hooks_ = nullptr;
   std::unique_ptr<pjrt::Client> client_;
   std::string options_;
   pjrt::OptionOverrides option_overrides_;  // XLA debug options set through options_
   std::string identity_;
   std::unique_ptr<DiskCache> disk_;
-  bool host_memory_ = false;  // device buffers are host memory (the CPU plugin): downloads read them in place
-  bool host_malloc_tuned_ = false;
+  bool reads_in_place_ = false;  // device buffers are host memory: downloads read them in place
   std::mutex mu_;
   std::unordered_map<std::string, std::shared_ptr<Program>> programs_;
   struct Mem {

@@ -7,7 +7,7 @@
 #include <numeric>
 #include <optional>
 
-#include "runtime/lazy.h"
+#include "runtime/fused_graph.h"
 
 namespace tpu::runtime {
 
@@ -305,7 +305,7 @@ std::vector<BufferPtr> execute(const Program& p, const std::vector<BufferPtr>& i
   }
   std::shared_ptr<pjrt::Event> done;
   bool sync = g_blocking || p.synchronous;
-  CoreSpinner::InFlight in_flight(Runtime::get().coreSpinner());
+  LaunchScope in_flight(Runtime::get().launchHooks());
   auto outs = p.exe->execute(raw, Runtime::get().device(device), sync ? nullptr : &done, keep);
   if (!sync) in_flight.endWhenReady(*done);
   metrics().executions++;

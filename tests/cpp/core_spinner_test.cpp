@@ -1,6 +1,6 @@
 // Units for the core spinner: it spins only while launches are in flight and
 // for its linger after, then sleeps; a launch always ends, even on failure.
-#include "runtime/core_spinner.h"
+#include "plugins/cpu/core_spinner.h"
 
 #include <gtest/gtest.h>
 #include <stdlib.h>
@@ -10,7 +10,7 @@
 #include <stdexcept>
 #include <thread>
 
-using tpu::runtime::CoreSpinner;
+using tpu::plugins::cpu::CoreSpinner;
 using namespace std::chrono_literals;
 
 namespace {

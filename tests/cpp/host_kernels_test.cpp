@@ -1,7 +1,7 @@
 // The CPU plugin's attention, layer-norm and GEMM kernels against plain
 // double-precision references, and their FFI registration and error path
 // through the plugin.
-#include "runtime/host_kernels.h"
+#include "plugins/cpu/host_kernels.h"
 
 #include <gtest/gtest.h>
 #include <time.h>
@@ -19,7 +19,7 @@
 #include <utility>
 
 #include "ir/ir.h"
-#include "runtime/xla_ffi.h"
+#include "plugins/cpu/xla_ffi.h"
 
 using namespace tpu;
 
@@ -28,7 +28,7 @@ namespace {
 struct Case {
   int64_t batch, heads, L, S, E;
   bool causal;
-  runtime::AttentionShape shape() const { return {batch, heads, L, S, E}; }
+  plugins::cpu::AttentionShape shape() const { return {batch, heads, L, S, E}; }
   int64_t qSize() const { return batch * L * heads * E; }
   int64_t kSize() const { return batch * S * heads * E; }
 };
@@ -112,11 +112,11 @@ TEST_P(AttentionKernel, MatchesTheDoublePrecisionReference) {
   std::vector<double> out, lse, dq, dk, dv;
   reference(c, q, k, v, g, scale, out, lse, dq, dk, dv);
   std::vector<float> o(out.size()), l(lse.size()), gq(dq.size()), gk(dk.size()), gv(dv.size());
-  runtime::attentionForward(q.data(), k.data(), v.data(), o.data(), l.data(), c.shape(), scale, c.causal);
+  plugins::cpu::attentionForward(q.data(), k.data(), v.data(), o.data(), l.data(), c.shape(), scale, c.causal);
   expectNear(o, out, "out");
   expectNear(l, lse, "logsumexp");
-  runtime::attentionBackward(g.data(), q.data(), k.data(), v.data(), o.data(), l.data(), gq.data(), gk.data(),
-                             gv.data(), c.shape(), scale, c.causal);
+  plugins::cpu::attentionBackward(g.data(), q.data(), k.data(), v.data(), o.data(), l.data(), gq.data(), gk.data(),
+                                  gv.data(), c.shape(), scale, c.causal);
   expectNear(gq, dq, "dq");
   expectNear(gk, dk, "dk");
   expectNear(gv, dv, "dv");
@@ -161,19 +161,19 @@ TEST(AttentionKernel, ReadsPackedQkvInPlace) {
     auto q = randomVec(c.qSize(), 21), k = randomVec(c.kSize(), 22), v = randomVec(c.kSize(), 23),
          g = randomVec(c.qSize(), 24);
     auto qkv = packRows(c, q, k, v);
-    runtime::AttentionShape packed = c.shape();
+    plugins::cpu::AttentionShape packed = c.shape();
     packed.q_row = packed.k_row = packed.v_row = 3 * he;
     std::vector<float> o1(c.qSize()), o2(c.qSize()), l1(c.batch * c.heads * c.L), l2(l1.size());
-    runtime::attentionForward(q.data(), k.data(), v.data(), o1.data(), l1.data(), c.shape(), 0.3f, causal);
-    runtime::attentionForward(qkv.data(), qkv.data() + he, qkv.data() + 2 * he, o2.data(), l2.data(), packed, 0.3f,
-                              causal);
+    plugins::cpu::attentionForward(q.data(), k.data(), v.data(), o1.data(), l1.data(), c.shape(), 0.3f, causal);
+    plugins::cpu::attentionForward(qkv.data(), qkv.data() + he, qkv.data() + 2 * he, o2.data(), l2.data(), packed, 0.3f,
+                                   causal);
     EXPECT_EQ(o1, o2);
     EXPECT_EQ(l1, l2);
     std::vector<float> dq1(c.qSize()), dk1(c.kSize()), dv1(c.kSize()), dq2(c.qSize()), dk2(c.kSize()), dv2(c.kSize());
-    runtime::attentionBackward(g.data(), q.data(), k.data(), v.data(), o1.data(), l1.data(), dq1.data(), dk1.data(),
-                               dv1.data(), c.shape(), 0.3f, causal);
-    runtime::attentionBackward(g.data(), qkv.data(), qkv.data() + he, qkv.data() + 2 * he, o1.data(), l1.data(),
-                               dq2.data(), dk2.data(), dv2.data(), packed, 0.3f, causal);
+    plugins::cpu::attentionBackward(g.data(), q.data(), k.data(), v.data(), o1.data(), l1.data(), dq1.data(),
+                                    dk1.data(), dv1.data(), c.shape(), 0.3f, causal);
+    plugins::cpu::attentionBackward(g.data(), qkv.data(), qkv.data() + he, qkv.data() + 2 * he, o1.data(), l1.data(),
+                                    dq2.data(), dk2.data(), dv2.data(), packed, 0.3f, causal);
     EXPECT_EQ(dq1, dq2);
     EXPECT_EQ(dk1, dk2);
     EXPECT_EQ(dv1, dv2);
@@ -210,7 +210,7 @@ int recordThreadsLocal(int n) {
   return previous;
 }
 
-void usePlainBlas() { runtime::setHostBlas({plainSgemm, recordThreadsLocal}); }
+void usePlainBlas() { plugins::cpu::setHostBlas({plainSgemm, recordThreadsLocal}); }
 
 pjrt::Client& client() {
   static std::unique_ptr<pjrt::Client> c = [] {
@@ -218,7 +218,7 @@ pjrt::Client& client() {
     std::vector<std::string> dirs;
     if (const char* p = std::getenv("TORCH_TPU_PLUGIN_PATH")) dirs.push_back(p);
     auto api = pjrt::Api::load(pjrt::resolvePluginPath("cpu", dirs));
-    EXPECT_TRUE(runtime::registerHostKernels(*api));
+    EXPECT_TRUE(plugins::cpu::registerHostKernels(*api));
     return pjrt::Client::create(api, 1);
   }();
   return *c;
@@ -253,8 +253,8 @@ TEST(AttentionKernel, RunsInsideAnXlaProgram) {
     auto g = b.param(t);
     auto lay = b.constantInts(layout, ir::DType::I64);
     auto scale = b.constant(0.5, ir::DType::F32), causal = b.constantInt(1, ir::DType::I32);
-    auto f = b.customCall(runtime::kAttentionForward, {qkv[0], qkv[1], qkv[2], lay, scale, causal}, {t, lse_t});
-    auto d = b.customCall(runtime::kAttentionBackward, {g, qkv[0], qkv[1], qkv[2], f[0], f[1], lay, scale, causal},
+    auto f = b.customCall(plugins::cpu::kAttentionForward, {qkv[0], qkv[1], qkv[2], lay, scale, causal}, {t, lse_t});
+    auto d = b.customCall(plugins::cpu::kAttentionBackward, {g, qkv[0], qkv[1], qkv[2], f[0], f[1], lay, scale, causal},
                           packed_grads ? std::vector<ir::Type>{packed_t} : std::vector<ir::Type>{t, t, t});
     b.output(f[0]);
     for (const auto& r : d) b.output(r);
@@ -308,7 +308,7 @@ TEST(AttentionKernel, BadOperandsAreAnErrorWithTheTargetName) {
   ir::Type t{ir::DType::F32, {1, 1, 4, 8}};
   auto q = b.param(t);
   // Four operands instead of five.
-  auto r = b.customCall(runtime::kAttentionForward, {q, q, q, b.constant(0.5, ir::DType::F32)},
+  auto r = b.customCall(plugins::cpu::kAttentionForward, {q, q, q, b.constant(0.5, ir::DType::F32)},
                         {t, ir::Type{ir::DType::F32, {1, 1, 4}}});
   b.output(r[0]);
   expectKernelError(b, t, "torch_tpu_attention_fwd: wrong number of operands");
@@ -320,7 +320,7 @@ TEST(AttentionKernel, ALayoutOutsideItsBufferIsAnError) {
   auto q = b.param(t);
   // k's rows start 8 elements in: its last row runs past the buffer.
   auto lay = b.constantInts({4, 0, 16, 8, 16, 0, 16}, ir::DType::I64);
-  auto r = b.customCall(runtime::kAttentionForward,
+  auto r = b.customCall(plugins::cpu::kAttentionForward,
                         {q, q, q, lay, b.constant(0.5, ir::DType::F32), b.constantInt(0, ir::DType::I32)},
                         {t, ir::Type{ir::DType::F32, {1, 2, 4}}});
   b.output(r[0]);
@@ -338,7 +338,7 @@ TEST(AttentionKernel, PackedGradientsNeedQkvToTileTheBuffer) {
   auto lse = b.constant(0.0, ir::DType::F32, {1, H, L});
   auto lay = b.constantInts({L, 0, 3 * he, 0, 3 * he, he, 3 * he}, ir::DType::I64);
   auto r = b.customCall(
-      runtime::kAttentionBackward,
+      plugins::cpu::kAttentionBackward,
       {rows, p, p, p, rows, lse, lay, b.constant(0.5, ir::DType::F32), b.constantInt(1, ir::DType::I32)}, {packed_t});
   b.output(r[0]);
   expectKernelError(b, packed_t, "torch_tpu_attention_bwd: packed gradients need q, k and v to tile one buffer's rows");
@@ -393,9 +393,9 @@ TEST_P(LayerNormKernel, MatchesTheDoublePrecisionReference) {
   auto x = randomVec(M * N, 1), w = randomVec(N, 2), b = randomVec(N, 3), dy = randomVec(M * N, 4);
   for (auto& v : x) v = 3.0f + 2.0f * v;
   std::vector<float> y(M * N), mean(M), rstd(M), dx(M * N), dw(N), db(N);
-  runtime::layerNormForward(x.data(), w.data(), b.data(), y.data(), mean.data(), rstd.data(), M, N, 1e-5f);
-  runtime::layerNormBackward(dy.data(), x.data(), mean.data(), rstd.data(), w.data(), dx.data(), dw.data(), db.data(),
-                             M, N);
+  plugins::cpu::layerNormForward(x.data(), w.data(), b.data(), y.data(), mean.data(), rstd.data(), M, N, 1e-5f);
+  plugins::cpu::layerNormBackward(dy.data(), x.data(), mean.data(), rstd.data(), w.data(), dx.data(), dw.data(),
+                                  db.data(), M, N);
   LayerNormRef r = layerNormReference(x, w, b, dy, M, N, 1e-5);
   expectNear(y, r.y, "y");
   expectNear(mean, r.mean, "mean");
@@ -421,7 +421,7 @@ TEST(LayerNormKernel, BadOperandsAreAnErrorWithTheTargetName) {
   auto x = b.param(t);
   // The weight has 4 elements for rows of 8.
   auto w = b.constant(1.0, ir::DType::F32, {4});
-  auto r = b.customCall(runtime::kLayerNormForward, {x, w, w, b.constant(1e-5, ir::DType::F32)},
+  auto r = b.customCall(plugins::cpu::kLayerNormForward, {x, w, w, b.constant(1e-5, ir::DType::F32)},
                         {t, ir::Type{ir::DType::F32, {4}}, ir::Type{ir::DType::F32, {4}}});
   b.output(r[0]);
   expectKernelError(b, t, "torch_tpu_layer_norm_fwd: the weight does not match the rows");
@@ -433,8 +433,9 @@ TEST(LayerNormKernel, RunsInsideAnXlaProgramWithTheSameBitsAsOnOneThread) {
   ir::Builder b;
   ir::Type t{ir::DType::F32, {M, N}}, rows{ir::DType::F32, {M}}, cols{ir::DType::F32, {N}};
   auto x = b.param(t), dy = b.param(t), w = b.param(cols), bias = b.param(cols);
-  auto f = b.customCall(runtime::kLayerNormForward, {x, w, bias, b.constant(1e-5, ir::DType::F32)}, {t, rows, rows});
-  auto g = b.customCall(runtime::kLayerNormBackward, {dy, x, f[1], f[2], w}, {t, cols, cols});
+  auto f =
+      b.customCall(plugins::cpu::kLayerNormForward, {x, w, bias, b.constant(1e-5, ir::DType::F32)}, {t, rows, rows});
+  auto g = b.customCall(plugins::cpu::kLayerNormBackward, {dy, x, f[1], f[2], w}, {t, cols, cols});
   b.output(f[0]);
   b.output(g[0]);
   b.output(g[1]);
@@ -448,9 +449,9 @@ TEST(LayerNormKernel, RunsInsideAnXlaProgramWithTheSameBitsAsOnOneThread) {
   bufs.push_back(client().fromHost(hb.data(), pjrt::ElementType::F32, cols.shape, 0));
   auto outs = exe->execute({bufs[0]->raw(), bufs[1]->raw(), bufs[2]->raw(), bufs[3]->raw()}, client().devices()[0].raw);
   std::vector<float> y(M * N), mean(M), rstd(M), dx(M * N), dw(N), db(N);
-  runtime::layerNormForward(hx.data(), hw.data(), hb.data(), y.data(), mean.data(), rstd.data(), M, N, 1e-5f);
-  runtime::layerNormBackward(hdy.data(), hx.data(), mean.data(), rstd.data(), hw.data(), dx.data(), dw.data(),
-                             db.data(), M, N);
+  plugins::cpu::layerNormForward(hx.data(), hw.data(), hb.data(), y.data(), mean.data(), rstd.data(), M, N, 1e-5f);
+  plugins::cpu::layerNormBackward(hdy.data(), hx.data(), mean.data(), rstd.data(), hw.data(), dx.data(), dw.data(),
+                                  db.data(), M, N);
   for (auto [i, want] : {std::pair<int, std::vector<float>*>{0, &y}, {1, &dx}, {2, &dw}, {3, &db}}) {
     std::vector<float> got(want->size());
     outs[i]->toHost(got.data(), got.size() * sizeof(float));
@@ -468,7 +469,7 @@ TEST_P(SoftmaxKernel, MatchesTheDoublePrecisionReference) {
   for (auto& v : x) v *= 8.0f;  // values far apart, so that the shift by the max matters
   for (bool log : {false, true}) {
     std::vector<float> y(M * N);
-    runtime::softmaxForward(x.data(), y.data(), M, N, log);
+    plugins::cpu::softmaxForward(x.data(), y.data(), M, N, log);
     std::vector<double> want(M * N);
     for (int64_t i = 0; i < M; ++i) {
       const float* r = x.data() + i * N;
@@ -500,7 +501,7 @@ TEST(SoftmaxKernel, RowsWithAnInfiniteMaxOrANanAreNan) {
   x[3 * N + 10] = nan;
   for (bool log : {false, true}) {
     std::vector<float> y(4 * N);
-    runtime::softmaxForward(x.data(), y.data(), 4, N, log);
+    plugins::cpu::softmaxForward(x.data(), y.data(), 4, N, log);
     for (int64_t j = 0; j < N; ++j) EXPECT_NEAR(y[j], log ? -std::log(12.0f) : 1.0f / 12, 1e-6) << j;
     for (int64_t j = N; j < 4 * N; ++j) EXPECT_TRUE(std::isnan(y[j])) << "log " << log << " element " << j;
   }
@@ -511,7 +512,7 @@ TEST(SoftmaxKernel, BadOperandsAreAnErrorWithTheTargetName) {
   ir::Type t{ir::DType::F32, {4, 8}};
   auto x = b.param(t);
   // The flag is a float.
-  auto r = b.customCall(runtime::kSoftmaxForward, {x, b.constant(1.0, ir::DType::F32)}, {t});
+  auto r = b.customCall(plugins::cpu::kSoftmaxForward, {x, b.constant(1.0, ir::DType::F32)}, {t});
   b.output(r[0]);
   expectKernelError(b, t, "torch_tpu_softmax_fwd: the log flag is not int32");
 }
@@ -521,13 +522,13 @@ TEST(SoftmaxKernel, RunsInsideAnXlaProgramWithTheSameBitsAsOnOneThread) {
   ir::Builder b;
   ir::Type t{ir::DType::F32, {M, N}};
   auto x = b.param(t);
-  b.output(b.customCall(runtime::kSoftmaxForward, {x, b.constantInt(1, ir::DType::I32)}, {t})[0]);
+  b.output(b.customCall(plugins::cpu::kSoftmaxForward, {x, b.constantInt(1, ir::DType::I32)}, {t})[0]);
   auto exe = client().compile(b.emit(), pjrt::compileOptions(true));
   auto hx = randomVec(M * N, 32);
   auto in = client().fromHost(hx.data(), pjrt::ElementType::F32, t.shape, 0);
   auto outs = exe->execute({in->raw()}, client().devices()[0].raw);
   std::vector<float> want(M * N), got(M * N);
-  runtime::softmaxForward(hx.data(), want.data(), M, N, true);
+  plugins::cpu::softmaxForward(hx.data(), want.data(), M, N, true);
   outs[0]->toHost(got.data(), got.size() * sizeof(float));
   EXPECT_EQ(got, want);
 }
@@ -563,7 +564,7 @@ TEST_P(GemmKernel, MatchesTheReferenceForEveryTransposeAndSplit) {
     auto want = productReference(a, b, g.M, g.N, g.K, ta, tb);
     for (int64_t threads : {1, 3}) {
       std::vector<float> c(g.M * g.N, 123.0f);
-      runtime::gemm(a.data(), b.data(), c.data(), g.M, g.N, g.K, ta, tb, threads);
+      plugins::cpu::gemm(a.data(), b.data(), c.data(), g.M, g.N, g.K, ta, tb, threads);
       expectNear(
           c, want,
           ("ta " + std::to_string(ta) + " tb " + std::to_string(tb) + " threads " + std::to_string(threads)).c_str());
@@ -596,10 +597,10 @@ TEST(GemmKernel, AddsTheBiasRowAsTheProductIsWritten) {
           scaled[i] = 2.0 * product[i];
         }
         std::vector<float> c(g.M * g.N, 123.0f);
-        runtime::gemm(a.data(), b.data(), c.data(), g.M, g.N, g.K, ta, tb, threads, {2.0f, bias.data(), 0.5f});
+        plugins::cpu::gemm(a.data(), b.data(), c.data(), g.M, g.N, g.K, ta, tb, threads, {2.0f, bias.data(), 0.5f});
         expectNear(c, want, "alpha 2, beta 0.5");
         std::fill(c.begin(), c.end(), 123.0f);
-        runtime::gemm(a.data(), b.data(), c.data(), g.M, g.N, g.K, ta, tb, threads, {2.0f, nan_bias.data(), 0.0f});
+        plugins::cpu::gemm(a.data(), b.data(), c.data(), g.M, g.N, g.K, ta, tb, threads, {2.0f, nan_bias.data(), 0.0f});
         expectNear(c, scaled, "beta 0, a NaN bias");
       }
     }
@@ -607,9 +608,9 @@ TEST(GemmKernel, AddsTheBiasRowAsTheProductIsWritten) {
 }
 
 TEST(GemmKernel, WithoutAHostBlasIsAnError) {
-  runtime::setHostBlas({});
+  plugins::cpu::setHostBlas({});
   std::vector<float> a(4, 1.0f), c(4);
-  EXPECT_THROW(runtime::gemm(a.data(), a.data(), c.data(), 2, 2, 2, false, false), std::runtime_error);
+  EXPECT_THROW(plugins::cpu::gemm(a.data(), a.data(), c.data(), 2, 2, 2, false, false), std::runtime_error);
   usePlainBlas();
 }
 
@@ -619,8 +620,8 @@ TEST(GemmKernel, RunsInsideAnXlaProgramSingleThreadedPerCall) {
   ir::Builder b;
   ir::Type ta{ir::DType::F32, {K, M}}, tb{ir::DType::F32, {N, K}};
   auto x = b.param(ta), y = b.param(tb);
-  b.output(
-      b.customCall(runtime::kGemm, {x, y, b.constantInt(3, ir::DType::I32)}, {ir::Type{ir::DType::F32, {M, N}}})[0]);
+  b.output(b.customCall(plugins::cpu::kGemm, {x, y, b.constantInt(3, ir::DType::I32)},
+                        {ir::Type{ir::DType::F32, {M, N}}})[0]);
   auto exe = client().compile(b.emit(), pjrt::compileOptions(true));
   auto ha = randomVec(M * K, 31), hb = randomVec(N * K, 32);
   auto ba = client().fromHost(ha.data(), pjrt::ElementType::F32, ta.shape, 0);
@@ -643,8 +644,8 @@ TEST(GemmKernel, BadOperandsAreAnErrorWithTheTargetName) {
   ir::Type t{ir::DType::F32, {4, 8}};
   auto x = b.param(t);
   // [4, 8] @ [4, 8]: the contracted sizes differ.
-  b.output(
-      b.customCall(runtime::kGemm, {x, x, b.constantInt(0, ir::DType::I32)}, {ir::Type{ir::DType::F32, {4, 8}}})[0]);
+  b.output(b.customCall(plugins::cpu::kGemm, {x, x, b.constantInt(0, ir::DType::I32)},
+                        {ir::Type{ir::DType::F32, {4, 8}}})[0]);
   expectKernelError(b, t, "torch_tpu_gemm: the contracted sizes differ");
 }
 
@@ -654,7 +655,7 @@ TEST(GemmKernel, ABiasOfTheWrongSizeIsAnError) {
   auto x = b.param(t);
   auto bias = b.constant(1.0, ir::DType::F32, {4});  // N is 8
   auto one = b.constant(1.0, ir::DType::F32);
-  b.output(b.customCall(runtime::kGemm, {x, x, b.constantInt(0, ir::DType::I32), bias, one, one},
+  b.output(b.customCall(plugins::cpu::kGemm, {x, x, b.constantInt(0, ir::DType::I32), bias, one, one},
                         {ir::Type{ir::DType::F32, {8, 8}}})[0]);
   expectKernelError(b, t, "torch_tpu_gemm: the bias is not float32 [N]");
 }
@@ -666,7 +667,7 @@ TEST(GemmKernel, ABiasOfTheWrongSizeIsAnError) {
 // context pointer is the FakeFfi itself.
 struct FakeFfi {
   enum class Schedule { kThread, kQueue, kRefuse };
-  runtime::FfiApi api{};
+  plugins::cpu::FfiApi api{};
   int64_t threads = 2;
   bool refuse_threads = false;
   Schedule schedule = Schedule::kThread;
@@ -680,14 +681,14 @@ struct FakeFfi {
     api.struct_size = sizeof(api);
     api.error_destroy = [](void*) { ++errors_destroyed; };
     api.thread_pool_num_threads = [](void* a) -> void* {
-      auto* args = static_cast<runtime::FfiThreadPoolNumThreadsArgs*>(a);
+      auto* args = static_cast<plugins::cpu::FfiThreadPoolNumThreadsArgs*>(a);
       auto* self = static_cast<FakeFfi*>(args->ctx);
       if (self->refuse_threads) return &error_token;
       *args->num_threads = self->threads;
       return nullptr;
     };
     api.thread_pool_schedule = [](void* a) -> void* {
-      auto* args = static_cast<runtime::FfiThreadPoolScheduleArgs*>(a);
+      auto* args = static_cast<plugins::cpu::FfiThreadPoolScheduleArgs*>(a);
       auto* self = static_cast<FakeFfi*>(args->ctx);
       if (self->schedule == Schedule::kRefuse) return &error_token;
       ++self->scheduled;
@@ -702,13 +703,13 @@ struct FakeFfi {
   ~FakeFfi() {
     for (auto& t : running) t.join();
   }
-  runtime::XlaPool pool() { return runtime::xlaPoolOf(&api, this); }
+  plugins::cpu::XlaPool pool() { return plugins::cpu::xlaPoolOf(&api, this); }
 };
 
 // Runs parallelFor over n items and returns how many times each item ran.
-std::vector<int> countRuns(const runtime::XlaPool& pool, int64_t n) {
+std::vector<int> countRuns(const plugins::cpu::XlaPool& pool, int64_t n) {
   std::vector<std::atomic<int>> runs(n);
-  runtime::parallelFor(pool, n, [&](int64_t i) { runs[i].fetch_add(1); });
+  plugins::cpu::parallelFor(pool, n, [&](int64_t i) { runs[i].fetch_add(1); });
   std::vector<int> out;
   for (auto& r : runs) out.push_back(r.load());
   return out;
@@ -723,9 +724,9 @@ TEST(XlaPool, ReadsTheThreadCountFromTheCallsApi) {
 TEST(XlaPool, AnFfiWithoutAThreadPoolGivesNone) {
   FakeFfi fake;
   // An older plugin's API table ends before the thread-pool functions.
-  fake.api.struct_size = offsetof(runtime::FfiApi, thread_pool_schedule);
+  fake.api.struct_size = offsetof(plugins::cpu::FfiApi, thread_pool_schedule);
   EXPECT_EQ(fake.pool().threads, 0);
-  EXPECT_EQ(runtime::xlaPoolOf(nullptr, nullptr).threads, 0);
+  EXPECT_EQ(plugins::cpu::xlaPoolOf(nullptr, nullptr).threads, 0);
   // A plugin that has the functions but no pool for this call answers with an error.
   FakeFfi refusing;
   refusing.refuse_threads = true;
@@ -745,7 +746,7 @@ TEST(XlaPool, EveryItemRunsOnceOnTheCallerAndItsHelpers) {
   std::set<std::thread::id> ran_on;
   {
     auto pool = fake.pool();
-    runtime::parallelFor(pool, 64, [&](int64_t i) {
+    plugins::cpu::parallelFor(pool, 64, [&](int64_t i) {
       std::this_thread::sleep_for(std::chrono::microseconds(200));
       runs[i].fetch_add(1);
       std::lock_guard<std::mutex> g(mu);
@@ -779,7 +780,7 @@ TEST(XlaPool, TheCallerSleepsWhileAHelperFinishesALongItem) {
   std::vector<std::atomic<int>> runs(2);
   double cpu_after_own_item = 0;
   std::chrono::steady_clock::time_point wall_after_own_item;
-  runtime::parallelFor(pool, 2, [&](int64_t i) {
+  plugins::cpu::parallelFor(pool, 2, [&](int64_t i) {
     runs[i].fetch_add(1);
     if (std::this_thread::get_id() != caller) {
       helper_started = true;
@@ -807,7 +808,7 @@ TEST(XlaPool, RefusedHelpersLeaveEveryItemToTheCaller) {
   fake.schedule = FakeFfi::Schedule::kRefuse;
   int destroyed = FakeFfi::errors_destroyed;
   std::set<std::thread::id> ran_on;
-  runtime::parallelFor(pool, 50, [&](int64_t) { ran_on.insert(std::this_thread::get_id()); });
+  plugins::cpu::parallelFor(pool, 50, [&](int64_t) { ran_on.insert(std::this_thread::get_id()); });
   EXPECT_EQ(ran_on, std::set<std::thread::id>{std::this_thread::get_id()});
   EXPECT_EQ(FakeFfi::errors_destroyed, destroyed + 1);
 }
@@ -823,7 +824,7 @@ TEST(XlaPool, AHelperThatStartsAfterTheLoopEndedDoesNothing) {
       ++runs[i];
       ++calls;
     };
-    runtime::parallelFor(pool, 40, fn);
+    plugins::cpu::parallelFor(pool, 40, fn);
   }  // the loop's function is gone
   ASSERT_EQ(fake.queued.size(), 1u);
   fake.queued[0].first(fake.queued[0].second);  // must not call it

@@ -1,4 +1,4 @@
-#include "runtime/host_kernels.h"
+#include "plugins/cpu/host_kernels.h"
 
 #include <immintrin.h>
 
@@ -18,9 +18,9 @@
 #include <thread>
 #include <vector>
 
-#include "runtime/xla_ffi.h"
+#include "plugins/cpu/xla_ffi.h"
 
-namespace tpu::runtime {
+namespace tpu::plugins::cpu {
 namespace {
 
 // ------------------------------------------------------------- threads
@@ -1136,4 +1136,4 @@ bool registerHostKernels(const pjrt::Api& api) {
   return true;
 }
 
-}  // namespace tpu::runtime
+}  // namespace tpu::plugins::cpu

@@ -1,6 +1,8 @@
-// Captured graphs for torch.compile: the first call of a compiled graph
-// records it as one program; later calls with arguments of the same kinds
-// run that program again with the new arguments, lowering nothing.
+// torch.compile(backend="tpu"): the first call of a compiled graph records it
+// through fused eager (whole-graph, scalars baked in) as one program; later
+// calls with arguments of the same kinds replay that program with the new
+// arguments, lowering nothing. The Dynamo backend (torch_tpu/_compile.py)
+// drives these calls.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -9,7 +11,11 @@
 #include <optional>
 #include <vector>
 
-namespace tpu::aten {
+namespace tpu::runtime {
+class LazyGraph;
+}
+
+namespace tpu::compile {
 
 struct CapturedGraph;
 
@@ -27,7 +33,15 @@ void captureAbort();
 // (another dtype, device, size, stride, storage offset or aliasing): the
 // caller records again.
 std::optional<std::vector<at::Tensor>> replay(CapturedGraph& g, const std::vector<at::Tensor>& inputs);
-// How many programs the graph's recording compiled, and its op count.
+// How many ops the graph's recording held.
 int capturedOps(const CapturedGraph& g);
 
-}  // namespace tpu::aten
+// What the modes tell a recording in progress (no-ops when none is):
+// an op ran on the CPU, so the recording cannot be replayed;
+void noteCpuFallback();
+// fused eager made the CPU scalar tensor `t` the graph's last input: it is
+// tagged as the argument it is, or the recording cannot be replayed.
+// Called under the fusion lock.
+void noteCpuScalarInput(runtime::LazyGraph& graph, const at::Tensor& t);
+
+}  // namespace tpu::compile

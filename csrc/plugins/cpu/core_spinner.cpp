@@ -1,4 +1,4 @@
-#include "runtime/core_spinner.h"
+#include "plugins/cpu/core_spinner.h"
 
 #include <sched.h>
 
@@ -6,11 +6,13 @@
 #include <stdexcept>
 #include <string>
 
+#include "runtime/env.h"
+
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
 #endif
 
-namespace tpu::runtime {
+namespace tpu::plugins::cpu {
 namespace {
 
 // How often a spinner yields its core (see run()).
@@ -43,7 +45,7 @@ bool lowerToIdlePriority() {
 }  // namespace
 
 std::chrono::microseconds CoreSpinner::lingerFromEnv() {
-  const char* v = std::getenv("TORCH_TPU_CPU_SPIN_US");
+  const char* v = env::get("TORCH_TPU_CPU_SPIN_US");
   if (!v || !*v) return std::chrono::microseconds(2000);
   char* end = nullptr;
   long long x = std::strtoll(v, &end, 10);
@@ -111,4 +113,4 @@ void CoreSpinner::run() {
   active_--;
 }
 
-}  // namespace tpu::runtime
+}  // namespace tpu::plugins::cpu

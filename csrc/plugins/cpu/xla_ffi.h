@@ -9,7 +9,7 @@
 
 #include "pjrt/pjrt.h"
 
-namespace tpu::runtime {
+namespace tpu::plugins::cpu {
 
 struct FfiExtensionBase {
   size_t struct_size;
@@ -123,4 +123,4 @@ struct PjrtFfiExtension {
   PJRT_Error* (*register_handler)(PjrtFfiRegisterArgs*);
 };
 
-}  // namespace tpu::runtime
+}  // namespace tpu::plugins::cpu

@@ -22,7 +22,7 @@
 #include <thread>
 #include <vector>
 
-namespace tpu::runtime {
+namespace tpu::plugins::cpu {
 
 class CoreSpinner {
  public:
@@ -91,4 +91,4 @@ class CoreSpinner {
   std::vector<std::thread> threads_;
 };
 
-}  // namespace tpu::runtime
+}  // namespace tpu::plugins::cpu

@@ -1,16 +1,17 @@
-#include "runtime/lazy.h"
+#include "runtime/fused_graph.h"
 
 #include <cstdlib>
+
+#include "runtime/env.h"
 
 namespace tpu::runtime {
 
 LazyGraph::LazyGraph(int device) : device_(device) {
-  const char* d = std::getenv("TORCH_TPU_DONATE");
-  donate_ = !(d && std::string(d) == "0");
+  donate_ = env::notDisabled("TORCH_TPU_DONATE");
   // Donation saves memory; for small buffers that is nothing, while the
   // copies XLA may insert for an aliased param cost time (MLP fused step,
   // buffers of at most 256 KB: 1.62 -> 1.75 ms with all of them donated).
-  const char* m = std::getenv("TORCH_TPU_DONATE_MIN_BYTES");
+  const char* m = env::get("TORCH_TPU_DONATE_MIN_BYTES");
   donate_min_bytes_ = m && *m ? std::strtoull(m, nullptr, 10) : size_t{1} << 20;
   reset();
 }
@@ -295,9 +296,8 @@ Fusion& Fusion::get() {
 }
 
 Fusion::Fusion() {
-  const char* e = std::getenv("TORCH_TPU_DEFER_AND_FUSE");
-  enabled_ = e && std::string(e) == "1";
-  const char* m = std::getenv("TORCH_TPU_FUSE_MAX_OPS");
+  enabled_ = env::enabled("TORCH_TPU_DEFER_AND_FUSE");
+  const char* m = env::get("TORCH_TPU_FUSE_MAX_OPS");
   max_ops_ = m && std::atoi(m) > 0 ? std::atoi(m) : 1000;
 }
 

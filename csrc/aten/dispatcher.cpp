@@ -1,0 +1,266 @@
+// The dispatcher: the boxed kernel every tpu op without a kernel of its own
+// enters. It finds the op's lowering, prepares its arguments (indices on the
+// device, lazy conj/neg bits resolved, one device), and hands the planned op
+// to the mode in force (eager/modes.h): fused eager when it is on and the op's
+// result sizes do not depend on data, else strict eager. An op with no
+// lowering, or one its lowering cannot take, runs on the CPU (fallback.cpp).
+#include <torch/library.h>
+
+#include <set>
+
+#include "aten/op_plan.h"
+#include "eager/modes.h"
+#include "runtime/fused_graph.h"
+
+namespace tpu::aten {
+namespace {
+
+// Ops whose lowerings compute in the promoted (complex) type, so a complex
+// scalar keeps its imaginary part; elsewhere (linspace computes in float)
+// complex scalars still go to the CPU.
+bool complexScalarsAllowed(const std::string& base) {
+  static const std::set<std::string> ops = {"add",
+                                            "sub",
+                                            "rsub",
+                                            "mul",
+                                            "div",
+                                            "true_divide",
+                                            "divide",
+                                            "pow",
+                                            "fill",
+                                            "full",
+                                            "where",
+                                            "masked_fill",
+                                            "addcmul",
+                                            "addcdiv",
+                                            "lerp",
+                                            "eq",
+                                            "ne",
+                                            "index_put",
+                                            "_index_put_impl",
+                                            "copy"};
+  return ops.count(base) > 0;
+}
+
+// Calls f on every tensor argument, inside lists too.
+template <typename F>
+void forEachTensor(const std::vector<IValue>& args, F&& f) {
+  for (const auto& v : args) {
+    if (v.isTensor()) {
+      f(v.toTensor());
+    } else if (v.isTensorList()) {
+      for (const at::Tensor& t : v.toTensorList()) f(t);
+    } else if (v.isList()) {
+      for (const IValue& e : v.toList())
+        if (e.isTensor()) f(e.toTensor());
+    }
+  }
+}
+
+// The one tpu device the op's tensors are on (CPU tensors may join only as
+// 0-d scalars), else the device a factory names, else the current one.
+c10::DeviceIndex findDevice(const c10::OperatorHandle& op, const std::vector<IValue>& args) {
+  std::optional<c10::Device> dev;
+  auto see = [&](const at::Tensor& t) {
+    if (!t.defined()) return;
+    if (t.device().type() == kTpu) {
+      if (dev && *dev != t.device())
+        TORCH_CHECK(false, "Expected all tensors to be on the same device, but found at least two devices, ", *dev,
+                    " and ", t.device(), "! (when checking arguments for ", op.schema().name(), ")");
+      dev = t.device();
+    }
+  };
+  forEachTensor(args, see);
+  // CPU tensors may only join as 0-d scalars.
+  auto check_cpu = [&](const at::Tensor& t) {
+    if (t.defined() && t.device().is_cpu() && t.dim() != 0 && dev)
+      TORCH_CHECK(false, "Expected all tensors to be on the same device, but found at least two devices, ", *dev,
+                  " and cpu! (when checking arguments for ", op.schema().name(), ")");
+    if (t.defined() && !t.device().is_cpu() && t.device().type() != kTpu)
+      TORCH_CHECK(false, "Expected all tensors to be on the same device, but found at least two devices, ",
+                  dev ? *dev : c10::Device(kTpu, 0), " and ", t.device(), "!");
+  };
+  forEachTensor(args, check_cpu);
+  if (!dev)
+    for (const auto& v : args)
+      if (v.isDevice() && v.toDevice().type() == kTpu) dev = v.toDevice();
+  c10::DeviceIndex d = dev ? dev->index() : currentDevice();
+  if (d < 0) d = currentDevice();
+  checkDeviceIndex(d);
+  return d;
+}
+
+// Advanced indexing accepts index tensors on the CPU (as on CUDA): move
+// them. A boolean mask becomes the integer indices of its true elements (its
+// nonzero columns), as in PyTorch: the size is computed on the device and
+// read back.
+void moveIndicesToDevice(torch::jit::Stack* stack, size_t n) {
+  IValue& self = (*stack)[stack->size() - n];
+  IValue& idx = (*stack)[stack->size() - n + 1];
+  if (!self.isTensor() || !idx.isList()) return;
+  c10::Device dev = self.toTensor().device();
+  auto lst = idx.toList();
+  bool changed = false;
+  c10::List<std::optional<at::Tensor>> out;
+  for (const IValue& e : lst) {
+    if (!e.isTensor() || !e.toTensor().defined()) {
+      out.push_back(std::nullopt);
+      continue;
+    }
+    at::Tensor t = e.toTensor();
+    if (t.device().is_cpu()) {
+      t = t.to(dev);
+      changed = true;
+    }
+    if (t.scalar_type() == at::kBool || t.scalar_type() == at::kByte) {
+      at::Tensor nz = at::nonzero(t);
+      for (int64_t j = 0; j < t.dim(); ++j) out.push_back(nz.select(1, j));
+      changed = true;
+    } else {
+      out.push_back(t);
+    }
+  }
+  if (changed) idx = IValue(out);
+}
+
+// PyTorch lets some ops (copies, matrix products) see tensors with a lazy
+// conj/neg bit; lowerings read raw memory, so read-only arguments with a bit
+// are materialized first (copyInto applies the bit on the device).
+void resolveMathBits(const c10::FunctionSchema& schema, std::vector<IValue>& args) {
+  auto resolve = [](const at::Tensor& t) {
+    if (!t.defined() || t.device().type() != kTpu || (!t.is_conj() && !t.is_neg())) return t;
+    at::Tensor r = emptyTpu(t.sizes(), t.scalar_type(), t.device().index());
+    copyInto(r, t);
+    return r;
+  };
+  for (size_t i = 0; i < args.size() && i < schema.arguments().size(); ++i) {
+    const auto& a = schema.arguments()[i];
+    if (a.alias_info() && a.alias_info()->isWrite()) continue;
+    if (args[i].isTensor()) {
+      args[i] = resolve(args[i].toTensor());
+    } else if (args[i].isTensorList()) {
+      bool any = false;
+      for (const at::Tensor& t : args[i].toTensorList()) any |= t.defined() && (t.is_conj() || t.is_neg());
+      if (!any) continue;
+      c10::List<at::Tensor> list;  // a new list: the caller's stays as it was
+      for (const at::Tensor& t : args[i].toTensorList()) list.push_back(resolve(t));
+      args[i] = IValue(list);
+    }
+  }
+}
+
+// The ATen base name of an op: "add" for aten::add and aten::add_.
+std::string baseName(const std::string& full) {
+  std::string base = full.substr(6);
+  if (base.size() > 1 && base.back() == '_' && base.rfind("__", 0) != 0) base.pop_back();
+  return base;
+}
+
+// The lowering of `base` (`foreach_expand`: of X for _foreach_X, run on each
+// element); null when it has none or it is turned off.
+const ops::Lowering* loweringFor(const std::string& base, const std::string& overload, bool& foreach_expand) {
+  foreach_expand = false;
+  if (loweringDisabled(base)) return nullptr;
+  if (const ops::Lowering* low = ops::findLowering(base, overload)) return low;
+  if (base.rfind("_foreach_", 0) != 0) return nullptr;
+  const ops::Lowering* low = ops::findLowering(base.substr(9), "");
+  foreach_expand = low != nullptr;
+  return low;
+}
+
+// Why the op's arguments keep it off tpu (dtypes the device cannot hold,
+// complex scalars its lowering would drop); empty when nothing does.
+std::string unsupportedArguments(const std::string& base, const std::vector<IValue>& args) {
+  const bool complex_ok = complexScalarsAllowed(base);
+  for (const auto& v : args) {
+    if (v.isTensor() && v.toTensor().defined() && !supported(v.toTensor().scalar_type()) &&
+        !(complex_ok && isComplexNumber(v.toTensor())))
+      return std::string("dtype ") + c10::toString(v.toTensor().scalar_type());
+    if (v.isComplexDouble() && !complex_ok) return "complex scalar";
+  }
+  return "";
+}
+
+// Runs the planned op in the mode in force; returns why it cannot run on tpu.
+std::optional<std::string> runInMode(PlannedOp& p) {
+  auto& fusion = runtime::Fusion::get();
+  if (fusion.enabled() && !p.low->data_dependent) return eager::runFused(p);
+  if (fusion.enabled()) fusion.flush(p.device);  // data-dependent: what is pending runs first
+  return eager::runStrict(p);
+}
+
+void boxedKernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  const auto& schema = op.schema();
+  if (schema.name().rfind("aten::", 0) != 0) return cpuFallback(op, stack, "");
+  const std::string base = baseName(schema.name());
+  bool foreach_expand = false;
+  const ops::Lowering* low = loweringFor(base, schema.overload_name(), foreach_expand);
+  const size_t n = schema.arguments().size();
+  if (!low) {
+    findDevice(op, std::vector<IValue>(stack->end() - n, stack->end()));  // mixing devices is an error here too
+    return cpuFallback(op, stack, "");
+  }
+  if (base == "index" || base == "index_put" || base == "_index_put_impl" || base == "_unsafe_index" ||
+      base == "_unsafe_index_put")
+    moveIndicesToDevice(stack, n);
+  PlannedOp p{op, stack, std::vector<IValue>(stack->end() - n, stack->end())};
+  resolveMathBits(schema, p.args);
+  p.device = findDevice(op, p.args);
+  if (std::string why = unsupportedArguments(base, p.args); !why.empty()) return cpuFallback(op, stack, why);
+  p.low = low;
+  p.foreach_expand = foreach_expand;
+  p.base = base;
+  p.key = signature(op, p.args, low);
+  std::optional<std::string> why;
+  try {
+    why = runInMode(p);
+  } catch (const c10::Error&) {
+    throw;
+  } catch (const std::exception& e) {
+    rethrow(e, "torch_tpu: " + describe(op, p.args));
+  }
+  if (why) cpuFallback(op, stack, *why);
+}
+
+}  // namespace
+
+// Ops with a lowering whose default kernel for every backend is a composite
+// (CompositeExplicitAutograd, or a structured op calling its out= variant)
+// get the lowering directly: one program instead of the composite's detour,
+// and the "overrideable" ops (convolution) are implemented at all. Ops that
+// decompose before autograd (CompositeImplicitAutograd) and factories that
+// take a device argument keep PyTorch's own path.
+int registerLoweredKernels() {
+  static torch::Library lib(torch::Library::IMPL, "aten", c10::DispatchKey::PrivateUse1, __FILE__, __LINE__);
+  static int count = -1;
+  if (count >= 0) return count;
+  count = 0;
+  auto& d = c10::Dispatcher::singleton();
+  for (const auto& name : d.getAllOpNames()) {
+    if (name.name.rfind("aten::", 0) != 0) continue;
+    auto op = d.findOp(name);
+    if (!op || !op->hasSchema()) continue;
+    if (op->hasKernelForDispatchKey(c10::DispatchKey::PrivateUse1) ||
+        op->hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd))
+      continue;
+    if (!op->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutograd) &&
+        !op->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutogradNonFunctional))
+      continue;
+    const auto& schema = op->schema();
+    bool has_device = false;
+    for (const auto& a : schema.arguments()) has_device |= baseType(a.type())->kind() == c10::TypeKind::DeviceObjType;
+    if (has_device) continue;
+    const std::string base = baseName(name.name);
+    const bool lowered = ops::findLowering(base, name.overload_name) != nullptr ||
+                         (base.rfind("_foreach_", 0) == 0 && ops::findLowering(base.substr(9), "") != nullptr);
+    if (!lowered) continue;
+    std::string full = name.name.substr(6) + (name.overload_name.empty() ? "" : "." + name.overload_name);
+    lib.impl(full.c_str(), torch::CppFunction::makeFromBoxedFunction<&boxedKernel>());
+    ++count;
+  }
+  return count;
+}
+
+TORCH_LIBRARY_IMPL(_, PrivateUse1, m) { m.fallback(torch::CppFunction::makeFromBoxedFunction<&boxedKernel>()); }
+
+}  // namespace tpu::aten

@@ -1,0 +1,262 @@
+// Fused eager (TORCH_TPU_DEFER_AND_FUSE=1): an op does not run; it joins the
+// device's pending graph (runtime/fused_graph.h) as a call of its signature's
+// fragment, and its results are tensors whose storage is a pending value. The
+// graph runs as one program when the host needs data, at a sync, at a size
+// limit or when the op stream repeats. torch.compile's capture records a
+// whole graph through this mode (compile/capture.cpp).
+#include <map>
+#include <mutex>
+#include <optional>
+#include <unordered_map>
+
+#include "compile/capture.h"
+#include "eager/modes.h"
+#include "eager/operand_layout.h"
+#include "runtime/fused_graph.h"
+
+namespace tpu::eager {
+
+using namespace aten;
+
+namespace {
+
+// Fused eager's form of an op signature: its lowering as a function the
+// pending graph calls (built once; a later op with this signature costs a
+// call line, not a lowering), and where the function's params come from.
+struct Fragment {
+  std::shared_ptr<const ir::Function> fn;
+  std::vector<InputSource> inputs;     // one per param, in order
+  std::vector<OutputBinding> outputs;  // one per result before the bounds check
+  std::vector<int> none_returns;
+  bool bounds_check = false;  // the last result says all indices were in range
+  size_t num_returns = 0;
+};
+
+std::mutex g_fragment_mu;
+std::unordered_map<std::string, std::shared_ptr<const Fragment>> g_fragments;
+
+// " (issued at file:line)" of the innermost Python frame outside torch, so a
+// deferred error points at the user's code; empty without Python. It takes
+// the GIL, so never call it under the fusion lock: the GIL's holder may be
+// waiting for that lock (freeing a tensor, recording an op).
+std::string userLocation() {
+  if (!Py_IsInitialized()) return "";
+  pybind11::gil_scoped_acquire gil;
+  PyFrameObject* f = PyEval_GetFrame();
+  if (f) Py_INCREF(f);
+  while (f) {
+    PyCodeObject* code = PyFrame_GetCode(f);
+    std::string file = PyUnicode_AsUTF8(code->co_filename);
+    int line = PyFrame_GetLineNumber(f);
+    Py_DECREF(code);
+    bool internal = file.find("/torch/") != std::string::npos || file.find("/torch_tpu/") != std::string::npos;
+    if (!internal) {
+      Py_DECREF(f);
+      return " (issued at " + file + ":" + std::to_string(line) + ")";
+    }
+    PyFrameObject* back = PyFrame_GetBack(f);
+    Py_DECREF(f);
+    f = back;
+  }
+  return "";
+}
+
+std::shared_ptr<const Fragment> buildFragment(const PlannedOp& p, uint32_t transposed, uint32_t packed) {
+  const auto& args = p.args;
+  runtime::metrics().fused_lowerings++;
+  auto frag = std::make_shared<Fragment>();
+  const Plan plan = planFor(p);
+  ir::Builder b;
+  Sources src;
+  std::map<size_t, ir::Value> packed_storage;  // by owning operand (packedStorageOwner)
+  src.tensor = [&](const at::Tensor& t, InputSource is) {
+    if (arrivesPacked(packed, is)) {
+      const runtime::ViewGeometry g = geometryOf(t);
+      const size_t owner = packedStorageOwner(packed, args, static_cast<size_t>(is.arg));
+      auto it = packed_storage.find(owner);
+      if (it == packed_storage.end()) {  // a shared storage is one input of the call
+        frag->inputs.push_back(is);
+        it = packed_storage.emplace(owner, b.param({ir::DType::F32, {arrayOf(t).numel()}})).first;
+      }
+      ir::Value storage = it->second;
+      ir::Value v = b.reshape(runtime::buildRead(b, storage, b.constantInt(g.offset, ir::DType::I64), g), g.sizes);
+      b.noteView(v, ir::StridedView{storage, g.offset, g.strides});
+      return v;
+    }
+    frag->inputs.push_back(is);
+    if (t.device().is_cpu()) return b.param({cpuScalarIr(t), {}});
+    if (arrivesTransposed(transposed, is))
+      return b.transpose(b.param({toIr(t.scalar_type()), {t.size(1), t.size(0)}}), {1, 0});
+    return b.param({toIr(t.scalar_type()), t.sizes().vec()});
+  };
+  paramScalarSources(src, b, frag->inputs);
+  ops::MultiOpProgram multi_op;
+  const Lowered l = lowerOp(p, plan, b, src);
+  for (const auto& [ob, v] : l.bound) {
+    b.output(v);
+    frag->outputs.push_back(ob);
+  }
+  if (l.bounds_ok.valid()) {
+    b.output(l.bounds_ok);
+    frag->bounds_check = true;
+  }
+  frag->none_returns = l.none_returns;
+  frag->num_returns = l.num_returns;
+  if (!b.outputs().empty()) frag->fn = b.asFunction();
+  return frag;
+}
+
+// The fragment of the op's signature, built on first use. `location` gets
+// where a bounds-checked op was issued, for its deferred error (a new
+// signature may turn out checked). That needs the GIL, so the fusion lock is
+// let go meanwhile: the GIL's holder may be waiting for it. Nothing of the
+// graph has been touched yet.
+std::shared_ptr<const Fragment> fragmentFor(const PlannedOp& p, const std::string& frag_key, uint32_t transposed,
+                                            uint32_t packed, std::unique_lock<std::recursive_mutex>& lock,
+                                            std::string& location) {
+  std::shared_ptr<const Fragment> frag;
+  {
+    std::lock_guard<std::mutex> g(g_fragment_mu);
+    auto it = g_fragments.find(frag_key);
+    if (it != g_fragments.end()) frag = it->second;
+  }
+  if (!frag || frag->bounds_check) {
+    lock.unlock();
+    location = userLocation();
+    lock.lock();
+  }
+  if (!frag) {
+    frag = buildFragment(p, transposed, packed);
+    std::lock_guard<std::mutex> g(g_fragment_mu);
+    g_fragments[frag_key] = frag;
+  }
+  return frag;
+}
+
+// The values the fragment's call takes, in its param order: graph reads of
+// tpu tensors, CPU scalars and Python scalars as inputs (constants while a
+// torch.compile graph is captured), fresh random states.
+std::vector<ir::Value> callOperands(const PlannedOp& p, const Fragment& frag, runtime::LazyGraph& graph,
+                                    uint32_t transposed, uint32_t packed) {
+  const auto& args = p.args;
+  const c10::DeviceIndex dev = p.device;
+  auto& b = graph.builder();
+  std::optional<at::Generator> gen;
+  auto tensorValue = [&](const at::Tensor& t) -> ir::Value {
+    if (t.device().is_cpu()) {
+      const ir::DType dt = cpuScalarIr(t);
+      ir::Value v = graph.scalar(cpuScalarBuffer(t, dt, dev), dt);
+      compile::noteCpuScalarInput(graph, t);
+      return v;
+    }
+    return graph.read(arrayOf(t), geometryOf(t));
+  };
+  auto scalarValue = [&](const IValue& v, ir::DType st) -> ir::Value {
+    if (graph.bakeScalars())
+      return st == ir::DType::F64 ? b.constant(v.toDouble(), st)
+                                  : b.constantInt(st == ir::DType::Bool ? v.toBool() : v.toInt(), st);
+    runtime::BufferPtr buf = st == ir::DType::F64    ? runtime::scalarBuffer(st, v.toDouble(), dev)
+                             : st == ir::DType::Bool ? runtime::scalarBufferInt(st, v.toBool(), dev)
+                                                     : runtime::scalarBufferInt(st, v.toInt(), dev);
+    return graph.scalar(buf, st);
+  };
+  auto rngValue = [&]() -> ir::Value {
+    if (!gen) gen = generatorFor(args, dev);
+    const std::array<uint64_t, 2> st = nextRngState(*gen);
+    ir::Value v =
+        graph.input(runtime::Runtime::get().upload(st.data(), ir::DType::U64, {2}, dev), {ir::DType::U64, {2}});
+    graph.tagLastInput({runtime::InputTag::Kind::Rng, -1});
+    return v;
+  };
+  std::vector<ir::Value> operands;
+  operands.reserve(frag.inputs.size());
+  for (const InputSource& is : frag.inputs) {
+    switch (is.kind) {
+      case InputSource::Kind::Tensor:
+      case InputSource::Kind::CpuScalar: {
+        const at::Tensor& t = args[is.arg].toTensor();
+        if (arrivesPacked(packed, is)) {  // the whole storage
+          const int64_t n = arrayOf(t).numel();
+          operands.push_back(graph.read(arrayOf(t), runtime::ViewGeometry{ir::DType::F32, {n}, {1}, 0}));
+          runtime::metrics().operands_in_place++;
+          break;
+        }
+        ir::Value v = tensorValue(t);
+        if (arrivesTransposed(transposed, is))
+          v = b.transpose(b.reshape(v, {t.size(0), t.size(1)}), {1, 0});  // the stored matrix
+        operands.push_back(v);
+        break;
+      }
+      case InputSource::Kind::ListElem:
+        operands.push_back(tensorValue(listElem(args, is.arg, is.elem)));
+        break;
+      case InputSource::Kind::Scalar:
+        operands.push_back(scalarValue(args[is.arg], is.dtype));
+        break;
+      case InputSource::Kind::ScalarListElem:
+        operands.push_back(scalarValue(args[is.arg].toList().get(is.elem), is.dtype));
+        break;
+      case InputSource::Kind::Rng:
+        operands.push_back(rngValue());
+        break;
+    }
+  }
+  return operands;
+}
+
+// Binds the call's results: written arguments get pending values in their
+// views, new results become tensors whose storage is a pending value.
+void bindCallResults(const PlannedOp& p, const Fragment& frag, runtime::LazyGraph& graph,
+                     const std::vector<ir::Value>& results, const std::string& location) {
+  const auto& args = p.args;
+  auto& b = graph.builder();
+  std::vector<IValue> returns(frag.num_returns);
+  std::vector<c10::List<at::Tensor>> lists(frag.num_returns);
+  for (size_t i = 0; i < frag.outputs.size(); ++i) {
+    const OutputBinding& ob = frag.outputs[i];
+    const ir::Value& v = results[i];
+    if (ob.kind == OutputBinding::Kind::WriteArg) {
+      at::Tensor t = listElem(args, ob.index, ob.elem);
+      if (t.sizes().vec() != ob.sizes) t.resize_(ob.sizes);
+      graph.write(arrayOf(t), geometryOf(t), b.reshape(v, ob.sizes));
+      continue;
+    }
+    at::Tensor t = emptyTpu(ob.sizes, ob.dtype, p.device);
+    if (!ob.perm.empty()) t.unsafeGetTensorImpl()->set_sizes_and_strides(ob.sizes, permutedStrides(ob));
+    if (t.numel() > 0) graph.bind(arrayOf(t), v, toIr(ob.dtype), memorySizes(ob));
+    if (ob.kind == OutputBinding::Kind::Return)
+      returns[ob.index] = IValue(t);
+    else
+      lists[ob.index].push_back(t);
+  }
+  for (int r : frag.none_returns) returns[r] = IValue(at::Tensor());
+  if (frag.bounds_check) graph.check(results.back(), p.op.schema().name() + location);
+  pushReturns(p.op, p.stack, args, returns, lists);
+}
+
+}  // namespace
+
+std::optional<std::string> runFused(PlannedOp& p) {
+  auto& fusion = runtime::Fusion::get();
+  std::unique_lock<std::recursive_mutex> lock(fusion.mutex());
+  const uint32_t transposed = transposedOperands(p.base, p.args);
+  const uint32_t packed = packedAttentionOperands(p.base, p.args);
+  std::string frag_key = p.key + transposedKey(transposed);
+  if (packed) frag_key += packedKey(packed, p.args);
+  std::string location;
+  std::shared_ptr<const Fragment> frag;
+  try {
+    frag = fragmentFor(p, frag_key, transposed, packed, lock, location);
+  } catch (const ir::Unsupported& e) {
+    return std::string(e.what());
+  }
+  auto& graph = fusion.graph(p.device);
+  const std::vector<ir::Value> operands = callOperands(p, *frag, graph, transposed, packed);
+  std::vector<ir::Value> results;
+  if (frag->fn) results = graph.builder().call(frag->fn, operands);
+  bindCallResults(p, *frag, graph, results, location);
+  if (graph.noteOp(p.key)) graph.materialize();
+  return std::nullopt;
+}
+
+}  // namespace tpu::eager

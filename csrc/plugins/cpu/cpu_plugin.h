@@ -1,0 +1,25 @@
+// What the CPU PJRT plugin adds to the portable core (runtime/plugin.h), all
+// in this folder: host kernels for attention, layer norm, softmax and float32
+// products registered as XLA FFI custom calls (host_kernels.h), the GEMM on
+// the host BLAS that torch bundles (host_blas.cpp), core spinners that keep
+// the cores awake while programs run (core_spinner.h), malloc tuning, reading
+// results in place from host memory, and the vector width XLA:CPU compiles
+// for. docs/cpu_plugin.md gives each one's measurement; each has a switch in
+// the environment registry (runtime/env.cpp). No torch headers here.
+#pragma once
+
+#include <memory>
+
+#include "runtime/plugin.h"
+
+namespace tpu::plugins::cpu {
+
+// The CPU plugin's support; registers its kernels with `api`.
+std::unique_ptr<runtime::PluginSupport> makeSupport(const pjrt::Api& api);
+
+// Finds MKL's sgemm in the torch library already loaded in the process and
+// hands it to the GEMM kernel; false when there is none. Called before the
+// runtime starts.
+bool useTorchBlas();
+
+}  // namespace tpu::plugins::cpu

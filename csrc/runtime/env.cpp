@@ -1,0 +1,123 @@
+#include "runtime/env.h"
+
+#include <cstdlib>
+#include <stdexcept>
+
+namespace tpu::env {
+
+const std::vector<Var>& all() {
+  static const std::vector<Var> vars = {
+      // Which plugin and devices.
+      {"TORCH_TPU_PLUGIN", "text", "", "runtime",
+       "`tpu`, `cuda`, `cpu` or a path to a PJRT plugin `.so`; unset: the first of tpu, cuda, cpu that is installed"},
+      {"TORCH_TPU_PLUGIN_PATH", "path", "", "runtime", "more folders (`:`-separated) to search for named plugins"},
+      {"TORCH_TPU_CPU_DEVICES", "integer", "1", "runtime",
+       "how many devices the CPU plugin exposes, to test multi-device code on one host"},
+      {"TORCH_TPU_MEMORY_LIMIT", "bytes", "", "runtime",
+       "device memory limit (bytes, or with K/M/G); unset: what the plugin reports, else host RAM"},
+      // Modes.
+      {"TPU_LAUNCH_BLOCKING", "0/1", "0", "Python", "1: debug eager (every launch waited for, errors at their op)"},
+      {"TORCH_TPU_DEFER_AND_FUSE", "0/1", "0", "fused eager", "1: fused eager (ops deferred into graphs)"},
+      {"TORCH_TPU_FUSE_MAX_OPS", "integer", "1000", "fused eager", "ops a pending graph holds before it runs"},
+      {"TORCH_TPU_DONATE", "0/1", "1", "fused eager",
+       "0: never donate an overwritten array's buffer to the graph that overwrites it (fused eager, compiled graphs)"},
+      {"TORCH_TPU_DONATE_MIN_BYTES", "integer", "1048576", "fused eager",
+       "fused eager donates only buffers of at least this many bytes"},
+      {"TORCH_TPU_DEBUG_CAPTURE", "0/1", "", "torch.compile", "set: print why a compiled graph cannot be replayed"},
+      // Fallback and lowerings.
+      {"TORCH_TPU_FALLBACK", "text", "warn", "runtime",
+       "`error`: an op without a tpu lowering raises instead of running on the CPU"},
+      {"TORCH_TPU_DISABLE_LOWERINGS", "list", "", "runtime",
+       "ATen ops (base names, comma-separated) sent to the CPU fallback, to bisect a suspected wrong lowering"},
+      // Compilation cache and diagnostics.
+      {"TORCH_TPU_CACHE_DIR", "path", "~/.cache/torch_tpu", "runtime",
+       "the on-disk compilation cache; `off` or `0` turns it off"},
+      {"TORCH_TPU_CACHE_MAX_BYTES", "integer", "2147483648", "runtime", "size bound of the on-disk cache"},
+      {"TORCH_TPU_LOG_RECOMPILES", "0/1", "0", "runtime", "1: print the reason of every compile"},
+      {"XLA_FLAGS", "text", "", "XLA",
+       "XLA's own flags; part of the compilation cache key (a vector width set here wins)"},
+      {"LIBTPU_INIT_ARGS", "text", "", "XLA", "libtpu's own flags; part of the compilation cache key"},
+      // The CPU plugin's accelerations (csrc/plugins/cpu, docs/cpu_plugin.md).
+      {"TORCH_TPU_HOST_KERNELS", "0/1", "1", "CPU plugin",
+       "0: float32 attention, layer norm, softmax and products compile from StableHLO instead of host kernels"},
+      {"TORCH_TPU_HOST_GEMM", "0/1", "1", "CPU plugin",
+       "0: float32 matrix products stay XLA dots instead of the GEMM kernel on MKL"},
+      {"TORCH_TPU_HOST_READS", "0/1", "1", "CPU plugin",
+       "0: copy results to the host through the plugin instead of reading its host-memory buffers in place"},
+      {"TORCH_TPU_MALLOC_TUNING", "0/1", "1", "CPU plugin",
+       "0: leave glibc malloc at its defaults (applies to the whole process)"},
+      {"TORCH_TPU_CPU_VECTOR_WIDTH", "integer", "512 with AVX-512", "CPU plugin",
+       "vector width XLA:CPU compiles for: 128, 256 or 512"},
+      {"TORCH_TPU_CPU_SPIN_US", "integer", "2000", "CPU plugin",
+       "microseconds the core spinners keep spinning after the last program; 0 turns them off"},
+      // Integrations.
+      {"TORCH_TPU_ACCELERATE", "0/1", "1", "Python", "0: leave Hugging Face Accelerate's device choice alone"},
+      // Scripts and tests.
+      {"TORCH_TPU_VENV", "path", ".venv", "scripts", "the virtual environment scripts/setup.sh creates and uses"},
+      {"TORCH_TPU_TEST_FUSED", "0/1", "1", "scripts", "0: scripts/test.sh skips its second pass in fused eager"},
+      {"TORCH_TPU_ZOO_TEST_CRASH", "text", "", "tests",
+       "model zoo tests only: the architecture whose worker crashes on purpose"},
+  };
+  return vars;
+}
+
+const Var& find(std::string_view name) {
+  for (const Var& v : all())
+    if (name == v.name) return v;
+  throw std::logic_error("torch_tpu internal: the environment variable " + std::string(name) +
+                         " is not declared in runtime/env.cpp");
+}
+
+const char* get(const char* name) {
+  find(name);
+  return std::getenv(name);
+}
+
+bool enabled(const char* name) {
+  const char* v = get(name);
+  return v && std::string(v) == "1";
+}
+
+bool notDisabled(const char* name) {
+  const char* v = get(name);
+  return !(v && std::string(v) == "0");
+}
+
+int64_t positiveInt(const char* name, int64_t dflt) {
+  const char* v = get(name);
+  if (!v || !*v) return dflt;
+  char* end = nullptr;
+  const long long x = std::strtoll(v, &end, 10);
+  if (*end || x <= 0) throw std::invalid_argument(std::string(name) + "='" + v + "' must be a positive integer");
+  return x;
+}
+
+int64_t bytes(const char* name) {
+  const char* v = get(name);
+  if (!v || !*v) return 0;
+  char* end = nullptr;
+  const double x = std::strtod(v, &end);
+  int64_t mult = 1;
+  if (*end == 'K' || *end == 'k') mult = int64_t{1} << 10;
+  if (*end == 'M' || *end == 'm') mult = int64_t{1} << 20;
+  if (*end == 'G' || *end == 'g') mult = int64_t{1} << 30;
+  if (x <= 0) throw std::invalid_argument(std::string(name) + "='" + v + "' must be a positive size");
+  return static_cast<int64_t>(x * static_cast<double>(mult));
+}
+
+std::vector<std::string> list(const char* name) {
+  std::vector<std::string> out;
+  const char* v = get(name);
+  if (!v) return out;
+  const std::string s(v);
+  size_t start = 0;
+  while (start <= s.size()) {
+    size_t end = s.find(',', start);
+    if (end == std::string::npos) end = s.size();
+    if (end > start) out.push_back(s.substr(start, end - start));
+    start = end + 1;
+  }
+  return out;
+}
+
+}  // namespace tpu::env
