@@ -105,14 +105,14 @@ int64_t bytes(const char* name) {
   return static_cast<int64_t>(x * static_cast<double>(mult));
 }
 
-std::vector<std::string> list(const char* name) {
+std::vector<std::string> list(const char* name, char sep) {
   std::vector<std::string> out;
   const char* v = get(name);
   if (!v) return out;
   const std::string s(v);
   size_t start = 0;
   while (start <= s.size()) {
-    size_t end = s.find(',', start);
+    size_t end = s.find(sep, start);
     if (end == std::string::npos) end = s.size();
     if (end > start) out.push_back(s.substr(start, end - start));
     start = end + 1;

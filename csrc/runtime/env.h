@@ -39,7 +39,7 @@ int64_t positiveInt(const char* name, int64_t dflt);
 // A size in bytes, with an optional K/M/G suffix; 0 when unset;
 // std::invalid_argument on a malformed or non-positive value.
 int64_t bytes(const char* name);
-// A comma-separated list (empty items dropped).
-std::vector<std::string> list(const char* name);
+// A list separated by `sep` (empty items dropped).
+std::vector<std::string> list(const char* name, char sep = ',');
 
 }  // namespace tpu::env

@@ -164,17 +164,7 @@ Runtime& Runtime::get() {
 }
 
 Runtime::Runtime() {
-  std::vector<std::string> dirs;
-  if (const char* p = env::get("TORCH_TPU_PLUGIN_PATH")) {
-    std::string s(p);
-    size_t start = 0;
-    while (start <= s.size()) {
-      size_t end = s.find(':', start);
-      if (end == std::string::npos) end = s.size();
-      if (end > start) dirs.push_back(s.substr(start, end - start));
-      start = end + 1;
-    }
-  }
+  std::vector<std::string> dirs = env::list("TORCH_TPU_PLUGIN_PATH", ':');
   for (const auto& d : searchDirs()) dirs.push_back(d);
   const char* name = env::get("TORCH_TPU_PLUGIN");
   std::string path = pjrt::resolvePluginPath(name ? name : "", dirs);

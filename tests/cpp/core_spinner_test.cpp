@@ -10,7 +10,10 @@
 #include <stdexcept>
 #include <thread>
 
+#include "runtime/plugin.h"
+
 using tpu::plugins::cpu::CoreSpinner;
+using tpu::runtime::LaunchScope;
 using namespace std::chrono_literals;
 
 namespace {
@@ -32,6 +35,16 @@ struct FakeEvent {
     if (fail) throw std::runtime_error("PJRT_Event_OnReady failed");
     cb = std::move(fn);
   }
+};
+
+// Launch hooks that drive a spinner, as the CPU plugin's support does.
+struct SpinnerHooks final : tpu::runtime::PluginSupport {
+  explicit SpinnerHooks(CoreSpinner& s) : spinner(s) {}
+  const char* name() const override { return "test"; }
+  bool wantsLaunchHooks() const override { return true; }
+  void launchBegin() override { spinner.begin(); }
+  void launchEnd() override { spinner.end(); }
+  CoreSpinner& spinner;
 };
 
 // Spinners need SCHED_IDLE; where the system refuses it they do not run.
@@ -73,9 +86,10 @@ TEST(CoreSpinner, YieldsItsCoreWhileSpinningOnly) {
 
 TEST(CoreSpinner, AsyncLaunchEndsWhenItsEventFires) {
   CoreSpinner s(1, 1ms);
+  SpinnerHooks hooks(s);
   FakeEvent ev;
   {
-    CoreSpinner::InFlight launch(&s);
+    LaunchScope launch(&hooks);
     launch.endWhenReady(ev);
   }
   EXPECT_EQ(s.inFlight(), 1);  // the launch outlives its guard
@@ -86,9 +100,10 @@ TEST(CoreSpinner, AsyncLaunchEndsWhenItsEventFires) {
 
 TEST(CoreSpinner, LaunchEndsWhenItFails) {
   CoreSpinner s(1, 1ms);
+  SpinnerHooks hooks(s);
   EXPECT_THROW(
       {
-        CoreSpinner::InFlight launch(&s);
+        LaunchScope launch(&hooks);
         throw std::runtime_error("PJRT_LoadedExecutable_Execute failed");
       },
       std::runtime_error);
@@ -96,12 +111,12 @@ TEST(CoreSpinner, LaunchEndsWhenItFails) {
   FakeEvent bad{{}, true};
   EXPECT_THROW(
       {
-        CoreSpinner::InFlight launch(&s);
+        LaunchScope launch(&hooks);
         launch.endWhenReady(bad);
       },
       std::runtime_error);
   EXPECT_EQ(s.inFlight(), 0);
-  CoreSpinner::InFlight none(nullptr);  // no spinner (another plugin): nothing to count
+  LaunchScope none(nullptr);  // no hooks (another plugin): nothing to count
   none.endWhenReady(bad);
 }
 

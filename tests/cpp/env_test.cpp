@@ -92,6 +92,10 @@ TEST(Env, NumbersSizesAndLists) {
     ScopedEnv e("TORCH_TPU_DISABLE_LOWERINGS", "add,,linalg_det,");
     EXPECT_EQ(env::list("TORCH_TPU_DISABLE_LOWERINGS"), (std::vector<std::string>{"add", "linalg_det"}));
   }
+  {
+    ScopedEnv e("TORCH_TPU_PLUGIN_PATH", "/a::/b/c");
+    EXPECT_EQ(env::list("TORCH_TPU_PLUGIN_PATH", ':'), (std::vector<std::string>{"/a", "/b/c"}));
+  }
 }
 
 }  // namespace

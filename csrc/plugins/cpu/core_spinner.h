@@ -39,30 +39,6 @@ class CoreSpinner {
   void begin();
   void end();
 
-  // One launch in flight, from construction until destruction, or until the
-  // completion event it is handed to fires.
-  class InFlight {
-   public:
-    explicit InFlight(CoreSpinner* s) : s_(s) {
-      if (s_) s_->begin();
-    }
-    ~InFlight() {
-      if (s_) s_->end();
-    }
-    InFlight(const InFlight&) = delete;
-    InFlight& operator=(const InFlight&) = delete;
-    // Ends the launch when `event` is ready instead (an async launch).
-    template <typename Event>
-    void endWhenReady(const Event& event) {
-      if (!s_) return;
-      event.onReady([s = s_] { s->end(); });
-      s_ = nullptr;  // after: if onReady throws, the destructor still ends it
-    }
-
-   private:
-    CoreSpinner* s_;
-  };
-
   // Spinners that run at SCHED_IDLE (for tests and metrics).
   int activeThreads() const { return active_.load(); }
   // Spinners asleep now (tests: all of them, once idle past the linger).
