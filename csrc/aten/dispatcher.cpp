@@ -181,14 +181,6 @@ std::string unsupportedArguments(const std::string& base, const std::vector<IVal
   return "";
 }
 
-// Runs the planned op in the mode in force; returns why it cannot run on tpu.
-std::optional<std::string> runInMode(PlannedOp& p) {
-  auto& fusion = runtime::Fusion::get();
-  if (fusion.enabled() && !p.low->data_dependent) return eager::runFused(p);
-  if (fusion.enabled()) fusion.flush(p.device);  // data-dependent: what is pending runs first
-  return eager::runStrict(p);
-}
-
 void boxedKernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const auto& schema = op.schema();
   if (schema.name().rfind("aten::", 0) != 0) return cpuFallback(op, stack, "");
@@ -211,9 +203,14 @@ void boxedKernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   p.foreach_expand = foreach_expand;
   p.base = base;
   p.key = signature(op, p.args, low);
+  // The mode: fused eager when it is on, unless the op's result sizes depend
+  // on data (then what is pending runs first, and the op runs strict).
+  auto& fusion = runtime::Fusion::get();
+  const bool fused = fusion.enabled() && !low->data_dependent;
+  if (fusion.enabled() && !fused) fusion.flush(p.device);
   std::optional<std::string> why;
   try {
-    why = runInMode(p);
+    why = fused ? eager::runFused(p) : eager::runStrict(p);
   } catch (const c10::Error&) {
     throw;
   } catch (const std::exception& e) {
