@@ -77,6 +77,8 @@ struct CapturedHandle {
   std::shared_ptr<compile::CapturedGraph> g;
 };
 
+// The module's table of entry points, one binding each: long by nature, and
+// each binding is a line or a few.
 PYBIND11_MODULE(_C, m) {
   plugins::cpu::useTorchBlas();
   m.def("_set_search_dirs", [](std::vector<std::string> dirs) { runtime::Runtime::setSearchDirs(std::move(dirs)); });
