@@ -317,6 +317,8 @@ def machine_info():
                     break
     except OSError:
         pass
+    from torch_tpu import _env
+
     return {"host": platform.node(), "platform": platform.platform(), "cpu": cpu,
             "cores": os.cpu_count(), "python": platform.python_version(),
-            "torch": torch.__version__, "plugin": os.environ.get("TORCH_TPU_PLUGIN", "default")}
+            "torch": torch.__version__, "plugin": _env.get("TORCH_TPU_PLUGIN", "default")}
