@@ -496,6 +496,10 @@ uint64_t TpuGenerator::seed() {
   return s;
 }
 void TpuGenerator::set_state(const c10::TensorImpl& new_state) {
+  // As the CPU and CUDA generators: a CPU ByteTensor (TypeError otherwise), so
+  // a state moved to the device (a checkpoint loaded with map_location="tpu")
+  // is refused instead of read as the bytes of a device handle.
+  at::detail::check_rng_state(new_state);
   TORCH_CHECK(new_state.numel() == 16 && new_state.dtype() == caffe2::TypeMeta::Make<uint8_t>(),
               "torch_tpu: an RNG state is a uint8 tensor of 16 bytes (seed, offset), got ", new_state.numel(),
               " elements");

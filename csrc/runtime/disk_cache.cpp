@@ -87,18 +87,33 @@ std::string DiskCache::pathOf(const std::string& key) const { return dir_ + "/" 
 std::optional<std::string> DiskCache::load(const std::string& key) {
   if (!enabled()) return std::nullopt;
   std::string path = pathOf(key);
-  std::ifstream f(path, std::ios::binary);
-  if (!f) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) {
     stats_.misses++;
     return std::nullopt;
   }
-  std::string data((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  if (!S_ISREG(st.st_mode)) {  // a directory or device in an entry's place: corrupt, and not ours to remove
+    stats_.corrupt++;
+    stats_.misses++;
+    return std::nullopt;
+  }
   auto bad = [&]() -> std::optional<std::string> {
     stats_.corrupt++;
     stats_.misses++;
     ::unlink(path.c_str());
     return std::nullopt;
   };
+  std::ifstream f(path, std::ios::binary);
+  if (!f) {
+    stats_.misses++;
+    return std::nullopt;
+  }
+  std::string data;
+  try {
+    data.assign(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
+  } catch (const std::exception&) {  // a read error (libstdc++ throws from underflow)
+    return bad();
+  }
   if (data.size() < kHeader + kTrailer || std::memcmp(data.data(), kMagic, sizeof kMagic) != 0) return bad();
   if (data.compare(sizeof kMagic, 32, key) != 0) return bad();
   uint64_t n;

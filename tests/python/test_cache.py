@@ -67,6 +67,17 @@ def test_corrupt_truncated_and_foreign_entries_are_recompiled(tmp_path):
     assert third["compiles"] == 0
 
 
+def test_an_entry_replaced_by_a_directory_is_corrupt_not_an_error(tmp_path):
+    first = run(tmp_path)
+    files = sorted(glob.glob(str(tmp_path / "*.xla")))
+    os.remove(files[0])
+    os.makedirs(os.path.join(files[0], "inside"))  # a directory, not empty, where an entry was
+    second = run(tmp_path)
+    assert second["compiles"] == 1 and second["disk_hits"] == first["compiles"] - 1
+    assert second["disk"]["corrupt"] == 1
+    assert os.path.isdir(os.path.join(files[0], "inside"))  # left alone: not a file of ours
+
+
 def test_cache_can_be_disabled(tmp_path):
     env_dir = "off"
     r = run(env_dir)

@@ -159,6 +159,19 @@ def test_rng_state_round_trip():
     assert len(torch.tpu.get_rng_state_all()) == torch.tpu.device_count()
 
 
+def test_rng_state_must_be_a_cpu_byte_tensor_as_on_cuda():
+    torch.tpu.manual_seed(7)
+    state = torch.tpu.get_rng_state()
+    expected = torch.rand(4, device="tpu").cpu()
+    for bad in (state.to("tpu"), state.float()):  # a checkpoint loaded with map_location="tpu"; a wrong dtype
+        torch.tpu.set_rng_state(state)
+        with pytest.raises(TypeError, match="RNG state must be a torch.ByteTensor"):
+            torch.tpu.set_rng_state(bad)
+        assert torch.equal(torch.rand(4, device="tpu").cpu(), expected)  # the state is unchanged
+    with pytest.raises(TypeError, match="RNG state must be a torch.ByteTensor"):
+        torch.Generator(device="tpu").set_state(state.to("tpu"))
+
+
 def test_rng_state_round_trip_dropout():
     x = torch.ones(64, 64, device="tpu")
     state = torch.tpu.get_rng_state()
