@@ -209,10 +209,20 @@ class Stream(torch.Stream):
         return super().__new__(cls, device=torch.device("tpu", _index(device)), priority=priority)
 
 
-class Event(torch.Event):
+class _EventType(type):
+    # Every torch.Event on a tpu device counts as a torch.tpu.Event.
+    def __instancecheck__(cls, obj):
+        return isinstance(obj, torch.Event) and obj.device.type == "tpu"
+
+
+class Event(torch.Event, metaclass=_EventType):
+    """torch.cuda.Event's counterpart. It makes a plain torch.Event on the current tpu device: the
+    methods of torch.Event that take another event (elapsed_time) accept exactly that type, not a
+    subclass, so events made here and by torch.Event(device="tpu") mix freely."""
+
     def __new__(cls, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False):
-        return super().__new__(cls, device=torch.device("tpu", current_device()), enable_timing=enable_timing,
-                               blocking=blocking, interprocess=interprocess)
+        return torch.Event(device=torch.device("tpu", current_device()), enable_timing=enable_timing,
+                           blocking=blocking, interprocess=interprocess)
 
 
 def current_stream(device: _DeviceLike = None) -> torch.Stream:

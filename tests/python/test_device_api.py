@@ -327,6 +327,20 @@ def test_stream_and_event():
     assert y[0, 0].item() == 3.0
 
 
+def test_event_elapsed_time_between_tpu_events():
+    start, end = torch.tpu.Event(enable_timing=True), torch.tpu.Event(enable_timing=True)
+    plain = torch.Event(device="tpu", enable_timing=True)
+    assert isinstance(start, torch.tpu.Event) and isinstance(plain, torch.tpu.Event)
+    assert not isinstance(torch.Event(device="cpu"), torch.tpu.Event)
+    start.record()
+    (torch.ones(256, 256, device="tpu") * 2).sum().item()
+    end.record()
+    plain.record()
+    end.synchronize()
+    assert start.elapsed_time(end) >= 0.0
+    assert start.elapsed_time(plain) >= start.elapsed_time(end)
+
+
 def test_accelerator_stream_api():
     s = torch.accelerator.current_stream()
     assert s.device.type == "tpu"
