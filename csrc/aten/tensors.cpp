@@ -157,9 +157,27 @@ at::Scalar local_scalar_dense(const at::Tensor& self) {
   return host.item();
 }
 
+// Whether `param.data = other` may swap a tensor's contents for `other`'s
+// (Variable::set_data asks). PyTorch allows it between its built-in dense
+// backends (CPU, CUDA, XPU, ...) but not PrivateUse1, so `p.data = p.to("tpu")`
+// failed where it works for cuda (FSDP2's _move_states_to_device does it).
+// Here tpu counts as one of the dense backends; the rest is PyTorch's rule.
+bool has_compatible_shallow_copy_type(const at::Tensor& self, const at::Tensor& from) {
+  auto dense = [](const at::Tensor& t) {
+    const c10::DispatchKeySet ks = t.key_set();
+    constexpr auto backends = c10::DispatchKeySet({c10::BackendComponent::CPUBit, c10::BackendComponent::CUDABit,
+                                                   c10::BackendComponent::MPSBit, c10::BackendComponent::HIPBit,
+                                                   c10::BackendComponent::XPUBit, c10::BackendComponent::HPUBit,
+                                                   c10::BackendComponent::PrivateUse1Bit});
+    return ks.has_any(c10::DispatchKeySet(c10::DispatchKey::Dense)) && ks.has_any(backends);
+  };
+  return self.unsafeGetTensorImpl()->has_compatible_shallow_copy_type(from.key_set()) || (dense(self) && dense(from));
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  m.impl("_has_compatible_shallow_copy_type", has_compatible_shallow_copy_type);
   m.impl("empty.memory_format", empty_memory_format);
   m.impl("empty_strided", empty_strided);
   m.impl("resize_", resize_);

@@ -647,3 +647,25 @@ def test_fills_reuse_kept_results_and_in_place_updates_do_not_leak():
     if not fused:
         assert torch_tpu.metrics()["executions"] - e0 == 1
     torch.testing.assert_close(z.cpu(), torch.zeros(big))
+
+
+def test_param_data_moves_between_cpu_and_tpu_as_on_cuda():
+    # FSDP2's _move_states_to_device does `param.data = param.to(device)`; Module.to keeps the
+    # Parameter objects (an optimizer made before .to() still holds the model's parameters).
+    p = torch.nn.Parameter(torch.arange(3.0))
+    p.data = p.to("tpu")
+    assert p.device.type == "tpu" and isinstance(p, torch.nn.Parameter) and p.requires_grad
+    (p * 2).sum().backward()
+    assert p.grad.device.type == "tpu" and p.grad.cpu().tolist() == [2.0, 2.0, 2.0]
+    p.data = p.data.cpu()
+    assert p.device.type == "cpu" and p.tolist() == [0.0, 1.0, 2.0]
+    m = torch.nn.Linear(4, 2)
+    weight = m.weight
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    m.to("tpu")
+    assert m.weight is weight and m.weight.device.type == "tpu"
+    m(torch.ones(1, 4, device="tpu")).sum().backward()
+    opt.step()
+    assert m.weight.device.type == "tpu"
+    with pytest.raises(RuntimeError, match="incompatible tensor type"):
+        p.data = torch.ones(3, device="meta")
