@@ -1,11 +1,14 @@
 """Keeps PyTorch's module semantics on the tpu device where PyTorch's own
 code assumes a built-in device.
 
-``Module.to("tpu")`` cannot swap ``param.data`` in place (PyTorch allows that
-only between its built-in dense backends), so it creates new Parameter
-objects, one per module that holds the parameter: weights tied between
-modules (an embedding and an LM head) would come apart. The wrapper below
-restores the sharing that existed before the conversion.
+``Module.to("tpu")`` swaps ``param.data`` in place, as for cuda, since tpu
+counts as a dense backend for ``_has_compatible_shallow_copy_type``
+(csrc/aten/tensors.cpp). Where a conversion still makes new Parameter
+objects, one per module that holds the parameter
+(``torch.__future__.set_overwrite_module_params_on_conversion(True)``, or a
+swap PyTorch refuses), weights tied between modules (an embedding and an LM
+head) would come apart: the wrapper below restores the sharing that existed
+before the conversion.
 """
 
 from __future__ import annotations
