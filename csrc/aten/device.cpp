@@ -168,11 +168,9 @@ c10::DeviceIndex currentDevice() { return t_current; }
 
 void checkDeviceIndex(c10::DeviceIndex d) {
   int n = rt().deviceCount();
-  TORCH_CHECK(
-      d >= 0 && d<n, "Invalid device tpu:", static_cast<int>(d), ": torch_tpu has ", n, " device(s) (tpu:0", n> 1
-          ? " to tpu:" + std::to_string(n - 1)
-          : std::string(),
-      "). TORCH_TPU_CPU_DEVICES sets how many the CPU plugin exposes.");
+  const std::string last = n > 1 ? " to tpu:" + std::to_string(n - 1) : std::string();
+  TORCH_CHECK(d >= 0 && d < n, "Invalid device tpu:", static_cast<int>(d), ": torch_tpu has ", n, " device(s) (tpu:0",
+              last, "). TORCH_TPU_CPU_DEVICES sets how many the CPU plugin exposes.");
 }
 
 // ---------------------------------------------------------------- allocator
