@@ -21,6 +21,8 @@ import torch_tpu  # noqa: E402,F401
 def sync(device: str) -> None:
     if device.startswith("tpu"):
         torch.tpu.synchronize()
+    elif device.startswith("cuda"):
+        torch.cuda.synchronize()
 
 
 def time_per_call(fn, device: str, warmup: int = 5, iters: int = 50, repeats: int = 5) -> float:
@@ -85,7 +87,11 @@ def provenance() -> dict:
                     break
     except OSError:
         pass
+    gpu = {}
+    if torch.cuda.is_available():
+        gpu = {"gpu": torch.cuda.get_device_name(0), "cuda": torch.version.cuda}
     return {
+        **gpu,
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "machine": f"{cpu}, {os.cpu_count()} cores",
         "commit": commit,
@@ -96,5 +102,6 @@ def provenance() -> dict:
 
 def provenance_lines(prov: dict) -> list:
     """The run's provenance as markdown list items, for the docs the benchmarks write."""
-    return [f"- date: {prov['date']}", f"- machine: {prov['machine']}", f"- commit: {prov['commit']}",
+    gpu = [f"- GPU: {prov['gpu']} (CUDA {prov['cuda']})"] if "gpu" in prov else []
+    return [f"- date: {prov['date']}", f"- machine: {prov['machine']}", *gpu, f"- commit: {prov['commit']}",
             f"- torch {prov['torch']}, PJRT plugin {prov['plugin']}"]

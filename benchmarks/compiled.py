@@ -1,12 +1,12 @@
 #!/usr/bin/env python3
 """torch.compile(backend="tpu") against strict eager, fused eager, PyTorch's CPU eager and
-torch.compile with inductor on the CPU, in one run: the GPT training step (model and
+torch.compile with inductor on the CPU (or, with --ref cuda, PyTorch's CUDA device), in one run: the GPT training step (model and
 optimizer step compiled; AdamW(capturable=True) for the tpu backend) and GPT inference (a
 forward pass). Every configuration is set up and warmed up first (the first call's time is
 reported: it compiles, or loads from the disk cache); then the configurations are timed in
 turns, several rounds, and each reports its median.
 
-    python benchmarks/compiled.py [--steps 20] [--rounds 5] [--json out.json]
+    python benchmarks/compiled.py [--steps 20] [--rounds 5] [--ref cpu|cuda] [--json out.json]
 """
 
 from __future__ import annotations
@@ -28,7 +28,8 @@ from torch_tpu.models import GPT
 
 def setup(device, compiled, tok, tokens, args):
     torch.manual_seed(0)
-    model = GPT(tok.vocab_size, block_size=args.block, n_layer=2, n_head=4, n_embd=64, dropout=0.0).to(device)
+    model = GPT(tok.vocab_size, block_size=args.block, n_layer=args.n_layer, n_head=args.n_head, n_embd=args.n_embd,
+                dropout=0.0).to(device)
     # A compiled optimizer step keeps its step counts on the device (capturable), so the
     # graph has no CPU values and its program replays.
     capturable = compiled == "tpu"
@@ -83,13 +84,17 @@ def infer(device, mode, compiled, tok, tokens, args):
     return step, first
 
 
-CONFIGS = [
-    ("tpu strict eager", "tpu", "strict", None),
-    ("tpu fused eager", "tpu", "fused", None),
-    ("tpu torch.compile(backend='tpu')", "tpu", "strict", "tpu"),
-    ("CPU eager", "cpu", "strict", None),
-    ("CPU torch.compile (inductor)", "cpu", "strict", "inductor"),
-]
+def configs(ref: str = "cpu") -> list:
+    """(name, device, mode, compile backend): tpu's three modes, then the reference device's
+    eager and inductor. The compiled tpu entry is third and inductor last (the ratios use them)."""
+    label = ref.upper()
+    return [
+        ("tpu strict eager", "tpu", "strict", None),
+        ("tpu fused eager", "tpu", "fused", None),
+        ("tpu torch.compile(backend='tpu')", "tpu", "strict", "tpu"),
+        (f"{label} eager", ref, "strict", None),
+        (f"{label} torch.compile (inductor)", ref, "strict", "inductor"),
+    ]
 
 
 def add_run_args(ap: argparse.ArgumentParser) -> None:
@@ -101,19 +106,27 @@ def add_run_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--warmup", type=int, default=10)
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--block", type=int, default=64)
+    ap.add_argument("--n-layer", type=int, default=2)
+    ap.add_argument("--n-head", type=int, default=4)
+    ap.add_argument("--n-embd", type=int, default=64)
+    ap.add_argument("--ref", default="cpu", help="the device PyTorch itself runs on, next to tpu: cpu or cuda")
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser()
     add_run_args(ap)
+    ap.add_argument("--task", choices=("train", "infer", "both"), default="both")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
+    CONFIGS = configs(args.ref)
     text = load_corpus()
     tok = CharTokenizer(text)
     tokens = tok.encode_tensor(text)
     torch._dynamo.reset()
     rows, ratios = [], {}
-    for task, fn in (("GPT training step", train), ("GPT inference (forward)", infer)):
+    tasks = [("GPT training step", train), ("GPT inference (forward)", infer)]
+    tasks = [t for t in tasks if args.task == "both" or t[1].__name__ == args.task]
+    for task, fn in tasks:
         runs, firsts, errors = {}, {}, {}
         for name, device, mode, compiled in CONFIGS:
             try:
@@ -140,6 +153,7 @@ def main(argv=None):
             for other, rs in ratios[task].items():
                 print(f"{task}: compiled / {other} {rs['ratio']:.2f}x (rounds {rs['low']:.2f}-{rs['high']:.2f}x)")
     out = {"provenance": provenance(), "rows": rows, "ratios": ratios, "steps": args.steps, "rounds": args.rounds,
+           "model": {k: getattr(args, k) for k in ("n_layer", "n_head", "n_embd", "batch", "block")},
            "graphs": torch_tpu.compiled_graphs()}
     if args.json:
         with open(args.json, "w") as f:

@@ -319,29 +319,26 @@ std::unique_ptr<Client> Client::create(std::shared_ptr<Api> api, int cpu_device_
   std::unique_ptr<Client> c(new Client());
   c->api_ = std::move(api);
   const PJRT_Api* raw = c->api_->raw();
-  // The CPU plugin takes int64 options; other plugins ignore unknown ones
-  // poorly, so they are passed only when the path names the CPU plugin.
+  // Plugins reject option names they do not know, so each gets only its own:
+  // the CPU plugin its device count and asynchronous dispatch; the GPU plugin
+  // a growing allocator instead of taking 75% of the card at start, so that
+  // several processes (and PyTorch's own CUDA allocator) can share one GPU.
   std::vector<PJRT_NamedValue> opts;
-  const bool is_cpu = c->api_->path().find("cpu") != std::string::npos;
-  static const char kCount[] = "cpu_device_count";
-  static const char kAsync[] = "asynchronous";
-  if (is_cpu) {
+  const std::string& path = c->api_->path();
+  const auto named = [&opts](const char* name, PJRT_NamedValue_Type type) -> PJRT_NamedValue& {
     PJRT_NamedValue n{};
     n.struct_size = sizeof(PJRT_NamedValue);
-    n.name = kCount;
-    n.name_size = sizeof(kCount) - 1;
-    n.type = PJRT_NamedValue_kInt64;
-    n.int64_value = cpu_device_count;
+    n.name = name;
+    n.name_size = std::strlen(name);
+    n.type = type;
     n.value_size = 1;
-    opts.push_back(n);
-    PJRT_NamedValue a{};
-    a.struct_size = sizeof(PJRT_NamedValue);
-    a.name = kAsync;
-    a.name_size = sizeof(kAsync) - 1;
-    a.type = PJRT_NamedValue_kBool;
-    a.bool_value = true;
-    a.value_size = 1;
-    opts.push_back(a);
+    return opts.emplace_back(n);
+  };
+  if (path.find("cpu") != std::string::npos) {
+    named("cpu_device_count", PJRT_NamedValue_kInt64).int64_value = cpu_device_count;
+    named("asynchronous", PJRT_NamedValue_kBool).bool_value = true;
+  } else if (path.find("cuda") != std::string::npos || path.find("gpu") != std::string::npos) {
+    named("preallocate", PJRT_NamedValue_kBool).bool_value = false;
   }
   auto args = makeArgs<PJRT_Client_Create_Args>();
   args.create_options = opts.data();
