@@ -131,6 +131,7 @@ def main(argv=None):
         for name, device, mode, compiled in CONFIGS:
             try:
                 step, firsts[name] = fn(device, mode, compiled, tok, tokens, args)
+                print(f"ready: {task}, {name}, first call {firsts[name]:.1f} s", flush=True)
                 runs[name] = (step, lambda m=mode: torch_tpu.mode(m), device)
             except Exception as e:  # noqa: BLE001 - a failing configuration is reported, not fatal
                 errors[name] = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"

@@ -90,6 +90,7 @@ def main(argv=None):
     for name, device, mode, backend in cfgs:
         try:
             call, firsts[name], outputs[name] = build(base, device, mode, backend, args)
+            print(f"ready: {name}, first call {firsts[name]:.1f} s", flush=True)
             runs[name] = (call, contextlib.nullcontext, device)
         except Exception as e:  # noqa: BLE001 - a failing configuration is reported, not fatal
             errors[name] = f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"

@@ -6,14 +6,17 @@
 #       side by side: per-op overhead, the GPT training step, Hugging Face generation;
 #   (d) write every log, JSON and a summary under OUT_DIR.
 #
-#   bash scripts/gpu_check.sh OUT_DIR            # on the GPU machine
+#   bash scripts/gpu_check.sh OUT_DIR                    # on the GPU machine
 #   TORCH_TPU_PLUGIN=cpu PYTHON=.venv/bin/python bash scripts/gpu_check.sh OUT_DIR   # dry run here
-#   bash scripts/gpu_check.sh --bundle           # here: put what the GPU machine lacks in .gpu_bundle/
+#   bash scripts/gpu_check.sh --bundle                   # here: what the GPU machine lacks, in .gpu_bundle/
+# Options after OUT_DIR: --ref cpu|cuda (PyTorch's device to compare with; default cuda with the
+# cuda plugin, else cpu), --small (small models; the default with --ref cpu), --budget SECONDS
+# (default 480: each step gets at most what is left, and a step that runs out is reported as
+# such, not hung on), --workers N (pytest-xdist workers for the tests, default 8).
 #
 # The GPU machine has no network: the PJRT C API header (from the xla-cpu-pjrt wheel) must
 # travel with the tree; --bundle copies it into .gpu_bundle/ (git-ignored), which this script
-# finds there. TORCH_TPU_GPU_BUDGET (seconds, default 480) caps the whole run: each step gets
-# at most what is left, and a step that runs out is reported as such, not hung on.
+# finds there.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
@@ -26,15 +29,29 @@ if [ "${1:-}" = "--bundle" ]; then
   exit 0
 fi
 
-OUT=${1:?usage: gpu_check.sh OUT_DIR | --bundle}
+OUT=${1:?usage: gpu_check.sh OUT_DIR [--ref cpu|cuda] [--small] [--budget SECONDS] [--workers N] | --bundle}
+shift
+export TORCH_TPU_PLUGIN=${TORCH_TPU_PLUGIN:-cuda}
+REF=$([ "$TORCH_TPU_PLUGIN" = cuda ] && echo cuda || echo cpu)
+BUDGET=480
+SMALL=""
+WORKERS=8
+while [ $# -gt 0 ]; do
+  case $1 in
+    --ref) REF=$2; shift 2 ;;
+    --small) SMALL=1; shift ;;
+    --budget) BUDGET=$2; shift 2 ;;
+    --workers) WORKERS=$2; shift 2 ;;
+    *) echo "gpu_check: unknown option $1" >&2; exit 2 ;;
+  esac
+done
+[ -z "$SMALL" ] && SMALL=$([ "$REF" = cpu ] && echo 1 || echo 0)
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
-export TORCH_TPU_PLUGIN=${TORCH_TPU_PLUGIN:-cuda}
-REF=${TORCH_TPU_GPU_REF:-$([ "$TORCH_TPU_PLUGIN" = cuda ] && echo cuda || echo cpu)}
-BUDGET=${TORCH_TPU_GPU_BUDGET:-480}
-SMALL=${TORCH_TPU_GPU_SMALL:-$([ "$REF" = cpu ] && echo 1 || echo 0)}
-# Executables compiled in this run stay in this run: no stale cache from another machine.
-export TORCH_TPU_CACHE_DIR="$OUT/cache"
+# Executables compiled in this run stay in this run (no stale cache from another machine),
+# outside OUT so that OUT holds only what is worth reading.
+export TORCH_TPU_CACHE_DIR
+TORCH_TPU_CACHE_DIR=$(mktemp -d)
 export PYTHONUNBUFFERED=1
 START=$(date +%s)
 SUMMARY="$OUT/summary.md"
@@ -55,11 +72,13 @@ step() {
     return 99
   fi
   t0=$(date +%s)
-  timeout --kill-after=10 "$limit" "$@" >"$OUT/$name.log" 2>&1
+  # Through bash, so that CMD may be one of the functions exported below.
+  # SIGINT first: pytest then still reports what ran and writes its XML.
+  timeout -s INT --kill-after=20 "$limit" bash -c '"$@"' _ "$@" >"$OUT/$name.log" 2>&1
   rc=$?
   local verdict="ok"
   [ $rc -ne 0 ] && verdict="FAILED (exit $rc)"
-  [ $rc -eq 124 ] || [ $rc -eq 137 ] && verdict="TIMED OUT after ${limit}s"
+  [ $rc -eq 124 ] || [ $rc -eq 137 ] || [ $rc -eq 130 ] && verdict="TIMED OUT after ${limit}s"
   note "- $name: $verdict, $(($(date +%s) - t0)) s"
   return $rc
 }
@@ -82,7 +101,7 @@ sed 's/^/    /' "$OUT/facts.txt" >>"$SUMMARY"
 # ---- (a) build
 PJRT_INC=${PJRT_INCLUDE_DIR:-}
 [ -z "$PJRT_INC" ] && [ -f .gpu_bundle/include/pjrt_c_api.h ] && PJRT_INC=$ROOT/.gpu_bundle/include
-BUILD=${TORCH_TPU_GPU_BUILD:-build-gpu}
+BUILD=build-gpu
 PATH="$(dirname "$(command -v "$PY")"):$PATH"
 # Configured here (the header's folder), then installed editable as users do, offline: the
 # install registers the torch.compile backend and the device's autoload entry points.
@@ -92,6 +111,8 @@ build() {
     cmake --build "$BUILD" -j "$(nproc)" &&
     TORCH_TPU_BUILD_DIR="$ROOT/$BUILD" "$PY" -m pip install -q --no-build-isolation --no-deps --no-index -e .
 }
+export -f build
+export PY ROOT BUILD PJRT_INC PATH
 if ! step build 300 build; then
   tail -30 "$OUT/build.log" >>"$SUMMARY"
   exit 1
@@ -110,6 +131,7 @@ print("platform", torch_tpu._C._platform(), "plugin", torch_tpu._C._plugin_path(
 print("devices", torch.tpu.device_count(), torch.tpu.get_device_name(0))
 EOF
 }
+export -f smoke
 if ! step smoke 120 smoke; then
   tail -30 "$OUT/smoke.log" >>"$SUMMARY"
   exit 1
@@ -123,7 +145,7 @@ if [ "$SMALL" = 1 ]; then
   GEN="--hidden 64 --layers 2 --new-tokens 8 --rounds 2"
 else
   GPT="--n-layer 6 --n-head 8 --n-embd 512 --batch 32 --block 256 --steps 20 --rounds 3 --warmup 3"
-  GEN="--vocab 32000 --hidden 1024 --layers 8 --heads 16 --batch 8 --prompt 64 --new-tokens 64 --rounds 3"
+  GEN="--vocab 32000 --hidden 1024 --layers 8 --heads 16 --batch 8 --prompt 32 --new-tokens 32 --rounds 3"
 fi
 step op_overhead 60 "$PY" op_overhead.py --ref "$REF" --iters 100 --json "$OUT/op_overhead.json"
 # shellcheck disable=SC2086
@@ -134,13 +156,13 @@ cd "$ROOT"
 
 # ---- (b) the tests, on the plugin, compared with PyTorch on the CPU as always
 TESTS=(tests/python/test_ops.py tests/python/test_views.py tests/python/test_autograd.py tests/python/test_modes.py
-  tests/python/test_compile.py tests/python/test_huggingface.py tests/python/test_models.py)
+  tests/python/test_models.py tests/python/test_huggingface.py tests/python/test_compile.py)
 XDIST=()
-"$PY" -c "import xdist" 2>/dev/null && XDIST=(-n "${TORCH_TPU_GPU_TEST_WORKERS:-8}")
+"$PY" -c "import xdist" 2>/dev/null && XDIST=(-n "$WORKERS")
 step tests 300 "$PY" -m pytest -q -m "not slow" -p no:cacheprovider "${XDIST[@]}" \
   --junitxml="$OUT/tests.xml" -rfE "${TESTS[@]}"
-grep -E "passed|failed|error" "$OUT/tests.log" | tail -1 | sed 's/^/    /' >>"$SUMMARY"
-grep -E "^(FAILED|ERROR) " "$OUT/tests.log" | head -40 | sed 's/^/    /' >>"$SUMMARY"
+grep -E "passed|failed|error" "$OUT/tests.log" 2>/dev/null | tail -1 | sed 's/^/    /' >>"$SUMMARY"
+grep -E "^(FAILED|ERROR) " "$OUT/tests.log" 2>/dev/null | head -40 | sed 's/^/    /' >>"$SUMMARY"
 
 # ---- (d) the tables
 "$PY" benchmarks/gpu_report.py "$OUT" >>"$SUMMARY" 2>&1
