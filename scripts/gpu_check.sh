@@ -132,9 +132,9 @@ print("devices", torch.tpu.device_count(), torch.tpu.get_device_name(0))
 EOF
 }
 export -f smoke
+# A wrong answer here is reported and the run goes on: the tests and benchmarks say more.
 if ! step smoke 120 smoke; then
-  tail -30 "$OUT/smoke.log" >>"$SUMMARY"
-  exit 1
+  grep -v "^[EWI][0-9]" "$OUT/smoke.log" | tail -15 >>"$SUMMARY"
 fi
 sed 's/^/    /' "$OUT/smoke.log" | grep -E "platform|devices" >>"$SUMMARY"
 
@@ -149,9 +149,7 @@ else
 fi
 step op_overhead 60 "$PY" op_overhead.py --ref "$REF" --iters 100 --json "$OUT/op_overhead.json"
 # shellcheck disable=SC2086
-step gpt_train 180 "$PY" compiled.py --task train --ref "$REF" $GPT --json "$OUT/gpt_train.json"
-# shellcheck disable=SC2086
-step hf_generate 150 "$PY" hf_generate.py --ref "$REF" $GEN --json "$OUT/hf_generate.json"
+step gpt_train 170 "$PY" compiled.py --task train --ref "$REF" $GPT --json "$OUT/gpt_train.json"
 cd "$ROOT"
 
 # ---- (b) the tests, on the plugin, compared with PyTorch on the CPU as always
@@ -159,10 +157,16 @@ TESTS=(tests/python/test_ops.py tests/python/test_views.py tests/python/test_aut
   tests/python/test_models.py tests/python/test_huggingface.py tests/python/test_compile.py)
 XDIST=()
 "$PY" -c "import xdist" 2>/dev/null && XDIST=(-n "$WORKERS")
-step tests 300 "$PY" -m pytest -q -m "not slow" -p no:cacheprovider "${XDIST[@]}" \
+step tests 150 "$PY" -m pytest -q -m "not slow" -p no:cacheprovider "${XDIST[@]}" \
   --junitxml="$OUT/tests.xml" -rfE "${TESTS[@]}"
 grep -E "passed|failed|error" "$OUT/tests.log" 2>/dev/null | tail -1 | sed 's/^/    /' >>"$SUMMARY"
 grep -E "^(FAILED|ERROR) " "$OUT/tests.log" 2>/dev/null | head -40 | sed 's/^/    /' >>"$SUMMARY"
+
+# ---- (c, continued) generation, last: the tests matter more when time is short
+cd benchmarks
+# shellcheck disable=SC2086
+step hf_generate 120 "$PY" hf_generate.py --ref "$REF" $GEN --json "$OUT/hf_generate.json"
+cd "$ROOT"
 
 # ---- (d) the tables
 "$PY" benchmarks/gpu_report.py "$OUT" >>"$SUMMARY" 2>&1

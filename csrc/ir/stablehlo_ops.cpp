@@ -528,6 +528,14 @@ std::vector<Value> Builder::reduceWindow(const std::vector<Value>& inputs, const
   return results;
 }
 
+namespace {
+// The precision that keeps a product of `t` values as exact as on PyTorch's CPU:
+// HIGHEST for float32 and wider; none (the plugin's default) for 16-bit floats and integers.
+const char* fullPrecision(DType t) {
+  return t == DType::F32 || t == DType::F64 || t == DType::C64 ? "HIGHEST" : nullptr;
+}
+}  // namespace
+
 Value Builder::dotGeneral(const Value& lhs, const Value& rhs, const std::vector<int64_t>& lb,
                           const std::vector<int64_t>& rb, const std::vector<int64_t>& lc,
                           const std::vector<int64_t>& rc, DType out, const char* precision) {
@@ -551,8 +559,10 @@ Value Builder::dotGeneral(const Value& lhs, const Value& rhs, const std::vector<
   if (!rc.empty()) parts.push_back("rhs_contracting_dimensions = " + list(rc));
   for (size_t i = 0; i < parts.size(); ++i) dn += (i ? ", " : "") + parts[i];
   dn += ">";
-  // An explicit precision (e.g. HIGHEST) keeps float32 products exact where
-  // the default would let an accelerator round them to bf16/tf32.
+  // PyTorch multiplies float32 in float32 unless told otherwise
+  // (torch.get_float32_matmul_precision() is "highest"); XLA's default lets a GPU
+  // use TF32 and a TPU bf16 passes, which differ from PyTorch by up to 1e-2.
+  if (!precision) precision = fullPrecision(lhs.dtype());
   if (precision)
     dn += std::string(", precision_config = [#stablehlo<precision ") + precision + ">, #stablehlo<precision " +
           precision + ">]";
@@ -589,8 +599,11 @@ Value Builder::convolution(const Value& lhs, const Value& rhs, const ConvDims& d
   std::string dims = "#stablehlo.conv<" + layout(ns + 2, dn.in_batch, "b", dn.in_feature, "f", dn.in_spatial) + "x" +
                      layout(ns + 2, dn.k_out, "o", dn.k_in, "i", dn.k_spatial) + "->" +
                      layout(ns + 2, dn.out_batch, "b", dn.out_feature, "f", dn.out_spatial) + ">";
+  std::string prec;
+  if (const char* p = fullPrecision(lhs.dtype()))  // as for dot_general
+    prec = std::string(", precision_config = [#stablehlo<precision ") + p + ">, #stablehlo<precision " + p + ">]";
   emitLine(ref(r) + " = \"stablehlo.convolution\"(" + ref(lhs) + ", " + ref(rhs) + ") {dimension_numbers = " + dims +
-           ", window_strides = " + i64Array(strides) + ", padding = " + padAttr(padding) +
+           prec + ", window_strides = " + i64Array(strides) + ", padding = " + padAttr(padding) +
            ", lhs_dilation = " + i64Array(lhs_dil) + ", rhs_dilation = " + i64Array(rhs_dil) +
            ", feature_group_count = " + std::to_string(fgc) + " : i64, batch_group_count = " + std::to_string(bgc) +
            " : i64} : (" + lhs.type.str() + ", " + rhs.type.str() + ") -> " + r.type.str());

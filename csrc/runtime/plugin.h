@@ -35,6 +35,10 @@ class PluginSupport {
   virtual void launchEnd() {}
   // Gives freed device memory the process still holds back to the system.
   virtual void releaseFreeMemory() {}
+  // Whether the runtime is destroyed at exit. A GPU plugin's client must not be:
+  // the CUDA driver tears itself down first, and destroying the client after
+  // prints dozens of "CUDA error ... (4)" lines; the OS reclaims it instead.
+  virtual bool destroyAtExit() const { return false; }
   // For tests and reports: whether malloc is tuned, how many core spinners run.
   virtual bool mallocTuned() const { return false; }
   virtual int spinnerThreads() const { return 0; }

@@ -153,7 +153,14 @@ Runtime& Runtime::get() {
   // Construction errors propagate to the caller each time (no half-built
   // runtime is kept), so a fixed environment can retry.
   static std::mutex init_mu;
-  static std::unique_ptr<Runtime> rt;
+  struct Holder {
+    std::unique_ptr<Runtime> rt;
+    ~Holder() {
+      if (rt && !rt->plugin().destroyAtExit()) (void)rt.release();
+    }
+  };
+  static Holder holder;
+  auto& rt = holder.rt;
   if (g_initialized.load()) return *rt;
   std::lock_guard<std::mutex> g(init_mu);
   if (!rt) {

@@ -85,6 +85,8 @@ class CpuSupport final : public runtime::PluginSupport {
   }
   bool mallocTuned() const override { return malloc_tuned_; }
   int spinnerThreads() const override { return spinner_ ? spinner_->activeThreads() : 0; }
+  // Its spinner threads are joined at exit, as before.
+  bool destroyAtExit() const override { return true; }
 
  private:
   std::vector<std::string> kernels_;
