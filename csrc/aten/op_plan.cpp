@@ -3,12 +3,50 @@
 // move arguments in and results out.
 #include "aten/op_plan.h"
 
+#include <cstdio>
 #include <map>
 #include <mutex>
 #include <sstream>
 #include <unordered_map>
 
 namespace tpu::aten {
+
+namespace {
+std::string exactDouble(double d) {
+  char buf[40];
+  std::snprintf(buf, sizeof(buf), "%.17g", d);
+  return buf;
+}
+
+// Formatted here, not with c10's operator<<: on the H200 machine (torch 2.11+cu130,
+// Ubuntu's libstdc++) printing an int IValue through an ostringstream crashed inside
+// the stream's number formatting; the common kinds need no stream at all.
+std::string valueText(const IValue& v) {
+  if (v.isInt()) return std::to_string(v.toInt());
+  if (v.isDouble()) return exactDouble(v.toDouble());
+  if (v.isBool()) return v.toBool() ? "True" : "False";
+  if (v.isNone()) return "None";
+  if (v.isString()) return v.toStringRef();
+  if (v.isComplexDouble()) {
+    auto c = v.toComplexDouble();
+    return "(" + exactDouble(c.real()) + "," + exactDouble(c.imag()) + ")";
+  }
+  if (v.isDevice()) return v.toDevice().str();
+  if (v.isIntList() || v.isDoubleList() || v.isBoolList()) {
+    std::string s = "[";
+    bool first = true;
+    for (const IValue& e : v.toList()) {
+      s += (first ? "" : ", ") + valueText(e);
+      first = false;
+    }
+    return s + "]";
+  }
+  std::ostringstream os;
+  os.precision(17);
+  os << v;
+  return os.str();
+}
+}  // namespace
 
 std::string PlannedOp::name() const {
   const auto& s = op.schema();
@@ -37,9 +75,7 @@ std::string describe(const c10::OperatorHandle& op, const std::vector<IValue>& a
     } else if (v.isTensorList() || (v.isList() && v.toList().elementType()->kind() == c10::TypeKind::OptionalType)) {
       s += "[" + std::to_string(v.toList().size()) + " tensors]";
     } else {
-      std::ostringstream os;
-      os << v;
-      s += os.str();
+      s += valueText(v);
     }
   }
   return s + ")";
@@ -264,12 +300,7 @@ std::string signature(const c10::OperatorHandle& op, const std::vector<IValue>& 
       bool is_const = std::find(low->const_scalars.begin(), low->const_scalars.end(), static_cast<int>(i)) !=
                       low->const_scalars.end();
       k += v.isDouble() ? "sd" : (v.isBool() ? "sb" : (v.isComplexDouble() ? "sc" : "si"));
-      if (is_const || v.isComplexDouble()) {  // complex scalars are program constants
-        std::ostringstream os;
-        os.precision(17);
-        os << v;
-        k += os.str();
-      }
+      if (is_const || v.isComplexDouble()) k += valueText(v);  // complex scalars are program constants
       k += ';';
     } else if (v.isList() && baseType(sargs[i].type())->cast<c10::ListType>() &&
                baseType(sargs[i].type())->castRaw<c10::ListType>()->getElementType()->kind() ==
@@ -280,10 +311,7 @@ std::string signature(const c10::OperatorHandle& op, const std::vector<IValue>& 
     } else if (v.isDevice()) {
       k += "d;";
     } else {
-      std::ostringstream os;
-      os.precision(17);
-      os << v;
-      k += os.str();
+      k += valueText(v);
       k += ';';
     }
   }
