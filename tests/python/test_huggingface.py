@@ -244,13 +244,22 @@ def test_fused_adamw_grad_scale_found_inf(found_inf, _no_fallback):
         torch.testing.assert_close(got, expected)
 
 
+@pytest.fixture
+def _tpu_over_cuda(monkeypatch):
+    """Where PyTorch sees a CUDA GPU, Accelerate keeps choosing it (torch_tpu only replaces
+    its CPU fallback); a user who wants tpu there names it, as this does."""
+    if torch.cuda.is_available():
+        monkeypatch.setenv("ACCELERATE_TORCH_DEVICE", "tpu")
+
+
 @needs_accelerate
 def test_accelerate_picks_tpu():
     from accelerate.state import AcceleratorState, PartialState
 
     AcceleratorState._reset_state(reset_partial_state=True)
     try:
-        assert PartialState().device.type == "tpu"
+        # A built-in accelerator keeps its meaning: on a CUDA machine Accelerate picks cuda.
+        assert PartialState().device.type == ("cuda" if torch.cuda.is_available() else "tpu")
         AcceleratorState._reset_state(reset_partial_state=True)
         assert PartialState(cpu=True).device.type == "cpu"
     finally:
@@ -259,7 +268,7 @@ def test_accelerate_picks_tpu():
 
 @needs_accelerate
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
-def test_trainer_trains_on_tpu(compiled, tmp_path, _no_fallback):
+def test_trainer_trains_on_tpu(compiled, tmp_path, _no_fallback, _tpu_over_cuda):
     from accelerate.state import AcceleratorState
     from transformers import Trainer, TrainingArguments
 

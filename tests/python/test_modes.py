@@ -1,5 +1,6 @@
 """Strict and debug eager, index checks, multiple devices, metrics."""
 
+import importlib.util
 import os
 import subprocess
 import sys
@@ -94,6 +95,8 @@ def test_launch_blocking_env_var():
 
 
 def test_two_cpu_devices():
+    if importlib.util.find_spec("xla_plugins.xla_cpu_pjrt") is None:
+        pytest.skip("the CPU plugin (xla-cpu-pjrt) is not installed")
     r = run_py("""
         import torch, torch_tpu
         torch_tpu.set_fallback("error")
@@ -118,7 +121,7 @@ def test_two_cpu_devices():
         else:
             raise AssertionError("mixing devices must raise")
         print("ok")
-    """, TORCH_TPU_CPU_DEVICES="2")
+    """, TORCH_TPU_CPU_DEVICES="2", TORCH_TPU_PLUGIN="cpu")
     assert r.returncode == 0 and "ok" in r.stdout, r.stderr[-2000:]
 
 
