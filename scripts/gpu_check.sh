@@ -11,7 +11,7 @@
 #   bash scripts/gpu_check.sh --bundle                   # here: what the GPU machine lacks, in .gpu_bundle/
 # Options after OUT_DIR: --ref cpu|cuda (PyTorch's device to compare with; default cuda with the
 # cuda plugin, else cpu), --small (small models; the default with --ref cpu), --budget SECONDS
-# (default 480: each step gets at most what is left, and a step that runs out is reported as
+# (default 540: each step gets at most what is left, and a step that runs out is reported as
 # such, not hung on), --workers N (pytest-xdist workers for the tests, default 8).
 #
 # The GPU machine has no network: the PJRT C API header (from the xla-cpu-pjrt wheel) must
@@ -33,7 +33,7 @@ OUT=${1:?usage: gpu_check.sh OUT_DIR [--ref cpu|cuda] [--small] [--budget SECOND
 shift
 export TORCH_TPU_PLUGIN=${TORCH_TPU_PLUGIN:-cuda}
 REF=$([ "$TORCH_TPU_PLUGIN" = cuda ] && echo cuda || echo cpu)
-BUDGET=480
+BUDGET=540
 SMALL=""
 WORKERS=8
 while [ $# -gt 0 ]; do

@@ -69,6 +69,10 @@ from . import _shutdown  # noqa: E402
 
 _shutdown.install()  # a backward's last release must not race interpreter exit
 
+from . import distributed  # noqa: E402
+
+distributed.register()  # dist.init_process_group() gives tpu tensors to tpu_dist
+
 if "torch._dynamo" in sys.modules:  # else Dynamo finds it through the entry point
     from . import _compile as _compile_backend
 

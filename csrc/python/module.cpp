@@ -5,6 +5,7 @@
 
 #include "aten/tpu.h"
 #include "compile/capture.h"
+#include "distributed/tpu_dist.h"
 #include "eager/modes.h"
 #include "ops/lowering.h"
 #include "plugins/cpu/cpu_plugin.h"
@@ -54,6 +55,8 @@ py::dict metricsDict() {
   d["kernel_signatures"] = eager::strictCacheSize();
   d["fused_lowerings"] = m.fused_lowerings.load();
   d["operands_in_place"] = m.operands_in_place.load();
+  d["dist_collectives"] = m.dist_collectives.load();
+  d["dist_staged_bytes"] = m.dist_staged_bytes.load();
   d["disk_hits"] = m.disk_hits.load();
   d["recompile_reasons"] = runtime::recentCompileReasons();
   if (runtime::Runtime::initialized()) {
@@ -223,4 +226,5 @@ PYBIND11_MODULE(_C, m) {
     return l;
   });
   m.def("_register_lowered_kernels", &aten::registerLoweredKernels);
+  distributed::registerPython(m);
 }

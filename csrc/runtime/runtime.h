@@ -44,6 +44,8 @@ struct Metrics {
   std::atomic<int64_t> compile_ns{0};
   std::atomic<int64_t> fused_lowerings{0};    // op signatures lowered for fused eager
   std::atomic<int64_t> operands_in_place{0};  // views a kernel read from their storage, not a copy
+  std::atomic<int64_t> dist_collectives{0};   // tpu_dist collectives run
+  std::atomic<int64_t> dist_staged_bytes{0};  // bytes tpu_dist copied between device and host
   std::mutex mu;
   std::map<std::string, int64_t> fallbacks;  // op name -> count
   std::map<std::string, int64_t> compiles_by_op;

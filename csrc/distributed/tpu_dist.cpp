@@ -1,0 +1,391 @@
+// tpu_dist: the c10d backend for tpu tensors.
+//
+// PyTorch's distributed engine (c10d: ProcessGroup, DDP, FSDP2, DTensor,
+// pipelining, torchrun) calls a Backend per device type. This one serves the
+// "tpu" device. Its transport here is host staging: the tpu tensors are copied
+// to the host, an inner Backend (PyTorch's own ProcessGroupGloo, made by the
+// Python side with this group's store, rank, size and timeout) runs the
+// collective on the host copies, and the results are copied back. It is for
+// plugins without cross-process collectives (the CPU plugin); every staged byte
+// is counted in torch_tpu.metrics().
+//
+// Each collective finishes before its Work is returned (the inner work is
+// waited on and the results are back on the device), so a Work never claims
+// completion before the data is there; errors from the inner backend (a dead
+// rank, a timeout) surface as exceptions from the call itself.
+#include "distributed/tpu_dist.h"
+
+#include <ATen/ATen.h>
+
+#include <functional>
+#include <mutex>
+
+#include <ATen/core/ivalue.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+#include <torch/csrc/distributed/c10d/Work.hpp>
+#include <torch/csrc/utils/pybind.h>
+
+#include "runtime/runtime.h"
+
+namespace tpu::distributed {
+namespace {
+
+using c10d::OpType;
+using c10d::ReduceOp;
+
+bool onTpu(const at::Tensor& t) { return t.device().type() == c10::DeviceType::PrivateUse1; }
+
+// A host copy of `t` (the tensor itself when it already lives on the host).
+at::Tensor toHost(const at::Tensor& t) {
+  if (!onTpu(t)) return t;
+  runtime::metrics().dist_staged_bytes += static_cast<int64_t>(t.numel() * t.element_size());
+  return t.to(at::kCPU);
+}
+
+// A host tensor shaped like `t` to receive a result.
+at::Tensor hostLike(const at::Tensor& t) { return onTpu(t) ? at::empty_like(t, t.options().device(at::kCPU)) : t; }
+
+std::vector<at::Tensor> toHost(const std::vector<at::Tensor>& ts) {
+  std::vector<at::Tensor> out;
+  out.reserve(ts.size());
+  for (const auto& t : ts) out.push_back(toHost(t));
+  return out;
+}
+
+std::vector<at::Tensor> hostLike(const std::vector<at::Tensor>& ts) {
+  std::vector<at::Tensor> out;
+  out.reserve(ts.size());
+  for (const auto& t : ts) out.push_back(hostLike(t));
+  return out;
+}
+
+void backTo(const at::Tensor& dev, const at::Tensor& host) {
+  if (!onTpu(dev)) return;
+  runtime::metrics().dist_staged_bytes += static_cast<int64_t>(host.numel() * host.element_size());
+  dev.copy_(host);
+}
+
+void backTo(const std::vector<at::Tensor>& dev, const std::vector<at::Tensor>& host) {
+  for (size_t i = 0; i < dev.size(); ++i) backTo(dev[i], host[i]);
+}
+
+void backTo(const std::vector<std::vector<at::Tensor>>& dev, const std::vector<std::vector<at::Tensor>>& host) {
+  for (size_t i = 0; i < dev.size(); ++i) backTo(dev[i], host[i]);
+}
+
+std::vector<std::vector<at::Tensor>> hostLike(const std::vector<std::vector<at::Tensor>>& ts) {
+  std::vector<std::vector<at::Tensor>> out;
+  for (const auto& v : ts) out.push_back(hostLike(v));
+  return out;
+}
+
+std::vector<std::vector<at::Tensor>> toHost(const std::vector<std::vector<at::Tensor>>& ts) {
+  std::vector<std::vector<at::Tensor>> out;
+  for (const auto& v : ts) out.push_back(toHost(v));
+  return out;
+}
+
+// The devices a result's future must know (the tpu ones its tensors are on).
+std::vector<c10::Device> devicesOf(const std::vector<at::Tensor>& ts) {
+  std::vector<c10::Device> d;
+  for (const auto& t : ts)
+    if (onTpu(t) && std::find(d.begin(), d.end(), t.device()) == d.end()) d.push_back(t.device());
+  return d;
+}
+
+// A collective that has finished: its results are on the device.
+class DoneWork final : public c10d::Work {
+ public:
+  DoneWork(OpType type, std::vector<at::Tensor> result) : Work(-1, type), result_(std::move(result)) {
+    future_ = c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()),
+                                                       devicesOf(result_));
+    future_->markCompleted(c10::IValue(result_));
+  }
+  bool isCompleted() override { return true; }
+  bool isSuccess() const override { return true; }
+  bool wait(std::chrono::milliseconds /*timeout*/) override { return true; }
+  std::vector<at::Tensor> result() override { return result_; }
+  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return future_; }
+
+ private:
+  std::vector<at::Tensor> result_;
+  c10::intrusive_ptr<c10::ivalue::Future> future_;
+};
+
+// A point-to-point transfer still in flight on the host backend: a send must not
+// wait for its receiver inside the call (batch_isend_irecv posts both sides first).
+// wait() waits for the inner work, then copies a received value to the device.
+class PendingWork final : public c10d::Work {
+ public:
+  PendingWork(OpType type, c10::intrusive_ptr<c10d::Work> inner, std::function<void()> finish,
+              std::vector<at::Tensor> result)
+      : Work(-1, type), inner_(std::move(inner)), finish_(std::move(finish)), result_(std::move(result)) {
+    future_ = c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()),
+                                                       devicesOf(result_));
+  }
+  bool isCompleted() override {
+    if (!inner_->isCompleted()) return false;
+    finishOnce();
+    return true;
+  }
+  bool isSuccess() const override { return inner_->isSuccess(); }
+  std::exception_ptr exception() const override { return inner_->exception(); }
+  bool wait(std::chrono::milliseconds timeout) override {
+    inner_->wait(timeout);
+    finishOnce();
+    return true;
+  }
+  std::vector<at::Tensor> result() override { return result_; }
+  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return future_; }
+
+ private:
+  void finishOnce() {
+    std::call_once(once_, [this] {
+      if (finish_) finish_();
+      future_->markCompleted(c10::IValue(result_));
+    });
+  }
+  c10::intrusive_ptr<c10d::Work> inner_;
+  std::function<void()> finish_;
+  std::vector<at::Tensor> result_;
+  c10::intrusive_ptr<c10::ivalue::Future> future_;
+  std::once_flag once_;
+};
+
+c10::intrusive_ptr<c10d::Work> done(OpType type, std::vector<at::Tensor> result = {}) {
+  runtime::metrics().dist_collectives++;
+  return c10::make_intrusive<DoneWork>(type, std::move(result));
+}
+
+// Host backends have no AVG; it is a SUM divided here, as NCCL defines it (integers truncate).
+bool isAvg(const ReduceOp& op) { return op.op_ == ReduceOp::AVG; }
+
+void divideBy(const std::vector<at::Tensor>& ts, int64_t n) {
+  for (const auto& t : ts) {
+    if (at::isIntegralType(t.scalar_type(), /*includeBool=*/false))
+      t.div_(n, "trunc");
+    else
+      t.div_(n);
+  }
+}
+
+void checkOp(const ReduceOp& op) {
+  TORCH_CHECK(op.op_ != ReduceOp::PREMUL_SUM, "tpu_dist: ReduceOp.PREMUL_SUM is not supported; scale, then SUM");
+}
+
+class TpuDistBackend final : public c10d::Backend {
+ public:
+  TpuDistBackend(c10::intrusive_ptr<c10d::Backend> host, int rank, int size)
+      : Backend(rank, size), host_(std::move(host)) {}
+
+  const std::string getBackendName() const override { return "tpu_dist"; }
+
+  c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
+                                           const c10d::BroadcastOptions& opts) override {
+    auto h = toHost(tensors);
+    host_->broadcast(h, opts)->wait();
+    backTo(tensors, h);
+    return done(OpType::BROADCAST, tensors);
+  }
+
+  c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors,
+                                           const c10d::AllreduceOptions& opts) override {
+    checkOp(opts.reduceOp);
+    auto h = toHost(tensors);
+    c10d::AllreduceOptions o = opts;
+    if (isAvg(opts.reduceOp)) o.reduceOp = ReduceOp::SUM;
+    host_->allreduce(h, o)->wait();
+    if (isAvg(opts.reduceOp)) divideBy(h, size_);
+    backTo(tensors, h);
+    return done(OpType::ALLREDUCE, tensors);
+  }
+
+  c10::intrusive_ptr<c10d::Work> allreduce_coalesced(std::vector<at::Tensor>& tensors,
+                                                     const c10d::AllreduceCoalescedOptions& opts) override {
+    c10d::AllreduceOptions o;
+    o.reduceOp = opts.reduceOp;
+    o.timeout = opts.timeout;
+    for (auto& t : tensors) {
+      std::vector<at::Tensor> one{t};
+      allreduce(one, o);
+    }
+    return done(OpType::ALLREDUCE_COALESCED, tensors);
+  }
+
+  c10::intrusive_ptr<c10d::Work> reduce(std::vector<at::Tensor>& tensors, const c10d::ReduceOptions& opts) override {
+    checkOp(opts.reduceOp);
+    auto h = toHost(tensors);
+    c10d::ReduceOptions o = opts;
+    if (isAvg(opts.reduceOp)) o.reduceOp = ReduceOp::SUM;
+    host_->reduce(h, o)->wait();
+    if (rank_ == opts.rootRank) {
+      if (isAvg(opts.reduceOp)) divideBy(h, size_);
+      backTo(tensors, h);
+    }
+    return done(OpType::REDUCE, tensors);
+  }
+
+  c10::intrusive_ptr<c10d::Work> allgather(std::vector<std::vector<at::Tensor>>& outputs,
+                                           std::vector<at::Tensor>& inputs,
+                                           const c10d::AllgatherOptions& opts) override {
+    auto hin = toHost(inputs);
+    auto hout = hostLike(outputs);
+    host_->allgather(hout, hin, opts)->wait();
+    backTo(outputs, hout);
+    return done(OpType::ALLGATHER, outputs.empty() ? std::vector<at::Tensor>{} : outputs[0]);
+  }
+
+  c10::intrusive_ptr<c10d::Work> _allgather_base(at::Tensor& output, at::Tensor& input,
+                                                 const c10d::AllgatherOptions& opts) override {
+    auto hin = toHost(input);
+    auto hout = hostLike(output);
+    host_->_allgather_base(hout, hin, opts)->wait();
+    backTo(output, hout);
+    return done(OpType::_ALLGATHER_BASE, {output});
+  }
+
+  c10::intrusive_ptr<c10d::Work> allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputs,
+                                                     std::vector<at::Tensor>& inputs,
+                                                     const c10d::AllgatherOptions& opts) override {
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      std::vector<std::vector<at::Tensor>> out{outputs[i]};
+      std::vector<at::Tensor> in{inputs[i]};
+      allgather(out, in, opts);
+    }
+    return done(OpType::ALLGATHER_COALESCED);
+  }
+
+  c10::intrusive_ptr<c10d::Work> allgather_into_tensor_coalesced(std::vector<at::Tensor>& outputs,
+                                                                 std::vector<at::Tensor>& inputs,
+                                                                 const c10d::AllgatherOptions& opts) override {
+    for (size_t i = 0; i < inputs.size(); ++i) _allgather_base(outputs[i], inputs[i], opts);
+    return done(OpType::COALESCED, outputs);
+  }
+
+  c10::intrusive_ptr<c10d::Work> gather(std::vector<std::vector<at::Tensor>>& outputs,
+                                        std::vector<at::Tensor>& inputs, const c10d::GatherOptions& opts) override {
+    auto hin = toHost(inputs);
+    auto hout = hostLike(outputs);
+    host_->gather(hout, hin, opts)->wait();
+    backTo(outputs, hout);
+    return done(OpType::GATHER);
+  }
+
+  c10::intrusive_ptr<c10d::Work> scatter(std::vector<at::Tensor>& outputs,
+                                         std::vector<std::vector<at::Tensor>>& inputs,
+                                         const c10d::ScatterOptions& opts) override {
+    auto hin = toHost(inputs);
+    auto hout = hostLike(outputs);
+    host_->scatter(hout, hin, opts)->wait();
+    backTo(outputs, hout);
+    return done(OpType::SCATTER, outputs);
+  }
+
+  c10::intrusive_ptr<c10d::Work> reduce_scatter(std::vector<at::Tensor>& outputs,
+                                                std::vector<std::vector<at::Tensor>>& inputs,
+                                                const c10d::ReduceScatterOptions& opts) override {
+    checkOp(opts.reduceOp);
+    // Gloo has no list reduce_scatter: reduce the stacked inputs, keep this rank's part.
+    std::vector<at::Tensor> parts = inputs.at(0);
+    at::Tensor flat = at::cat(flatten(parts)).to(at::kCPU);
+    runtime::metrics().dist_staged_bytes += static_cast<int64_t>(flat.numel() * flat.element_size());
+    std::vector<at::Tensor> h{flat};
+    c10d::AllreduceOptions o;
+    o.reduceOp = isAvg(opts.reduceOp) ? ReduceOp(ReduceOp::SUM) : opts.reduceOp;
+    o.timeout = opts.timeout;
+    host_->allreduce(h, o)->wait();
+    if (isAvg(opts.reduceOp)) divideBy(h, size_);
+    int64_t offset = 0;
+    for (int r = 0; r < rank_; ++r) offset += parts[r].numel();
+    at::Tensor mine = flat.narrow(0, offset, parts[rank_].numel()).view(outputs[0].sizes());
+    backTo(outputs[0], mine);
+    return done(OpType::REDUCE_SCATTER, outputs);
+  }
+
+  c10::intrusive_ptr<c10d::Work> _reduce_scatter_base(at::Tensor& output, at::Tensor& input,
+                                                      const c10d::ReduceScatterOptions& opts) override {
+    checkOp(opts.reduceOp);
+    auto hin = toHost(input);
+    auto hout = hostLike(output);
+    c10d::ReduceScatterOptions o = opts;
+    if (isAvg(opts.reduceOp)) o.reduceOp = ReduceOp::SUM;
+    host_->_reduce_scatter_base(hout, hin, o)->wait();
+    if (isAvg(opts.reduceOp)) divideBy({hout}, size_);
+    backTo(output, hout);
+    return done(OpType::_REDUCE_SCATTER_BASE, {output});
+  }
+
+  c10::intrusive_ptr<c10d::Work> reduce_scatter_tensor_coalesced(std::vector<at::Tensor>& outputs,
+                                                                 std::vector<at::Tensor>& inputs,
+                                                                 const c10d::ReduceScatterOptions& opts) override {
+    for (size_t i = 0; i < inputs.size(); ++i) _reduce_scatter_base(outputs[i], inputs[i], opts);
+    return done(OpType::COALESCED, outputs);
+  }
+
+  c10::intrusive_ptr<c10d::Work> alltoall_base(at::Tensor& output, at::Tensor& input,
+                                               std::vector<int64_t>& output_splits,
+                                               std::vector<int64_t>& input_splits,
+                                               const c10d::AllToAllOptions& opts) override {
+    auto hin = toHost(input);
+    auto hout = hostLike(output);
+    host_->alltoall_base(hout, hin, output_splits, input_splits, opts)->wait();
+    backTo(output, hout);
+    return done(OpType::ALLTOALL_BASE, {output});
+  }
+
+  c10::intrusive_ptr<c10d::Work> alltoall(std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+                                          const c10d::AllToAllOptions& opts) override {
+    auto hin = toHost(inputs);
+    auto hout = hostLike(outputs);
+    host_->alltoall(hout, hin, opts)->wait();
+    backTo(outputs, hout);
+    return done(OpType::ALLTOALL, outputs);
+  }
+
+  c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>& tensors, int dst, int tag) override {
+    auto h = toHost(tensors);
+    auto inner = host_->send(h, dst, tag);
+    runtime::metrics().dist_collectives++;
+    // The host copies stay alive until the send has finished.
+    return c10::make_intrusive<PendingWork>(OpType::SEND, inner, [h] {}, std::vector<at::Tensor>{});
+  }
+
+  c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int src, int tag) override {
+    auto h = hostLike(tensors);
+    auto inner = host_->recv(h, src, tag);
+    runtime::metrics().dist_collectives++;
+    std::vector<at::Tensor> dev = tensors;
+    return c10::make_intrusive<PendingWork>(OpType::RECV, inner, [dev, h] { backTo(dev, h); }, dev);
+  }
+
+  c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts) override {
+    // Work queued on the device before the barrier is finished first, as a CUDA barrier orders it.
+    auto* guard = c10::impl::getDeviceGuardImpl(c10::DeviceType::PrivateUse1);
+    for (int d = 0; d < guard->deviceCount(); ++d) guard->synchronizeDevice(static_cast<c10::DeviceIndex>(d));
+    host_->barrier(opts)->wait();
+    return done(OpType::BARRIER);
+  }
+
+ private:
+  static std::vector<at::Tensor> flatten(const std::vector<at::Tensor>& ts) {
+    std::vector<at::Tensor> out;
+    for (const auto& t : ts) out.push_back(t.reshape({-1}));
+    return out;
+  }
+
+  c10::intrusive_ptr<c10d::Backend> host_;
+};
+
+}  // namespace
+
+void registerPython(pybind11::module& m) {
+  m.def(
+      "_tpu_dist_backend",
+      [](const c10::intrusive_ptr<c10d::Backend>& host, int rank, int size) -> c10::intrusive_ptr<c10d::Backend> {
+        return c10::make_intrusive<TpuDistBackend>(host, rank, size);
+      },
+      "The tpu_dist backend over an inner host backend (ProcessGroupGloo) for the same group.");
+}
+
+}  // namespace tpu::distributed

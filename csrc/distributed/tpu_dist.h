@@ -1,0 +1,12 @@
+// tpu_dist, the c10d backend for the tpu device (tpu_dist.cpp says how it works).
+#pragma once
+
+#include <pybind11/pybind11.h>
+
+namespace tpu::distributed {
+
+// Adds _C._tpu_dist_backend(host_backend, rank, size), which the Python
+// creator registered with torch.distributed calls.
+void registerPython(pybind11::module& m);
+
+}  // namespace tpu::distributed

@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# torch_tpu must build and run against torch 2.11 as well as 2.13 (the GPU machine has 2.11).
+# This copies the working tree to build-torch2.11/src, makes a second virtual environment
+# there with torch 2.11.0 from PyPI (its CUDA build: PyPI has no CPU-only 2.11 wheel; it runs
+# on the CPU), installs the copy into it (editable, so the torch.compile backend is
+# registered as for users) and runs a sample of the tests on the CPU plugin.
+#
+#   bash scripts/check_torch211.sh [pytest args]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$(pwd)
+WORK=$ROOT/build-torch2.11
+VENV=$WORK/venv
+SRC=$WORK/src
+mkdir -p "$WORK"
+
+if [ ! -x "$VENV/bin/python" ]; then
+  python3 -m venv "$VENV"
+fi
+PY=$VENV/bin/python
+if ! "$PY" -c "import torch, xla_plugins.xla_cpu_pjrt, pytest, ninja, cmake, transformers, expecttest" 2>/dev/null; then
+  "$PY" -m pip install -q --upgrade pip >/dev/null 2>&1 || true
+  "$PY" -m pip install -q "torch==2.11.0" numpy pytest expecttest ninja "cmake>=3.24" "setuptools>=70" wheel \
+    "xla-cpu-pjrt==0.0.1" "transformers>=5.17,<6"
+fi
+"$PY" -c "import torch; assert torch.__version__.startswith('2.11'), torch.__version__"
+
+# The working tree as it is (tracked and untracked files git does not ignore).
+rm -rf "$SRC.new" && mkdir -p "$SRC.new"
+git ls-files -z -co --exclude-standard | tar -c --null -T - -f - | tar -x -C "$SRC.new"
+# Keep the previous copy's build folder: only what changed is rebuilt.
+if [ -d "$SRC/build" ]; then mv "$SRC/build" "$SRC.new/build"; fi
+[ -n "$(ls "$SRC"/torch_tpu/_C*.so 2>/dev/null)" ] && cp "$SRC"/torch_tpu/_C*.so "$SRC.new/torch_tpu/"
+rm -rf "$SRC" && mv "$SRC.new" "$SRC"
+
+export PATH="$VENV/bin:$PATH"
+cd "$SRC"
+if [ ! -f build/build.ninja ]; then
+  cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DPython3_EXECUTABLE="$PY" -DTORCH_TPU_BUILD_TESTS=OFF >/dev/null
+fi
+cmake --build build
+"$PY" -m pip install -q --no-build-isolation --no-deps -e . >/dev/null
+echo "check_torch211: built against torch $("$PY" -c 'import torch; print(torch.__version__)')"
+
+# A sample across the layers: ops, views, autograd, the modes, torch.compile, a model.
+"$PY" -m pytest -q -m "not slow" -p no:cacheprovider "$@" \
+  tests/python/test_ops.py tests/python/test_views.py tests/python/test_autograd.py \
+  tests/python/test_fused.py tests/python/test_compile.py tests/python/test_models.py
