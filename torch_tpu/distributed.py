@@ -26,7 +26,7 @@ def _create_backend(opts, backend_options=None):
     # Its own key space in the group's store, so the inner group's keys meet no other's.
     store = dist.PrefixStore(f"{BACKEND}/", opts.store)
     host = dist.ProcessGroupGloo(store, opts.group_rank, opts.group_size, opts.timeout)
-    return _C._tpu_dist_backend(host, opts.group_rank, opts.group_size)
+    return _C._tpu_dist_backend(host, store, opts.group_rank, opts.group_size, opts.timeout)
 
 
 def register() -> bool:

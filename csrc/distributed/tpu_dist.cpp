@@ -23,9 +23,12 @@
 #include <ATen/core/ivalue.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <torch/csrc/distributed/c10d/Backend.hpp>
+#include <torch/csrc/distributed/c10d/Store.hpp>
 #include <torch/csrc/distributed/c10d/Work.hpp>
+#include <pybind11/chrono.h>
 #include <torch/csrc/utils/pybind.h>
 
+#include "runtime/env.h"
 #include "runtime/runtime.h"
 
 namespace tpu::distributed {
@@ -174,15 +177,55 @@ void checkOp(const ReduceOp& op) {
   TORCH_CHECK(op.op_ != ReduceOp::PREMUL_SUM, "tpu_dist: ReduceOp.PREMUL_SUM is not supported; scale, then SUM");
 }
 
+// What every rank must agree on before a collective: the collective, then per
+// tensor its dtype and shape (a host backend given different sizes on two ranks
+// aborts the process or reads garbage). Encoded in a fixed number of int64s.
+constexpr int kAgreementSlots = 16;
+
+std::vector<int64_t> agreementOf(const char* what, const std::vector<at::Tensor>& ts) {
+  std::vector<int64_t> v(kAgreementSlots, 0);
+  size_t h = std::hash<std::string>{}(what);
+  v[0] = static_cast<int64_t>(h & 0x7fffffffffffLL);
+  v[1] = static_cast<int64_t>(ts.size());
+  size_t i = 2;
+  for (const auto& t : ts) {
+    if (i + 2 > v.size()) break;
+    v[i++] = static_cast<int64_t>(t.scalar_type());
+    v[i++] = t.dim();
+    for (int64_t d : t.sizes())
+      if (i < v.size()) v[i++] = d;
+  }
+  return v;
+}
+
+std::string describeAgreement(const int64_t* v) {
+  std::string s;
+  size_t i = 2;
+  for (int64_t n = 0; n < v[1] && i + 2 <= kAgreementSlots; ++n) {
+    auto dtype = static_cast<c10::ScalarType>(v[i++]);
+    int64_t dim = v[i++];
+    s += (n ? ", " : "") + std::string(c10::toString(dtype)) + "[";
+    for (int64_t d = 0; d < dim && i < kAgreementSlots; ++d) s += (d ? ", " : "") + std::to_string(v[i++]);
+    s += "]";
+  }
+  return s;
+}
+
 class TpuDistBackend final : public c10d::Backend {
  public:
-  TpuDistBackend(c10::intrusive_ptr<c10d::Backend> host, int rank, int size)
-      : Backend(rank, size), host_(std::move(host)) {}
+  TpuDistBackend(c10::intrusive_ptr<c10d::Backend> host, c10::intrusive_ptr<c10d::Store> store, int rank, int size,
+                 std::chrono::milliseconds timeout)
+      : Backend(rank, size),
+        host_(std::move(host)),
+        store_(std::move(store)),
+        timeout_(timeout),
+        check_(env::notDisabled("TORCH_TPU_DIST_CHECK")) {}
 
   const std::string getBackendName() const override { return "tpu_dist"; }
 
   c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
                                            const c10d::BroadcastOptions& opts) override {
+    agree("broadcast", tensors);
     auto h = toHost(tensors);
     host_->broadcast(h, opts)->wait();
     backTo(tensors, h);
@@ -192,6 +235,7 @@ class TpuDistBackend final : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors,
                                            const c10d::AllreduceOptions& opts) override {
     checkOp(opts.reduceOp);
+    agree("all_reduce", tensors);
     auto h = toHost(tensors);
     c10d::AllreduceOptions o = opts;
     if (isAvg(opts.reduceOp)) o.reduceOp = ReduceOp::SUM;
@@ -215,6 +259,7 @@ class TpuDistBackend final : public c10d::Backend {
 
   c10::intrusive_ptr<c10d::Work> reduce(std::vector<at::Tensor>& tensors, const c10d::ReduceOptions& opts) override {
     checkOp(opts.reduceOp);
+    agree("reduce", tensors);
     auto h = toHost(tensors);
     c10d::ReduceOptions o = opts;
     if (isAvg(opts.reduceOp)) o.reduceOp = ReduceOp::SUM;
@@ -229,6 +274,7 @@ class TpuDistBackend final : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> allgather(std::vector<std::vector<at::Tensor>>& outputs,
                                            std::vector<at::Tensor>& inputs,
                                            const c10d::AllgatherOptions& opts) override {
+    agree("all_gather", inputs);
     auto hin = toHost(inputs);
     auto hout = hostLike(outputs);
     host_->allgather(hout, hin, opts)->wait();
@@ -238,6 +284,7 @@ class TpuDistBackend final : public c10d::Backend {
 
   c10::intrusive_ptr<c10d::Work> _allgather_base(at::Tensor& output, at::Tensor& input,
                                                  const c10d::AllgatherOptions& opts) override {
+    agree("all_gather_into_tensor", {input, output});
     auto hin = toHost(input);
     auto hout = hostLike(output);
     host_->_allgather_base(hout, hin, opts)->wait();
@@ -288,6 +335,7 @@ class TpuDistBackend final : public c10d::Backend {
     checkOp(opts.reduceOp);
     // Gloo has no list reduce_scatter: reduce the stacked inputs, keep this rank's part.
     std::vector<at::Tensor> parts = inputs.at(0);
+    agree("reduce_scatter", parts);
     at::Tensor flat = at::cat(flatten(parts)).to(at::kCPU);
     runtime::metrics().dist_staged_bytes += static_cast<int64_t>(flat.numel() * flat.element_size());
     std::vector<at::Tensor> h{flat};
@@ -306,6 +354,7 @@ class TpuDistBackend final : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> _reduce_scatter_base(at::Tensor& output, at::Tensor& input,
                                                       const c10d::ReduceScatterOptions& opts) override {
     checkOp(opts.reduceOp);
+    agree("reduce_scatter_tensor", {input, output});
     auto hin = toHost(input);
     auto hout = hostLike(output);
     c10d::ReduceScatterOptions o = opts;
@@ -363,7 +412,21 @@ class TpuDistBackend final : public c10d::Backend {
     // Work queued on the device before the barrier is finished first, as a CUDA barrier orders it.
     auto* guard = c10::impl::getDeviceGuardImpl(c10::DeviceType::PrivateUse1);
     for (int d = 0; d < guard->deviceCount(); ++d) guard->synchronizeDevice(static_cast<c10::DeviceIndex>(d));
-    host_->barrier(opts)->wait();
+    // Through the store, so that a timeout can say who did not arrive.
+    const std::string prefix = "barrier/" + std::to_string(barriers_++) + "/";
+    store_->set(prefix + std::to_string(rank_), std::vector<uint8_t>{1});
+    std::vector<std::string> keys;
+    for (int r = 0; r < size_; ++r) keys.push_back(prefix + std::to_string(r));
+    const auto timeout = opts.timeout == c10d::kUnsetTimeout ? timeout_ : opts.timeout;
+    try {
+      store_->wait(keys, timeout);
+    } catch (const std::exception& e) {
+      std::string missing;
+      for (int r = 0; r < size_; ++r)
+        if (!store_->check({keys[r]})) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+      TORCH_CHECK(false, "tpu_dist: barrier timed out after ", timeout.count(), " ms on rank ", rank_, ": rank(s) ",
+                  missing.empty() ? std::string("?") : missing, " of ", size_, " did not arrive (", e.what(), ")");
+    }
     return done(OpType::BARRIER);
   }
 
@@ -374,7 +437,30 @@ class TpuDistBackend final : public c10d::Backend {
     return out;
   }
 
+  // Raises on every rank if the ranks disagree on the collective, dtypes or shapes.
+  void agree(const char* what, const std::vector<at::Tensor>& ts) {
+    if (!check_ || size_ == 1) return;
+    auto mine = agreementOf(what, ts);
+    at::Tensor local = at::tensor(mine, at::kLong);
+    at::Tensor all = at::empty({size_ * kAgreementSlots}, at::kLong);
+    host_->_allgather_base(all, local, c10d::AllgatherOptions())->wait();
+    const int64_t* p = all.data_ptr<int64_t>();
+    for (int r = 0; r < size_; ++r) {
+      if (std::equal(mine.begin(), mine.end(), p + r * kAgreementSlots)) continue;
+      std::string ranks;
+      for (int q = 0; q < size_; ++q)
+        ranks += "\n  rank " + std::to_string(q) + ": " + describeAgreement(p + q * kAgreementSlots) +
+                 (p[q * kAgreementSlots] == mine[0] ? "" : " (another collective)");
+      TORCH_CHECK(false, "tpu_dist: ", what, " was called with different tensors on different ranks:", ranks,
+                  "\n(set TORCH_TPU_DIST_CHECK=0 to skip this check)");
+    }
+  }
+
   c10::intrusive_ptr<c10d::Backend> host_;
+  c10::intrusive_ptr<c10d::Store> store_;
+  std::chrono::milliseconds timeout_;
+  bool check_;
+  int64_t barriers_ = 0;
 };
 
 }  // namespace
@@ -382,8 +468,9 @@ class TpuDistBackend final : public c10d::Backend {
 void registerPython(pybind11::module& m) {
   m.def(
       "_tpu_dist_backend",
-      [](const c10::intrusive_ptr<c10d::Backend>& host, int rank, int size) -> c10::intrusive_ptr<c10d::Backend> {
-        return c10::make_intrusive<TpuDistBackend>(host, rank, size);
+      [](const c10::intrusive_ptr<c10d::Backend>& host, const c10::intrusive_ptr<c10d::Store>& store, int rank,
+         int size, std::chrono::milliseconds timeout) -> c10::intrusive_ptr<c10d::Backend> {
+        return c10::make_intrusive<TpuDistBackend>(host, store, rank, size, timeout);
       },
       "The tpu_dist backend over an inner host backend (ProcessGroupGloo) for the same group.");
 }

@@ -34,6 +34,8 @@ const std::vector<Var>& all() {
        "the on-disk compilation cache; `off` or `0` turns it off"},
       {"TORCH_TPU_CACHE_MAX_BYTES", "integer", "2147483648", "runtime", "size bound of the on-disk cache"},
       {"TORCH_TPU_LOG_RECOMPILES", "0/1", "0", "runtime", "1: print the reason of every compile"},
+      {"TORCH_TPU_DIST_CHECK", "0/1", "1", "distributed",
+       "0: skip tpu_dist's check that all ranks pass the same dtypes and shapes (one small all_gather per collective)"},
       {"XLA_FLAGS", "text", "", "XLA",
        "XLA's own flags; part of the compilation cache key (a vector width set here wins)"},
       {"LIBTPU_INIT_ARGS", "text", "", "XLA", "libtpu's own flags; part of the compilation cache key"},
