@@ -21,7 +21,7 @@ PY=$VENV/bin/python
 if ! "$PY" -c "import torch, xla_plugins.xla_cpu_pjrt, pytest, ninja, cmake, transformers, expecttest" 2>/dev/null; then
   "$PY" -m pip install -q --upgrade pip >/dev/null 2>&1 || true
   "$PY" -m pip install -q "torch==2.11.0" numpy pytest expecttest ninja "cmake>=3.24" "setuptools>=70" wheel \
-    "xla-cpu-pjrt==0.0.1" "transformers>=5.17,<6"
+    "xla-cpu-pjrt==0.0.1" "transformers>=5.17,<6" >"$WORK/pip.log" 2>&1 || { tail -20 "$WORK/pip.log"; exit 1; }
 fi
 "$PY" -c "import torch; assert torch.__version__.startswith('2.11'), torch.__version__"
 

@@ -66,6 +66,9 @@ std::vector<at::Tensor> hostLike(const std::vector<at::Tensor>& ts) {
 void backTo(const at::Tensor& dev, const at::Tensor& host) {
   if (!onTpu(dev)) return;
   runtime::metrics().dist_staged_bytes += static_cast<int64_t>(host.numel() * host.element_size());
+  // A collective writes its output's memory, as NCCL does: not an autograd op (a
+  // pipeline stage receives into a leaf that requires grad) and no version bump.
+  at::AutoDispatchBelowADInplaceOrView guard;
   dev.copy_(host);
 }
 

@@ -1,6 +1,7 @@
-"""torch.distributed on tpu through tpu_dist: every collective against gloo, DDP, FSDP2 and
-tensor parallelism against one process, and failures that raise instead of hanging. Two
-processes each, under torchrun (the failure cases start one process per rank themselves)."""
+"""torch.distributed on tpu through tpu_dist: every collective against gloo, DDP, FSDP2,
+tensor parallelism and a GPipe pipeline against one process, and failures that raise instead
+of hanging. Two processes each, under torchrun (the failure cases start one process per rank
+themselves)."""
 
 import datetime
 import os
@@ -93,7 +94,7 @@ def test_every_collective_matches_gloo():
     assert out.count(": ok 51 checks") == 2, out
 
 
-@pytest.mark.parametrize("mode", ["ddp", "fsdp2", "tp"])
+@pytest.mark.parametrize("mode", ["ddp", "fsdp2", "tp", "pp"])
 def test_training_matches_one_process(mode):
     out = _torchrun("train.py", mode)
     assert out.count(f"{mode} ok") == 2, out

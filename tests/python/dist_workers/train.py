@@ -1,7 +1,7 @@
 """The project's GPT trained for a few steps with a parallelism over 2 ranks on tpu,
 against the same model trained in this process without it, on the same global batch.
 
-    torchrun --nproc-per-node 2 train.py ddp|fsdp2|tp
+    torchrun --nproc-per-node 2 train.py ddp|fsdp2|tp|pp
 """
 
 import datetime
@@ -17,7 +17,7 @@ MODE = sys.argv[1]
 STEPS = 5
 # Gradient clipping over a mix of DTensor and plain parameters is refused by PyTorch itself
 # (aten._foreach_norm); tensor parallelism trains without it, on both sides.
-CLIP = MODE != "tp"
+CLIP = MODE not in ("tp", "pp")  # pp: the stages' norms would need a collective of their own
 torch_tpu.set_fallback("error")
 # Named: with no backend, PyTorch makes gloo the group's default even when only the
 # accelerator's backend exists, and DDP's logger then fails on every out-of-tree device.
@@ -28,7 +28,58 @@ VOCAB, BLOCK, BATCH = 32, 16, 4  # BATCH per rank; the global batch is BATCH * s
 
 def model():
     torch.manual_seed(0)
-    return GPT(VOCAB, block_size=BLOCK, n_layer=2, n_head=2, n_embd=32, dropout=0.0)
+    # Untied for pipelining: the embedding and the head live on different stages.
+    return GPT(VOCAB, block_size=BLOCK, n_layer=2, n_head=2, n_embd=32, dropout=0.0, tie_weights=MODE != "pp")
+
+
+class FirstStage(torch.nn.Module):
+    def __init__(self, gpt):
+        super().__init__()
+        self.tok_emb, self.pos_emb, self.block = gpt.tok_emb, gpt.pos_emb, gpt.blocks[0]
+
+    def forward(self, idx):
+        pos = torch.arange(idx.shape[1], device=idx.device)
+        return self.block(self.tok_emb(idx) + self.pos_emb(pos))
+
+
+class LastStage(torch.nn.Module):
+    def __init__(self, gpt):
+        super().__init__()
+        self.block, self.ln_f, self.lm_head = gpt.blocks[1], gpt.ln_f, gpt.lm_head
+
+    def forward(self, x):
+        return self.lm_head(self.ln_f(self.block(x)))
+
+
+def pipeline():
+    """Two stages (rank 0: embeddings and block 0; rank 1: block 1 and the head), GPipe over
+    2 micro-batches of the global batch."""
+    from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
+
+    gpt = model()
+    stage_mod = (FirstStage if rank == 0 else LastStage)(gpt).to("tpu")
+    stage = PipelineStage(stage_mod, rank, size, torch.device("tpu"))
+
+    def loss_fn(logits, targets):
+        return torch.nn.functional.cross_entropy(logits.reshape(-1, VOCAB), targets.reshape(-1))
+
+    schedule = ScheduleGPipe(stage, n_microbatches=2, loss_fn=loss_fn)
+    opt = torch.optim.AdamW(stage_mod.parameters(), lr=1e-2)
+    losses = []
+    for d in data:
+        d = d.to("tpu")
+        opt.zero_grad()
+        if rank == 0:
+            schedule.step(d[:, :-1])
+            loss = torch.zeros((), device="tpu")
+        else:
+            mb_losses = []
+            schedule.step(target=d[:, 1:], losses=mb_losses)
+            loss = torch.stack(mb_losses).mean().detach()
+        opt.step()
+        dist.broadcast(loss, src=size - 1)  # the last stage has the loss
+        losses.append(loss.item())
+    return losses
 
 
 g = torch.Generator().manual_seed(1)
@@ -53,6 +104,8 @@ def reference():
 
 
 def parallel():
+    if MODE == "pp":
+        return pipeline()
     if MODE == "ddp":
         from torch.nn.parallel import DistributedDataParallel as DDP
 
