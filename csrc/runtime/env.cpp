@@ -56,6 +56,8 @@ const std::vector<Var>& all() {
       {"TORCH_TPU_ACCELERATE", "0/1", "1", "Python", "0: leave Hugging Face Accelerate's device choice alone"},
       // Scripts and tests.
       {"TORCH_TPU_VENV", "path", ".venv", "scripts", "the virtual environment scripts/setup.sh creates and uses"},
+      {"TORCH_TPU_BUILD_DIR", "path", "build", "scripts",
+       "the CMake build folder `pip install` (setup.py) builds the extension in"},
       {"TORCH_TPU_TEST_FUSED", "0/1", "1", "scripts", "0: scripts/test.sh skips its second pass in fused eager"},
       {"TORCH_TPU_ZOO_TEST_CRASH", "text", "", "tests",
        "model zoo tests only: the architecture whose worker crashes on purpose"},
