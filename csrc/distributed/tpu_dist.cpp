@@ -16,17 +16,16 @@
 #include "distributed/tpu_dist.h"
 
 #include <ATen/ATen.h>
-
-#include <functional>
-#include <mutex>
-
 #include <ATen/core/ivalue.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <pybind11/chrono.h>
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 #include <torch/csrc/distributed/c10d/Work.hpp>
-#include <pybind11/chrono.h>
 #include <torch/csrc/utils/pybind.h>
+
+#include <functional>
+#include <mutex>
 
 #include "runtime/env.h"
 #include "runtime/runtime.h"
@@ -104,8 +103,8 @@ std::vector<c10::Device> devicesOf(const std::vector<at::Tensor>& ts) {
 class DoneWork final : public c10d::Work {
  public:
   DoneWork(OpType type, std::vector<at::Tensor> result) : Work(-1, type), result_(std::move(result)) {
-    future_ = c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()),
-                                                       devicesOf(result_));
+    future_ =
+        c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()), devicesOf(result_));
     future_->markCompleted(c10::IValue(result_));
   }
   bool isCompleted() override { return true; }
@@ -127,8 +126,8 @@ class PendingWork final : public c10d::Work {
   PendingWork(OpType type, c10::intrusive_ptr<c10d::Work> inner, std::function<void()> finish,
               std::vector<at::Tensor> result)
       : Work(-1, type), inner_(std::move(inner)), finish_(std::move(finish)), result_(std::move(result)) {
-    future_ = c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()),
-                                                       devicesOf(result_));
+    future_ =
+        c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()), devicesOf(result_));
   }
   bool isCompleted() override {
     if (!inner_->isCompleted()) return false;
@@ -313,8 +312,8 @@ class TpuDistBackend final : public c10d::Backend {
     return done(OpType::COALESCED, outputs);
   }
 
-  c10::intrusive_ptr<c10d::Work> gather(std::vector<std::vector<at::Tensor>>& outputs,
-                                        std::vector<at::Tensor>& inputs, const c10d::GatherOptions& opts) override {
+  c10::intrusive_ptr<c10d::Work> gather(std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
+                                        const c10d::GatherOptions& opts) override {
     auto hin = toHost(inputs);
     auto hout = hostLike(outputs);
     host_->gather(hout, hin, opts)->wait();
@@ -322,8 +321,7 @@ class TpuDistBackend final : public c10d::Backend {
     return done(OpType::GATHER);
   }
 
-  c10::intrusive_ptr<c10d::Work> scatter(std::vector<at::Tensor>& outputs,
-                                         std::vector<std::vector<at::Tensor>>& inputs,
+  c10::intrusive_ptr<c10d::Work> scatter(std::vector<at::Tensor>& outputs, std::vector<std::vector<at::Tensor>>& inputs,
                                          const c10d::ScatterOptions& opts) override {
     auto hin = toHost(inputs);
     auto hout = hostLike(outputs);
@@ -376,8 +374,7 @@ class TpuDistBackend final : public c10d::Backend {
   }
 
   c10::intrusive_ptr<c10d::Work> alltoall_base(at::Tensor& output, at::Tensor& input,
-                                               std::vector<int64_t>& output_splits,
-                                               std::vector<int64_t>& input_splits,
+                                               std::vector<int64_t>& output_splits, std::vector<int64_t>& input_splits,
                                                const c10d::AllToAllOptions& opts) override {
     auto hin = toHost(input);
     auto hout = hostLike(output);
@@ -400,7 +397,8 @@ class TpuDistBackend final : public c10d::Backend {
     auto inner = host_->send(h, dst, tag);
     runtime::metrics().dist_collectives++;
     // The host copies stay alive until the send has finished.
-    return c10::make_intrusive<PendingWork>(OpType::SEND, inner, [h] {}, std::vector<at::Tensor>{});
+    return c10::make_intrusive<PendingWork>(
+        OpType::SEND, inner, [h] {}, std::vector<at::Tensor>{});
   }
 
   c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int src, int tag) override {
@@ -408,7 +406,8 @@ class TpuDistBackend final : public c10d::Backend {
     auto inner = host_->recv(h, src, tag);
     runtime::metrics().dist_collectives++;
     std::vector<at::Tensor> dev = tensors;
-    return c10::make_intrusive<PendingWork>(OpType::RECV, inner, [dev, h] { backTo(dev, h); }, dev);
+    return c10::make_intrusive<PendingWork>(
+        OpType::RECV, inner, [dev, h] { backTo(dev, h); }, dev);
   }
 
   c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts) override {
