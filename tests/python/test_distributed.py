@@ -115,3 +115,12 @@ def test_mismatched_shapes_raise_on_every_rank():
 def test_a_barrier_timeout_names_the_missing_rank():
     (rc0, out0), _ = _ranks("barrier")
     assert rc0 == 0 and "rank(s) 1 of 2 did not arrive" in out0, out0
+
+
+def test_sharded_checkpoint_reshards_and_loads_in_one_process(tmp_path):
+    ckpt = str(tmp_path / "ckpt")
+    out = _torchrun("checkpoint.py", ckpt)
+    assert out.count("resharded load ok") == 2, out
+    r = subprocess.run([sys.executable, os.path.join(WORKERS, "checkpoint.py"), ckpt, "--single"],
+                       capture_output=True, text=True, env=_env(), timeout=240)
+    assert r.returncode == 0 and "single: ok" in r.stdout, r.stdout[-2000:] + r.stderr[-3000:]
