@@ -61,6 +61,20 @@ def interleaved(runs: dict, steps: int, rounds: int = 5) -> dict:
     return out
 
 
+def mode_configs(ref: str = "cpu") -> list:
+    """(name, device, mode, compile backend) for a side-by-side run: tpu's three modes, then the
+    reference device's eager and inductor. The compiled tpu entry is third and inductor last
+    (the ratios use them)."""
+    label = ref.upper()
+    return [
+        ("tpu strict eager", "tpu", "strict", None),
+        ("tpu fused eager", "tpu", "fused", None),
+        ("tpu torch.compile(backend='tpu')", "tpu", "strict", "tpu"),
+        (f"{label} eager", ref, "strict", None),
+        (f"{label} torch.compile (inductor)", ref, "strict", "inductor"),
+    ]
+
+
 def ratio_summary(fast: list, slow: list) -> dict:
     """The speed-up of `fast` over `slow` (per-round seconds): the ratio of the
     medians, with the lowest and highest per-round ratio."""

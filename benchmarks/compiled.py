@@ -17,7 +17,7 @@ import json
 import statistics
 import time
 
-from common import interleaved, provenance, ratio_summary, sync
+from common import interleaved, mode_configs, provenance, ratio_summary, sync
 
 import torch
 
@@ -84,19 +84,6 @@ def infer(device, mode, compiled, tok, tokens, args):
     return step, first
 
 
-def configs(ref: str = "cpu") -> list:
-    """(name, device, mode, compile backend): tpu's three modes, then the reference device's
-    eager and inductor. The compiled tpu entry is third and inductor last (the ratios use them)."""
-    label = ref.upper()
-    return [
-        ("tpu strict eager", "tpu", "strict", None),
-        ("tpu fused eager", "tpu", "fused", None),
-        ("tpu torch.compile(backend='tpu')", "tpu", "strict", "tpu"),
-        (f"{label} eager", ref, "strict", None),
-        (f"{label} torch.compile (inductor)", ref, "strict", "inductor"),
-    ]
-
-
 def add_run_args(ap: argparse.ArgumentParser) -> None:
     """The timing and GPT-batch options `setup` reads (compiled_phases.py uses them too)."""
     # 100 calls a round: with 20, single rounds of the training step ranged 1.62-2.22x compiled / strict
@@ -118,7 +105,7 @@ def main(argv=None):
     ap.add_argument("--task", choices=("train", "infer", "both"), default="both")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
-    CONFIGS = configs(args.ref)
+    CONFIGS = mode_configs(args.ref)
     text = load_corpus()
     tok = CharTokenizer(text)
     tokens = tok.encode_tensor(text)

@@ -17,7 +17,7 @@ import json
 import statistics
 import time
 
-from common import interleaved, provenance, ratio_summary, sync
+from common import interleaved, mode_configs, provenance, ratio_summary, sync
 
 import torch
 
@@ -33,18 +33,6 @@ def make_model(args):
                       num_key_value_heads=max(1, args.heads // 2), max_position_embeddings=args.prompt + args.new_tokens + 8,
                       bos_token_id=1, eos_token_id=2, pad_token_id=0)
     return LlamaForCausalLM(cfg).eval()
-
-
-def configs(ref: str) -> list:
-    """(name, device, mode, compile backend); the compiled tpu entry is third, inductor last."""
-    label = ref.upper()
-    return [
-        ("tpu strict eager", "tpu", "strict", None),
-        ("tpu fused eager", "tpu", "fused", None),
-        ("tpu torch.compile(backend='tpu')", "tpu", "strict", "tpu"),
-        (f"{label} eager", ref, "strict", None),
-        (f"{label} torch.compile (inductor)", ref, "strict", "inductor"),
-    ]
 
 
 def build(base, device, mode, backend, args):
@@ -86,7 +74,7 @@ def main(argv=None):
     args = ap.parse_args(argv)
     base = make_model(args)
     runs, firsts, errors, outputs = {}, {}, {}, {}
-    cfgs = configs(args.ref)
+    cfgs = mode_configs(args.ref)
     for name, device, mode, backend in cfgs:
         try:
             call, firsts[name], outputs[name] = build(base, device, mode, backend, args)
