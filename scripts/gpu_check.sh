@@ -155,7 +155,7 @@ TESTS=(tests/python/test_ops.py tests/python/test_views.py tests/python/test_aut
   tests/python/test_models.py tests/python/test_huggingface.py tests/python/test_compile.py)
 XDIST=()
 "$PY" -c "import xdist" 2>/dev/null && XDIST=(-n "$WORKERS")
-step tests 150 "$PY" -m pytest -q -m "not slow" -p no:cacheprovider "${XDIST[@]}" \
+step tests 180 "$PY" -m pytest -q -m "not slow" -p no:cacheprovider "${XDIST[@]}" \
   --junitxml="$OUT/tests.xml" -rfE "${TESTS[@]}"
 grep -E "passed|failed|error" "$OUT/tests.log" 2>/dev/null | tail -1 | sed 's/^/    /' >>"$SUMMARY"
 grep -E "^(FAILED|ERROR) " "$OUT/tests.log" 2>/dev/null | head -40 | sed 's/^/    /' >>"$SUMMARY"
