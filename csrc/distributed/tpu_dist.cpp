@@ -163,20 +163,21 @@ c10::intrusive_ptr<c10d::Work> done(OpType type, std::vector<at::Tensor> result 
   return c10::make_intrusive<DoneWork>(type, std::move(result));
 }
 
-// Host backends have no AVG; it is a SUM divided here, as NCCL defines it (integers truncate).
-bool isAvg(const ReduceOp& op) { return op.op_ == ReduceOp::AVG; }
+// The op the host backend runs for `op`. Host backends have no AVG: it runs as
+// SUM and finishAvg divides, as NCCL defines it (integers truncate).
+ReduceOp hostOp(const ReduceOp& op) {
+  TORCH_CHECK(op.op_ != ReduceOp::PREMUL_SUM, "tpu_dist: ReduceOp.PREMUL_SUM is not supported; scale, then SUM");
+  return op.op_ == ReduceOp::AVG ? ReduceOp(ReduceOp::SUM) : op;
+}
 
-void divideBy(const std::vector<at::Tensor>& ts, int64_t n) {
+void finishAvg(const ReduceOp& op, const std::vector<at::Tensor>& ts, int64_t n) {
+  if (op.op_ != ReduceOp::AVG) return;
   for (const auto& t : ts) {
     if (at::isIntegralType(t.scalar_type(), /*includeBool=*/false))
       t.div_(n, "trunc");
     else
       t.div_(n);
   }
-}
-
-void checkOp(const ReduceOp& op) {
-  TORCH_CHECK(op.op_ != ReduceOp::PREMUL_SUM, "tpu_dist: ReduceOp.PREMUL_SUM is not supported; scale, then SUM");
 }
 
 // What every rank must agree on before a collective: the collective, then per
@@ -236,13 +237,12 @@ class TpuDistBackend final : public c10d::Backend {
 
   c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors,
                                            const c10d::AllreduceOptions& opts) override {
-    checkOp(opts.reduceOp);
+    c10d::AllreduceOptions o = opts;
+    o.reduceOp = hostOp(opts.reduceOp);
     agree("all_reduce", tensors);
     auto h = toHost(tensors);
-    c10d::AllreduceOptions o = opts;
-    if (isAvg(opts.reduceOp)) o.reduceOp = ReduceOp::SUM;
     host_->allreduce(h, o)->wait();
-    if (isAvg(opts.reduceOp)) divideBy(h, size_);
+    finishAvg(opts.reduceOp, h, size_);
     backTo(tensors, h);
     return done(OpType::ALLREDUCE, tensors);
   }
@@ -260,14 +260,13 @@ class TpuDistBackend final : public c10d::Backend {
   }
 
   c10::intrusive_ptr<c10d::Work> reduce(std::vector<at::Tensor>& tensors, const c10d::ReduceOptions& opts) override {
-    checkOp(opts.reduceOp);
+    c10d::ReduceOptions o = opts;
+    o.reduceOp = hostOp(opts.reduceOp);
     agree("reduce", tensors);
     auto h = toHost(tensors);
-    c10d::ReduceOptions o = opts;
-    if (isAvg(opts.reduceOp)) o.reduceOp = ReduceOp::SUM;
     host_->reduce(h, o)->wait();
     if (rank_ == opts.rootRank) {
-      if (isAvg(opts.reduceOp)) divideBy(h, size_);
+      finishAvg(opts.reduceOp, h, size_);
       backTo(tensors, h);
     }
     return done(OpType::REDUCE, tensors);
@@ -333,18 +332,17 @@ class TpuDistBackend final : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> reduce_scatter(std::vector<at::Tensor>& outputs,
                                                 std::vector<std::vector<at::Tensor>>& inputs,
                                                 const c10d::ReduceScatterOptions& opts) override {
-    checkOp(opts.reduceOp);
+    c10d::AllreduceOptions o;
+    o.reduceOp = hostOp(opts.reduceOp);
+    o.timeout = opts.timeout;
     // Gloo has no list reduce_scatter: reduce the stacked inputs, keep this rank's part.
     std::vector<at::Tensor> parts = inputs.at(0);
     agree("reduce_scatter", parts);
     at::Tensor flat = at::cat(flatten(parts)).to(at::kCPU);
     runtime::metrics().dist_staged_bytes += static_cast<int64_t>(flat.numel() * flat.element_size());
     std::vector<at::Tensor> h{flat};
-    c10d::AllreduceOptions o;
-    o.reduceOp = isAvg(opts.reduceOp) ? ReduceOp(ReduceOp::SUM) : opts.reduceOp;
-    o.timeout = opts.timeout;
     host_->allreduce(h, o)->wait();
-    if (isAvg(opts.reduceOp)) divideBy(h, size_);
+    finishAvg(opts.reduceOp, h, size_);
     int64_t offset = 0;
     for (int r = 0; r < rank_; ++r) offset += parts[r].numel();
     at::Tensor mine = flat.narrow(0, offset, parts[rank_].numel()).view(outputs[0].sizes());
@@ -354,14 +352,13 @@ class TpuDistBackend final : public c10d::Backend {
 
   c10::intrusive_ptr<c10d::Work> _reduce_scatter_base(at::Tensor& output, at::Tensor& input,
                                                       const c10d::ReduceScatterOptions& opts) override {
-    checkOp(opts.reduceOp);
+    c10d::ReduceScatterOptions o = opts;
+    o.reduceOp = hostOp(opts.reduceOp);
     agree("reduce_scatter_tensor", {input, output});
     auto hin = toHost(input);
     auto hout = hostLike(output);
-    c10d::ReduceScatterOptions o = opts;
-    if (isAvg(opts.reduceOp)) o.reduceOp = ReduceOp::SUM;
     host_->_reduce_scatter_base(hout, hin, o)->wait();
-    if (isAvg(opts.reduceOp)) divideBy({hout}, size_);
+    finishAvg(opts.reduceOp, {hout}, size_);
     backTo(output, hout);
     return done(OpType::_REDUCE_SCATTER_BASE, {output});
   }
