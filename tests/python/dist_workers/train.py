@@ -86,12 +86,13 @@ g = torch.Generator().manual_seed(1)
 data = [torch.randint(0, VOCAB, (BATCH * size, BLOCK + 1), generator=g) for _ in range(STEPS)]
 
 
-def reference():
-    """Single-process training on the global batch: the losses every parallel run must give."""
-    m = model().to("tpu")
-    opt = torch.optim.AdamW(m.parameters(), lr=1e-2)
+def train(m, opt, local):
+    """The losses of STEPS steps on `data`; `local`: each rank takes its slice of the global
+    batch and the reported loss is the ranks' mean."""
     losses = []
     for d in data:
+        if local:
+            d = d[rank * BATCH:(rank + 1) * BATCH]
         d = d.to("tpu")
         _, loss = m(d[:, :-1], d[:, 1:])
         opt.zero_grad()
@@ -99,8 +100,17 @@ def reference():
         if CLIP:
             torch.nn.utils.clip_grad_norm_(m.parameters(), 1.0)
         opt.step()
+        loss = loss.detach().clone()
+        if local:
+            dist.all_reduce(loss, op=dist.ReduceOp.AVG)
         losses.append(loss.item())
     return losses
+
+
+def reference():
+    """Single-process training on the global batch: the losses every parallel run must give."""
+    m = model().to("tpu")
+    return train(m, torch.optim.AdamW(m.parameters(), lr=1e-2), local=False)
 
 
 def parallel():
@@ -133,23 +143,7 @@ def parallel():
     else:
         raise SystemExit(f"unknown mode {MODE}")
     # foreach kernels refuse a mix of DTensor and plain parameters (tensor parallelism).
-    opt = torch.optim.AdamW(m.parameters(), lr=1e-2, foreach=CLIP)
-    losses = []
-    for d in data:
-        if local:
-            d = d[rank * BATCH:(rank + 1) * BATCH]
-        d = d.to("tpu")
-        _, loss = m(d[:, :-1], d[:, 1:])
-        opt.zero_grad()
-        loss.backward()
-        if CLIP:
-            torch.nn.utils.clip_grad_norm_(m.parameters(), 1.0)
-        opt.step()
-        global_loss = loss.detach().clone()
-        if local:
-            dist.all_reduce(global_loss, op=dist.ReduceOp.AVG)
-        losses.append(global_loss.item())
-    return losses
+    return train(m, torch.optim.AdamW(m.parameters(), lr=1e-2, foreach=CLIP), local)
 
 
 want = reference()
