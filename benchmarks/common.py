@@ -4,6 +4,7 @@ provenance (date, machine, commit) for docs/benchmarks.md."""
 from __future__ import annotations
 
 import datetime
+import json
 import os
 import platform
 import statistics
@@ -112,6 +113,13 @@ def provenance() -> dict:
         "torch": torch.__version__,
         "plugin": f"{torch_tpu._C._platform()} ({os.path.basename(torch_tpu._C._plugin_path())})",
     }
+
+
+def write_json(path, out: dict) -> None:
+    """Writes a benchmark's results where --json points (nothing without it)."""
+    if path:
+        with open(path, "w") as f:
+            json.dump(out, f, indent=1)
 
 
 def provenance_lines(prov: dict) -> list:

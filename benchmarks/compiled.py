@@ -13,11 +13,10 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
 import statistics
 import time
 
-from common import interleaved, mode_configs, provenance, ratio_summary, sync
+from common import interleaved, mode_configs, provenance, ratio_summary, sync, write_json
 
 import torch
 
@@ -143,9 +142,7 @@ def main(argv=None):
     out = {"provenance": provenance(), "rows": rows, "ratios": ratios, "steps": args.steps, "rounds": args.rounds,
            "model": {k: getattr(args, k) for k in ("n_layer", "n_head", "n_embd", "batch", "block")},
            "graphs": torch_tpu.compiled_graphs()}
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(out, f, indent=1)
+    write_json(args.json, out)
     return out
 
 

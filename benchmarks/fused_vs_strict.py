@@ -11,14 +11,13 @@ and a warm disk cache.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import subprocess
 import sys
 import tempfile
 
-from common import interleaved, provenance, ratio_summary, sync
+from common import interleaved, provenance, ratio_summary, sync, write_json
 
 import torch
 
@@ -159,9 +158,7 @@ def main(argv=None):
           f"({st['cold']['compiles']} compiles), warm cache {st['warm']['seconds']:.2f} s "
           f"({st['warm']['compiles']} compiles)")
     out = {"provenance": provenance(), "rows": rows, "rounds": args.rounds, "startup": st}
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(out, f, indent=1)
+    write_json(args.json, out)
     return out
 
 

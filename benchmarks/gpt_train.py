@@ -8,10 +8,9 @@ CPU device, side by side in one run, plus the first-step (compile) time.
 from __future__ import annotations
 
 import argparse
-import json
 import time
 
-from common import provenance, sync
+from common import provenance, sync, write_json
 
 import torch
 
@@ -72,9 +71,7 @@ def main(argv=None):
     ratio = results[1]["tokens_per_s"] / results[0]["tokens_per_s"]
     print(f"tpu/cpu throughput: {ratio:.2f}x")
     out = {"provenance": provenance(), "config": vars(args), "results": results, "ratio": ratio}
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(out, f, indent=1)
+    write_json(args.json, out)
     return out
 
 

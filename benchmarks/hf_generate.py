@@ -13,11 +13,10 @@ from __future__ import annotations
 import argparse
 import contextlib
 import copy
-import json
 import statistics
 import time
 
-from common import interleaved, mode_configs, provenance, ratio_summary, sync
+from common import interleaved, mode_configs, provenance, ratio_summary, sync, write_json
 
 import torch
 
@@ -104,9 +103,7 @@ def main(argv=None):
         for other, rs in ratios.items():
             print(f"generate: compiled tpu / {other} {rs['ratio']:.2f}x (rounds {rs['low']:.2f}-{rs['high']:.2f}x)")
     out = {"provenance": provenance(), "rows": rows, "ratios": ratios, "args": vars(args)}
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(out, f, indent=1)
+    write_json(args.json, out)
     return out
 
 

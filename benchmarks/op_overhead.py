@@ -11,9 +11,8 @@ lowering that XLA compiles into slow code stands out (pow and topk did).
 from __future__ import annotations
 
 import argparse
-import json
 
-from common import provenance, time_per_call
+from common import provenance, time_per_call, write_json
 
 import torch
 import torch.nn.functional as F
@@ -95,9 +94,7 @@ def main(argv=None):
         print(f"{name:28s} {ref} {res[ref]:8.1f} us   tpu {res['tpu']:8.1f} us   tpu/{ref} {res['tpu'] / res[ref]:6.1f}x",
               flush=True)
     out = {"provenance": provenance(), "ref": ref, "size": n, "iters": iters, "rows": rows}
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(out, f, indent=1)
+    write_json(args.json, out)
     return out
 
 
