@@ -1,9 +1,9 @@
 """torch.distributed on tpu: the ``tpu_dist`` backend.
 
 Importing torch_tpu registers ``tpu_dist`` with ``torch.distributed`` for the ``tpu``
-device, so ``dist.init_process_group()`` (no backend named) gives tpu tensors to it and CPU
-tensors to gloo, and ``backend="cpu:gloo,tpu:tpu_dist"`` says the same explicitly. DDP,
-FSDP2, DTensor and pipelining call it through c10d like any backend.
+device, so ``dist.init_process_group()`` (no backend named) gives tpu tensors to it, and
+``backend="cpu:gloo,tpu:tpu_dist"`` adds gloo for CPU tensors (as ``"cpu:gloo,cuda:nccl"``
+does on GPUs). DDP, FSDP2, DTensor and pipelining call it through c10d like any backend.
 
 The backend itself is C++ (``csrc/distributed/tpu_dist.cpp``). Its transport here stages
 through the host: each collective copies the tpu tensors to the host, runs PyTorch's own
@@ -44,9 +44,4 @@ def register() -> bool:
     return True
 
 
-def is_staged() -> bool:
-    """Whether collectives stage through the host (the only transport built so far)."""
-    return True
-
-
-__all__ = ["BACKEND", "register", "is_staged"]
+__all__ = ["BACKEND", "register"]
