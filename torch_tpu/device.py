@@ -273,3 +273,6 @@ def _lazy_init() -> None:
 
 def _get_device_index(device: Any, optional: bool = False) -> int:
     return _index(device)
+
+
+from . import comm  # noqa: E402  (torch.tpu.comm, as torch.cuda.comm)

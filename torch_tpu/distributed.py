@@ -5,12 +5,19 @@ device, so ``dist.init_process_group()`` (no backend named) gives tpu tensors to
 ``backend="cpu:gloo,tpu:tpu_dist"`` adds gloo for CPU tensors (as ``"cpu:gloo,cuda:nccl"``
 does on GPUs). DDP, FSDP2, DTensor and pipelining call it through c10d like any backend.
 
-The backend itself is C++ (``csrc/distributed/tpu_dist.cpp``). Its transport here stages
-through the host: each collective copies the tpu tensors to the host, runs PyTorch's own
-gloo collective on the copies and copies the results back (``torch_tpu.metrics()``
-counts ``dist_collectives`` and ``dist_staged_bytes``). This module builds the inner gloo
-group for each process group c10d creates (the default group and every ``new_group`` or
-``DeviceMesh`` dimension), from that group's store, rank, size and timeout.
+The backend itself is C++ (``csrc/distributed``), with two transports:
+
+- host staging (``tpu_dist.cpp``), for processes whose plugin has no cross-process
+  collectives (the CPU plugin): each collective copies the tpu tensors to the host, runs
+  PyTorch's own gloo collective on the copies and copies the results back
+  (``torch_tpu.metrics()`` counts ``dist_collectives`` and ``dist_staged_bytes``). This
+  module builds the inner gloo group for each process group c10d creates (the default
+  group and every ``new_group`` or ``DeviceMesh`` dimension) from that group's store,
+  rank, size and timeout;
+- XLA collectives (``xla_transport.cpp``): each collective is an XLA program with one
+  replica per rank, the data moving device to device (``dist_xla_collectives``,
+  ``dist_xla_bytes``). ``local_group`` makes such a group for ranks that are threads of
+  one process, each on its own device.
 """
 
 from __future__ import annotations
@@ -29,6 +36,43 @@ def _create_backend(opts, backend_options=None):
     return _C._tpu_dist_backend(host, store, opts.group_rank, opts.group_size, opts.timeout)
 
 
+def local_group(rank: int, world_size: int, store=None, devices=None, timeout=None):
+    """A process group for ``world_size`` ranks that are threads of this process, rank r
+    on ``tpu:devices[r]`` (default: ``tpu:r``), whose collectives run as XLA programs.
+
+    Every rank's thread calls this with the same ``store`` (a ``dist.HashStore`` shared
+    by the threads) and then uses the group like any other: ``dist.all_reduce(t,
+    group=pg)``, DTensor, ... Collectives check that every rank arrived within ``timeout``
+    (default 5 minutes) and agree on the tensors, so a missing rank is an error, not a
+    hang."""
+    import datetime
+
+    import torch
+    import torch.distributed as dist
+
+    from . import _C
+
+    if store is None:
+        raise ValueError("local_group: pass the dist.HashStore every rank's thread shares")
+    devices = list(range(world_size)) if devices is None else [int(d) for d in devices]
+    if len(devices) != world_size or len(set(devices)) != world_size:
+        raise ValueError(f"local_group: {world_size} ranks need {world_size} distinct devices, got {devices}")
+    if not 0 <= rank < world_size:
+        raise ValueError(f"local_group: rank {rank} is not in [0, {world_size})")
+    count = torch.tpu.device_count()
+    if max(devices) >= count:
+        raise ValueError(f"local_group: tpu:{max(devices)} does not exist ({count} devices; with the CPU plugin "
+                         "TORCH_TPU_CPU_DEVICES=N gives N)")
+    timeout = timeout or datetime.timedelta(minutes=5)
+    prefixed = dist.PrefixStore(f"{BACKEND}_local/", store)
+    backend = _C._tpu_dist_xla_backend(prefixed, rank, world_size, timeout, devices)
+    pg = dist.ProcessGroup(prefixed, rank, world_size)
+    kind = dist.ProcessGroup.BackendType.CUSTOM
+    pg._register_backend(torch.device("tpu"), kind, backend)
+    pg._set_default_backend(kind)
+    return pg
+
+
 def register() -> bool:
     """Registers ``tpu_dist`` with torch.distributed (once). False where torch was built
     without distributed support."""
@@ -44,4 +88,4 @@ def register() -> bool:
     return True
 
 
-__all__ = ["BACKEND", "register"]
+__all__ = ["BACKEND", "local_group", "register"]

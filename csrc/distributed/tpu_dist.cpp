@@ -15,6 +15,8 @@
 // rank, a timeout) surface as exceptions from the call itself.
 #include "distributed/tpu_dist.h"
 
+#include "distributed/common.h"
+
 #include <ATen/ATen.h>
 #include <ATen/core/ivalue.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
@@ -33,10 +35,7 @@
 namespace tpu::distributed {
 namespace {
 
-using c10d::OpType;
 using c10d::ReduceOp;
-
-bool onTpu(const at::Tensor& t) { return t.device().type() == c10::DeviceType::PrivateUse1; }
 
 // A host copy of `t` (the tensor itself when it already lives on the host).
 at::Tensor toHost(const at::Tensor& t) {
@@ -91,78 +90,6 @@ std::vector<std::vector<at::Tensor>> toHost(const std::vector<std::vector<at::Te
   return out;
 }
 
-// The devices a result's future must know (the tpu ones its tensors are on).
-std::vector<c10::Device> devicesOf(const std::vector<at::Tensor>& ts) {
-  std::vector<c10::Device> d;
-  for (const auto& t : ts)
-    if (onTpu(t) && std::find(d.begin(), d.end(), t.device()) == d.end()) d.push_back(t.device());
-  return d;
-}
-
-// A collective that has finished: its results are on the device.
-class DoneWork final : public c10d::Work {
- public:
-  DoneWork(OpType type, std::vector<at::Tensor> result) : Work(-1, type), result_(std::move(result)) {
-    future_ =
-        c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()), devicesOf(result_));
-    future_->markCompleted(c10::IValue(result_));
-  }
-  bool isCompleted() override { return true; }
-  bool isSuccess() const override { return true; }
-  bool wait(std::chrono::milliseconds /*timeout*/) override { return true; }
-  std::vector<at::Tensor> result() override { return result_; }
-  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return future_; }
-
- private:
-  std::vector<at::Tensor> result_;
-  c10::intrusive_ptr<c10::ivalue::Future> future_;
-};
-
-// A point-to-point transfer still in flight on the host backend: a send must not
-// wait for its receiver inside the call (batch_isend_irecv posts both sides first).
-// wait() waits for the inner work, then copies a received value to the device.
-class PendingWork final : public c10d::Work {
- public:
-  PendingWork(OpType type, c10::intrusive_ptr<c10d::Work> inner, std::function<void()> finish,
-              std::vector<at::Tensor> result)
-      : Work(-1, type), inner_(std::move(inner)), finish_(std::move(finish)), result_(std::move(result)) {
-    future_ =
-        c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()), devicesOf(result_));
-  }
-  bool isCompleted() override {
-    if (!inner_->isCompleted()) return false;
-    finishOnce();
-    return true;
-  }
-  bool isSuccess() const override { return inner_->isSuccess(); }
-  std::exception_ptr exception() const override { return inner_->exception(); }
-  bool wait(std::chrono::milliseconds timeout) override {
-    inner_->wait(timeout);
-    finishOnce();
-    return true;
-  }
-  std::vector<at::Tensor> result() override { return result_; }
-  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return future_; }
-
- private:
-  void finishOnce() {
-    std::call_once(once_, [this] {
-      if (finish_) finish_();
-      future_->markCompleted(c10::IValue(result_));
-    });
-  }
-  c10::intrusive_ptr<c10d::Work> inner_;
-  std::function<void()> finish_;
-  std::vector<at::Tensor> result_;
-  c10::intrusive_ptr<c10::ivalue::Future> future_;
-  std::once_flag once_;
-};
-
-c10::intrusive_ptr<c10d::Work> done(OpType type, std::vector<at::Tensor> result = {}) {
-  runtime::metrics().dist_collectives++;
-  return c10::make_intrusive<DoneWork>(type, std::move(result));
-}
-
 // The op the host backend runs for `op`. Host backends have no AVG: it runs as
 // SUM and finishAvg divides, as NCCL defines it (integers truncate).
 ReduceOp hostOp(const ReduceOp& op) {
@@ -178,40 +105,6 @@ void finishAvg(const ReduceOp& op, const std::vector<at::Tensor>& ts, int64_t n)
     else
       t.div_(n);
   }
-}
-
-// What every rank must agree on before a collective: the collective, then per
-// tensor its dtype and shape (a host backend given different sizes on two ranks
-// aborts the process or reads garbage). Encoded in a fixed number of int64s.
-constexpr int kAgreementSlots = 16;
-
-std::vector<int64_t> agreementOf(const char* what, const std::vector<at::Tensor>& ts) {
-  std::vector<int64_t> v(kAgreementSlots, 0);
-  size_t h = std::hash<std::string>{}(what);
-  v[0] = static_cast<int64_t>(h & 0x7fffffffffffLL);
-  v[1] = static_cast<int64_t>(ts.size());
-  size_t i = 2;
-  for (const auto& t : ts) {
-    if (i + 2 > v.size()) break;
-    v[i++] = static_cast<int64_t>(t.scalar_type());
-    v[i++] = t.dim();
-    for (int64_t d : t.sizes())
-      if (i < v.size()) v[i++] = d;
-  }
-  return v;
-}
-
-std::string describeAgreement(const int64_t* v) {
-  std::string s;
-  size_t i = 2;
-  for (int64_t n = 0; n < v[1] && i + 2 <= kAgreementSlots; ++n) {
-    auto dtype = static_cast<c10::ScalarType>(v[i++]);
-    int64_t dim = v[i++];
-    s += (n ? ", " : "") + std::string(c10::toString(dtype)) + "[";
-    for (int64_t d = 0; d < dim && i < kAgreementSlots; ++d) s += (d ? ", " : "") + std::to_string(v[i++]);
-    s += "]";
-  }
-  return s;
 }
 
 class TpuDistBackend final : public c10d::Backend {
@@ -408,24 +301,9 @@ class TpuDistBackend final : public c10d::Backend {
   }
 
   c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts) override {
-    // Work queued on the device before the barrier is finished first, as a CUDA barrier orders it.
-    auto* guard = c10::impl::getDeviceGuardImpl(c10::DeviceType::PrivateUse1);
-    for (int d = 0; d < guard->deviceCount(); ++d) guard->synchronizeDevice(static_cast<c10::DeviceIndex>(d));
     // Through the store, so that a timeout can say who did not arrive.
-    const std::string prefix = "barrier/" + std::to_string(barriers_++) + "/";
-    store_->set(prefix + std::to_string(rank_), std::vector<uint8_t>{1});
-    std::vector<std::string> keys;
-    for (int r = 0; r < size_; ++r) keys.push_back(prefix + std::to_string(r));
-    const auto timeout = opts.timeout == c10d::kUnsetTimeout ? timeout_ : opts.timeout;
-    try {
-      store_->wait(keys, timeout);
-    } catch (const std::exception& e) {
-      std::string missing;
-      for (int r = 0; r < size_; ++r)
-        if (!store_->check({keys[r]})) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
-      TORCH_CHECK(false, "tpu_dist: barrier timed out after ", timeout.count(), " ms on rank ", rank_, ": rank(s) ",
-                  missing.empty() ? std::string("?") : missing, " of ", size_, " did not arrive (", e.what(), ")");
-    }
+    storeBarrier(*store_, "barrier/" + std::to_string(barriers_++) + "/", rank_, size_,
+                 opts.timeout == c10d::kUnsetTimeout ? timeout_ : opts.timeout);
     return done(OpType::BARRIER);
   }
 
@@ -443,16 +321,7 @@ class TpuDistBackend final : public c10d::Backend {
     at::Tensor local = at::tensor(mine, at::kLong);
     at::Tensor all = at::empty({size_ * kAgreementSlots}, at::kLong);
     host_->_allgather_base(all, local, c10d::AllgatherOptions())->wait();
-    const int64_t* p = all.data_ptr<int64_t>();
-    for (int r = 0; r < size_; ++r) {
-      if (std::equal(mine.begin(), mine.end(), p + r * kAgreementSlots)) continue;
-      std::string ranks;
-      for (int q = 0; q < size_; ++q)
-        ranks += "\n  rank " + std::to_string(q) + ": " + describeAgreement(p + q * kAgreementSlots) +
-                 (p[q * kAgreementSlots] == mine[0] ? "" : " (another collective)");
-      TORCH_CHECK(false, "tpu_dist: ", what, " was called with different tensors on different ranks:", ranks,
-                  "\n(set TORCH_TPU_DIST_CHECK=0 to skip this check)");
-    }
+    checkAgreement(what, mine, all.data_ptr<int64_t>(), size_);
   }
 
   c10::intrusive_ptr<c10d::Backend> host_;

@@ -8,5 +8,8 @@ namespace tpu::distributed {
 // Adds _C._tpu_dist_backend(host_backend, rank, size), which the Python
 // creator registered with torch.distributed calls.
 void registerPython(pybind11::module& m);
+// Adds _C._tpu_dist_xla_backend (the XLA transport) and _C._comm_collective
+// (torch.tpu.comm's launches); xla_transport.cpp.
+void registerXlaTransport(pybind11::module& m);
 
 }  // namespace tpu::distributed

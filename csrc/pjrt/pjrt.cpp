@@ -298,6 +298,49 @@ std::vector<std::unique_ptr<Buffer>> Executable::execute(const std::vector<PJRT_
   return result;
 }
 
+std::vector<std::vector<std::unique_ptr<Buffer>>> Executable::executeReplicated(
+    const std::vector<std::vector<PJRT_Buffer*>>& args) const {
+  auto opts = makeArgs<PJRT_ExecuteOptions>();
+  std::vector<PJRT_Buffer* const*> arg_lists;
+  for (const auto& a : args) arg_lists.push_back(a.data());
+  std::vector<std::vector<PJRT_Buffer*>> outs(args.size(), std::vector<PJRT_Buffer*>(num_outputs_, nullptr));
+  std::vector<PJRT_Buffer**> out_lists;
+  for (auto& o : outs) out_lists.push_back(o.data());
+  auto eargs = makeArgs<PJRT_LoadedExecutable_Execute_Args>();
+  eargs.executable = exe_;
+  eargs.options = &opts;
+  eargs.argument_lists = arg_lists.data();
+  eargs.num_devices = args.size();
+  eargs.num_args = args.empty() ? 0 : args[0].size();
+  eargs.output_lists = out_lists.data();
+  api_->check(api_->raw()->PJRT_LoadedExecutable_Execute(&eargs), "PJRT_LoadedExecutable_Execute");
+  std::vector<std::vector<std::unique_ptr<Buffer>>> result(outs.size());
+  for (size_t r = 0; r < outs.size(); ++r)
+    for (PJRT_Buffer* b : outs[r]) result[r].push_back(std::make_unique<Buffer>(api_, b));
+  return result;
+}
+
+std::vector<std::unique_ptr<Buffer>> Executable::executeShard(const std::vector<PJRT_Buffer*>& args,
+                                                              PJRT_Device* device, int launch_id) const {
+  auto opts = makeArgs<PJRT_ExecuteOptions>();
+  opts.launch_id = launch_id;
+  std::vector<PJRT_Buffer*> outs(num_outputs_, nullptr);
+  PJRT_Buffer* const* arg_list = args.data();
+  PJRT_Buffer** out_list = outs.data();
+  auto eargs = makeArgs<PJRT_LoadedExecutable_Execute_Args>();
+  eargs.executable = exe_;
+  eargs.options = &opts;
+  eargs.argument_lists = &arg_list;
+  eargs.num_devices = 1;
+  eargs.num_args = args.size();
+  eargs.output_lists = &out_list;
+  eargs.execute_device = device;
+  api_->check(api_->raw()->PJRT_LoadedExecutable_Execute(&eargs), "PJRT_LoadedExecutable_Execute");
+  std::vector<std::unique_ptr<Buffer>> result;
+  for (PJRT_Buffer* b : outs) result.push_back(std::make_unique<Buffer>(api_, b));
+  return result;
+}
+
 std::string Executable::serialize() const {
   auto gargs = makeArgs<PJRT_LoadedExecutable_GetExecutable_Args>();
   gargs.loaded_executable = exe_;
@@ -479,6 +522,36 @@ std::string compileOptions(bool portable, const OptionOverrides& overrides) {
     putBytes(out, 7, entry);
   }
   return out;
+}
+
+std::string replicatedCompileOptions(const std::vector<int>& device_ids, const OptionOverrides& overrides) {
+  // executable_build_options(3){ num_replicas(4)=n, num_partitions(5)=1,
+  //   device_assignment(9): DeviceAssignmentProto{ replica_count(1)=n, computation_count(2)=1,
+  //     computation_devices(3){ replica_device_ids(1): packed ids } } }
+  const auto n = static_cast<uint64_t>(device_ids.size());
+  std::string ids;
+  for (int id : device_ids) putVarint(ids, static_cast<uint64_t>(id));
+  std::string computation;
+  putBytes(computation, 1, ids);
+  std::string assignment;
+  putVarint(assignment, fieldKey(1, kWireVarint));
+  putVarint(assignment, n);
+  putVarint(assignment, fieldKey(2, kWireVarint));
+  putVarint(assignment, 1);
+  putBytes(assignment, 3, computation);
+  std::string build;
+  putVarint(build, fieldKey(4, kWireVarint));
+  putVarint(build, n);
+  putVarint(build, fieldKey(5, kWireVarint));
+  putVarint(build, 1);
+  putBytes(build, 9, assignment);
+  // The overrides as compileOptions writes them, after a non-portable head.
+  std::string out = compileOptions(/*portable=*/false, overrides);
+  const std::string single("\x1a\x04\x20\x01\x28\x01", 6);
+  out.replace(out.find(single), single.size(), "");
+  std::string head;
+  putBytes(head, 3, build);
+  return head + out;
 }
 
 size_t elementSize(ElementType t) {

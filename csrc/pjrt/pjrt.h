@@ -159,6 +159,15 @@ class Executable {
   std::vector<std::unique_ptr<Buffer>> execute(const std::vector<PJRT_Buffer*>& args, PJRT_Device* device,
                                                std::shared_ptr<Event>* done = nullptr,
                                                const std::vector<int64_t>& keep = {}) const;
+  // Runs one program on several devices at once (a program compiled for
+  // args.size() replicas): args[r] are replica r's inputs, on the device the
+  // compile options assigned to it; returns each replica's outputs.
+  std::vector<std::vector<std::unique_ptr<Buffer>>> executeReplicated(
+      const std::vector<std::vector<PJRT_Buffer*>>& args) const;
+  // Runs this process's part of a multi-replica program on `device`. Every
+  // participant passes the same `launch_id`, which pairs the parts of one run.
+  std::vector<std::unique_ptr<Buffer>> executeShard(const std::vector<PJRT_Buffer*>& args, PJRT_Device* device,
+                                                    int launch_id) const;
   // Platform-specific bytes; valid only for the same plugin build.
   std::string serialize() const;
   PJRT_LoadedExecutable* raw() const { return exe_; }
@@ -221,6 +230,9 @@ class Client {
 // top of the defaults and XLA_FLAGS), e.g. {"xla_cpu_prefer_vector_width", 512}.
 using OptionOverrides = std::vector<std::pair<std::string, int64_t>>;
 std::string compileOptions(bool portable, const OptionOverrides& overrides = {});
+// Options for a program of `device_ids.size()` replicas, replica r on the
+// device whose id is device_ids[r] (a collective's participants).
+std::string replicatedCompileOptions(const std::vector<int>& device_ids, const OptionOverrides& overrides = {});
 
 size_t elementSize(ElementType t);
 

@@ -57,6 +57,8 @@ py::dict metricsDict() {
   d["operands_in_place"] = m.operands_in_place.load();
   d["dist_collectives"] = m.dist_collectives.load();
   d["dist_staged_bytes"] = m.dist_staged_bytes.load();
+  d["dist_xla_collectives"] = m.dist_xla_collectives.load();
+  d["dist_xla_bytes"] = m.dist_xla_bytes.load();
   d["disk_hits"] = m.disk_hits.load();
   d["recompile_reasons"] = runtime::recentCompileReasons();
   if (runtime::Runtime::initialized()) {
@@ -227,4 +229,5 @@ PYBIND11_MODULE(_C, m) {
   });
   m.def("_register_lowered_kernels", &aten::registerLoweredKernels);
   distributed::registerPython(m);
+  distributed::registerXlaTransport(m);
 }

@@ -23,7 +23,7 @@ Metrics& metrics() {
 void Metrics::reset() {
   compiles = cache_hits = cache_misses = disk_hits = executions = donated_buffers = constant_reuses = 0;
   h2d_bytes = d2h_bytes = h2d_transfers = d2h_transfers = compile_ns = fused_lowerings = operands_in_place = 0;
-  dist_collectives = dist_staged_bytes = 0;
+  dist_collectives = dist_staged_bytes = dist_xla_collectives = dist_xla_bytes = 0;
   std::lock_guard<std::mutex> g(mu);
   fallbacks.clear();
   compiles_by_op.clear();

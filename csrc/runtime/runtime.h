@@ -46,6 +46,8 @@ struct Metrics {
   std::atomic<int64_t> operands_in_place{0};  // views a kernel read from their storage, not a copy
   std::atomic<int64_t> dist_collectives{0};   // tpu_dist collectives run
   std::atomic<int64_t> dist_staged_bytes{0};  // bytes tpu_dist copied between device and host
+  std::atomic<int64_t> dist_xla_collectives{0};  // collectives run as XLA programs
+  std::atomic<int64_t> dist_xla_bytes{0};        // bytes those programs took in, all devices
   std::mutex mu;
   std::map<std::string, int64_t> fallbacks;  // op name -> count
   std::map<std::string, int64_t> compiles_by_op;

@@ -1,0 +1,597 @@
+// tpu_dist's XLA transport, and the collectives torch.tpu.comm runs.
+//
+// Where the plugin runs collectives itself, a collective is an XLA program
+// (runtime/collectives.h) with one replica per rank: each rank launches its
+// replica on its own device with a launch id every rank derives from the
+// group's collective count, and XLA pairs the launches and moves the data
+// device to device. Ranks are threads of one process over several local
+// devices (the CPU plugin can), or processes where the plugin's client spans
+// them (a GPU or TPU cluster).
+//
+// Before each launch every rank posts to the group's store what it is about to
+// run and waits, bounded by the group's timeout, for the others: a rank that
+// never comes is named in an error instead of leaving the others blocked
+// inside XLA, and ranks that disagree on the collective, dtype or shape raise.
+//
+// torch.tpu.comm is the other use: one thread drives every device and each
+// collective is one launch over all of them.
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <pybind11/chrono.h>
+#include <pybind11/stl.h>
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+#include <torch/csrc/utils/pybind.h>
+
+#include <future>
+#include <map>
+#include <thread>
+
+#include "aten/tpu.h"
+#include "distributed/common.h"
+#include "distributed/tpu_dist.h"
+#include "runtime/collectives.h"
+#include "runtime/env.h"
+
+namespace tpu::distributed {
+namespace {
+
+using c10d::ReduceOp;
+using runtime::BufferPtr;
+using runtime::Collective;
+using runtime::CollectiveSpec;
+using runtime::Reduction;
+
+Reduction reductionOf(const ReduceOp& op) {
+  switch (op.op_) {
+    case ReduceOp::SUM:
+      return Reduction::Sum;
+    case ReduceOp::AVG:
+      return Reduction::Avg;
+    case ReduceOp::PRODUCT:
+      return Reduction::Prod;
+    case ReduceOp::MIN:
+      return Reduction::Min;
+    case ReduceOp::MAX:
+      return Reduction::Max;
+    case ReduceOp::BAND:
+      return Reduction::BitAnd;
+    case ReduceOp::BOR:
+      return Reduction::BitOr;
+    case ReduceOp::BXOR:
+      return Reduction::BitXor;
+    default:
+      TORCH_CHECK(false, "tpu_dist: ReduceOp.PREMUL_SUM is not supported; scale, then SUM");
+  }
+}
+
+Reduction reductionNamed(const std::string& name) {
+  static const std::map<std::string, Reduction> names = {
+      {"sum", Reduction::Sum}, {"avg", Reduction::Avg}, {"prod", Reduction::Prod},  {"min", Reduction::Min},
+      {"max", Reduction::Max}, {"band", Reduction::BitAnd}, {"bor", Reduction::BitOr}, {"bxor", Reduction::BitXor}};
+  auto it = names.find(name);
+  TORCH_CHECK_VALUE(it != names.end(), "unknown reduction '", name, "'");
+  return it->second;
+}
+
+at::Tensor flat(const at::Tensor& t) { return t.reshape({-1}); }
+
+at::Tensor wrapFlat(const BufferPtr& b, int64_t n, const at::Tensor& like) {
+  return aten::wrapBuffer(b, {n}, like.scalar_type(), like.device().index());
+}
+
+// Writes a flat result into `dst` (any shape, any view). A collective writes its
+// output's memory, as NCCL does: not an autograd op, no version bump.
+void writeFlat(const at::Tensor& dst, const at::Tensor& src) {
+  at::AutoDispatchBelowADInplaceOrView guard;
+  dst.copy_(src.view(dst.sizes()));
+}
+
+// A point-to-point transfer in flight: its launch runs on a thread of its own (a
+// send returns before its receiver has come, as batch_isend_irecv needs), and
+// wait() waits for it, bounded by the group's timeout.
+class P2PWork final : public c10d::Work {
+ public:
+  P2PWork(OpType type, std::shared_future<BufferPtr> result, at::Tensor target, std::chrono::milliseconds timeout,
+          std::string what)
+      : Work(-1, type),
+        result_(std::move(result)),
+        target_(std::move(target)),
+        timeout_(timeout),
+        what_(std::move(what)) {
+    future_ = c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()),
+                                                       devicesOf({target_}));
+  }
+  bool isCompleted() override {
+    return result_.wait_for(std::chrono::seconds(0)) == std::future_status::ready && (finish(), true);
+  }
+  bool isSuccess() const override { return true; }
+  bool wait(std::chrono::milliseconds timeout) override {
+    const auto limit = timeout == ::kNoTimeout ? timeout_ : timeout;
+    TORCH_CHECK(result_.wait_for(limit) == std::future_status::ready, "tpu_dist: ", what_, " did not complete within ",
+                limit.count(), " ms (the peer never posted its side)");
+    finish();
+    return true;
+  }
+  std::vector<at::Tensor> result() override { return {target_}; }
+  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return future_; }
+
+ private:
+  void finish() {
+    std::call_once(once_, [this] {
+      BufferPtr b = result_.get();  // rethrows the launch's error
+      if (retrieveOpType() == OpType::RECV) aten::writeTensor(target_, b);
+      future_->markCompleted(c10::IValue(std::vector<at::Tensor>{target_}));
+    });
+  }
+  std::shared_future<BufferPtr> result_;
+  at::Tensor target_;
+  std::chrono::milliseconds timeout_;
+  std::string what_;
+  std::once_flag once_;
+  c10::intrusive_ptr<c10::ivalue::Future> future_;
+};
+
+class XlaDistBackend final : public c10d::Backend {
+ public:
+  XlaDistBackend(c10::intrusive_ptr<c10d::Store> store, int rank, int size, std::chrono::milliseconds timeout,
+                 std::vector<int> devices)
+      : Backend(rank, size),
+        store_(std::move(store)),
+        timeout_(timeout),
+        devices_(std::move(devices)),
+        check_(env::notDisabled("TORCH_TPU_DIST_CHECK")) {
+    TORCH_CHECK_VALUE(static_cast<int>(devices_.size()) == size, "tpu_dist: ", size, " ranks need ", size,
+                      " devices, got ", devices_.size());
+  }
+
+  const std::string getBackendName() const override { return "tpu_dist"; }
+
+  c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
+                                           const c10d::BroadcastOptions& opts) override {
+    const at::Tensor& t = only(tensors, "broadcast");
+    int launch = arrive("broadcast", agreementOf("broadcast", {t}));
+    CollectiveSpec spec = specOf(Collective::Broadcast, t, t.numel());
+    spec.root = static_cast<int>(opts.rootRank);
+    if (t.numel()) aten::writeTensor(t, run(spec, aten::readTensor(t), launch));
+    return done(OpType::BROADCAST, tensors);
+  }
+
+  c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors,
+                                           const c10d::AllreduceOptions& opts) override {
+    const at::Tensor& t = only(tensors, "all_reduce");
+    int launch = arrive("all_reduce", agreementOf("all_reduce", {t}));
+    CollectiveSpec spec = specOf(Collective::AllReduce, t, t.numel());
+    spec.reduce = reductionOf(opts.reduceOp);
+    if (t.numel()) aten::writeTensor(t, run(spec, aten::readTensor(t), launch));
+    return done(OpType::ALLREDUCE, tensors);
+  }
+
+  c10::intrusive_ptr<c10d::Work> allreduce_coalesced(std::vector<at::Tensor>& tensors,
+                                                     const c10d::AllreduceCoalescedOptions& opts) override {
+    c10d::AllreduceOptions o;
+    o.reduceOp = opts.reduceOp;
+    for (auto& t : tensors) {
+      std::vector<at::Tensor> one{t};
+      allreduce(one, o);
+    }
+    return done(OpType::ALLREDUCE_COALESCED, tensors);
+  }
+
+  c10::intrusive_ptr<c10d::Work> reduce(std::vector<at::Tensor>& tensors, const c10d::ReduceOptions& opts) override {
+    const at::Tensor& t = only(tensors, "reduce");
+    int launch = arrive("reduce", agreementOf("reduce", {t}));
+    CollectiveSpec spec = specOf(Collective::AllReduce, t, t.numel());
+    spec.reduce = reductionOf(opts.reduceOp);
+    if (t.numel()) {
+      BufferPtr out = run(spec, aten::readTensor(t), launch);
+      if (rank_ == opts.rootRank) aten::writeTensor(t, out);
+    }
+    return done(OpType::REDUCE, tensors);
+  }
+
+  c10::intrusive_ptr<c10d::Work> allgather(std::vector<std::vector<at::Tensor>>& outputs,
+                                           std::vector<at::Tensor>& inputs,
+                                           const c10d::AllgatherOptions& /*opts*/) override {
+    const at::Tensor& in = only(inputs, "all_gather");
+    TORCH_CHECK_VALUE(outputs.size() == 1 && static_cast<int>(outputs[0].size()) == size_,
+                      "tpu_dist: all_gather needs one output list of ", size_, " tensors");
+    gatherInto(in, outputs[0], "all_gather", /*root=*/-1);
+    return done(OpType::ALLGATHER, outputs[0]);
+  }
+
+  c10::intrusive_ptr<c10d::Work> _allgather_base(at::Tensor& output, at::Tensor& input,
+                                                 const c10d::AllgatherOptions& /*opts*/) override {
+    checkDevice(input);
+    checkDevice(output);
+    TORCH_CHECK_VALUE(output.numel() == size_ * input.numel(), "tpu_dist: all_gather_into_tensor: the output has ",
+                      output.numel(), " elements, expected ", size_, " x ", input.numel());
+    int launch = arrive("all_gather_into_tensor", agreementOf("all_gather_into_tensor", {input, output}));
+    CollectiveSpec spec = specOf(Collective::AllGather, input, input.numel());
+    if (input.numel()) aten::writeTensor(output, run(spec, aten::readTensor(input), launch));
+    return done(OpType::_ALLGATHER_BASE, {output});
+  }
+
+  c10::intrusive_ptr<c10d::Work> allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputs,
+                                                     std::vector<at::Tensor>& inputs,
+                                                     const c10d::AllgatherOptions& opts) override {
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      std::vector<std::vector<at::Tensor>> out{outputs.at(i)};
+      std::vector<at::Tensor> in{inputs[i]};
+      allgather(out, in, opts);
+    }
+    return done(OpType::ALLGATHER_COALESCED);
+  }
+
+  c10::intrusive_ptr<c10d::Work> allgather_into_tensor_coalesced(std::vector<at::Tensor>& outputs,
+                                                                 std::vector<at::Tensor>& inputs,
+                                                                 const c10d::AllgatherOptions& opts) override {
+    for (size_t i = 0; i < inputs.size(); ++i) _allgather_base(outputs.at(i), inputs[i], opts);
+    return done(OpType::COALESCED, outputs);
+  }
+
+  c10::intrusive_ptr<c10d::Work> gather(std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
+                                        const c10d::GatherOptions& opts) override {
+    const at::Tensor& in = only(inputs, "gather");
+    const int root = static_cast<int>(opts.rootRank);
+    std::vector<at::Tensor> none;
+    if (rank_ == root)
+      TORCH_CHECK_VALUE(outputs.size() == 1 && static_cast<int>(outputs[0].size()) == size_,
+                        "tpu_dist: gather needs one output list of ", size_, " tensors on the root");
+    gatherInto(in, rank_ == root ? outputs[0] : none, "gather", root);
+    return done(OpType::GATHER);
+  }
+
+  c10::intrusive_ptr<c10d::Work> scatter(std::vector<at::Tensor>& outputs, std::vector<std::vector<at::Tensor>>& inputs,
+                                         const c10d::ScatterOptions& opts) override {
+    const at::Tensor& out = only(outputs, "scatter");
+    const int root = static_cast<int>(opts.rootRank);
+    const int64_t n = out.numel();
+    int launch = arrive("scatter", agreementOf("scatter", {out}));
+    // An all-to-all in which only the root's blocks matter: block r of the
+    // root's input reaches rank r.
+    at::Tensor send;
+    if (rank_ == root) {
+      TORCH_CHECK_VALUE(inputs.size() == 1 && static_cast<int>(inputs[0].size()) == size_,
+                        "tpu_dist: scatter needs one input list of ", size_, " tensors on the root");
+      std::vector<at::Tensor> parts;
+      for (const auto& p : inputs[0]) parts.push_back(flat(p));
+      send = at::cat(parts);
+    } else {
+      send = at::zeros({size_ * n}, out.options());
+    }
+    if (n) {
+      BufferPtr all = run(specOf(Collective::AllToAll, out, n), aten::readTensor(send), launch);
+      writeFlat(out, wrapFlat(all, size_ * n, out).narrow(0, root * n, n));
+    }
+    return done(OpType::SCATTER, outputs);
+  }
+
+  c10::intrusive_ptr<c10d::Work> reduce_scatter(std::vector<at::Tensor>& outputs,
+                                                std::vector<std::vector<at::Tensor>>& inputs,
+                                                const c10d::ReduceScatterOptions& opts) override {
+    const at::Tensor& out = only(outputs, "reduce_scatter");
+    TORCH_CHECK_VALUE(inputs.size() == 1 && static_cast<int>(inputs[0].size()) == size_,
+                      "tpu_dist: reduce_scatter needs one input list of ", size_, " tensors");
+    std::vector<at::Tensor> parts;
+    for (const auto& p : inputs[0]) {
+      TORCH_CHECK_VALUE(p.numel() == out.numel(), "tpu_dist: reduce_scatter inputs must match the output's size");
+      parts.push_back(flat(p));
+    }
+    int launch = arrive("reduce_scatter", agreementOf("reduce_scatter", {out}));
+    CollectiveSpec spec = specOf(Collective::ReduceScatter, out, out.numel());
+    spec.reduce = reductionOf(opts.reduceOp);
+    if (out.numel()) aten::writeTensor(out, run(spec, aten::readTensor(at::cat(parts)), launch));
+    return done(OpType::REDUCE_SCATTER, outputs);
+  }
+
+  c10::intrusive_ptr<c10d::Work> _reduce_scatter_base(at::Tensor& output, at::Tensor& input,
+                                                      const c10d::ReduceScatterOptions& opts) override {
+    checkDevice(input);
+    checkDevice(output);
+    TORCH_CHECK_VALUE(input.numel() == size_ * output.numel(), "tpu_dist: reduce_scatter_tensor: the input has ",
+                      input.numel(), " elements, expected ", size_, " x ", output.numel());
+    int launch = arrive("reduce_scatter_tensor", agreementOf("reduce_scatter_tensor", {input, output}));
+    CollectiveSpec spec = specOf(Collective::ReduceScatter, output, output.numel());
+    spec.reduce = reductionOf(opts.reduceOp);
+    if (output.numel()) aten::writeTensor(output, run(spec, aten::readTensor(input), launch));
+    return done(OpType::_REDUCE_SCATTER_BASE, {output});
+  }
+
+  c10::intrusive_ptr<c10d::Work> reduce_scatter_tensor_coalesced(std::vector<at::Tensor>& outputs,
+                                                                 std::vector<at::Tensor>& inputs,
+                                                                 const c10d::ReduceScatterOptions& opts) override {
+    for (size_t i = 0; i < inputs.size(); ++i) _reduce_scatter_base(outputs.at(i), inputs[i], opts);
+    return done(OpType::COALESCED, outputs);
+  }
+
+  c10::intrusive_ptr<c10d::Work> alltoall_base(at::Tensor& output, at::Tensor& input,
+                                               std::vector<int64_t>& output_splits, std::vector<int64_t>& input_splits,
+                                               const c10d::AllToAllOptions& /*opts*/) override {
+    checkDevice(input);
+    checkDevice(output);
+    if (output_splits.empty() && input_splits.empty()) {
+      TORCH_CHECK_VALUE(input.numel() % size_ == 0 && input.numel() == output.numel(),
+                        "tpu_dist: all_to_all_single: input and output must have the same size, divisible by ",
+                        size_);
+      const int64_t n = input.numel() / size_;
+      int launch = arrive("all_to_all_single", agreementOf("all_to_all_single", {input, output}));
+      if (n) aten::writeTensor(output, run(specOf(Collective::AllToAll, input, n), aten::readTensor(input), launch));
+      return done(OpType::ALLTOALL_BASE, {output});
+    }
+    // Uneven splits: every block padded to the largest any rank sends.
+    std::vector<int64_t> in_rows = splitsOr(input_splits, input), out_rows = splitsOr(output_splits, output);
+    std::vector<at::Tensor> in_blocks;
+    int64_t off = 0;
+    for (int64_t s : in_rows) {
+      in_blocks.push_back(flat(input.narrow(0, off, s)));
+      off += s;
+    }
+    std::vector<at::Tensor> out_views;
+    off = 0;
+    for (int64_t s : out_rows) {
+      out_views.push_back(output.narrow(0, off, s));
+      off += s;
+    }
+    exchangeBlocks(in_blocks, out_views, "all_to_all_single");
+    return done(OpType::ALLTOALL_BASE, {output});
+  }
+
+  c10::intrusive_ptr<c10d::Work> alltoall(std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+                                          const c10d::AllToAllOptions& /*opts*/) override {
+    TORCH_CHECK_VALUE(static_cast<int>(inputs.size()) == size_ && static_cast<int>(outputs.size()) == size_,
+                      "tpu_dist: all_to_all needs ", size_, " inputs and ", size_, " outputs");
+    std::vector<at::Tensor> in_blocks;
+    for (const auto& t : inputs) {
+      checkDevice(t);
+      in_blocks.push_back(flat(t));
+    }
+    for (const auto& t : outputs) checkDevice(t);
+    exchangeBlocks(in_blocks, outputs, "all_to_all");
+    return done(OpType::ALLTOALL, outputs);
+  }
+
+  c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>& tensors, int dst, int /*tag*/) override {
+    const at::Tensor& t = only(tensors, "send");
+    TORCH_CHECK_VALUE(dst >= 0 && dst < size_ && dst != rank_, "tpu_dist: send to invalid rank ", dst);
+    return pointToPoint(OpType::SEND, t, rank_, dst);
+  }
+
+  c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int src, int /*tag*/) override {
+    const at::Tensor& t = only(tensors, "recv");
+    TORCH_CHECK_VALUE(src >= 0 && src < size_ && src != rank_, "tpu_dist: recv from invalid rank ", src);
+    return pointToPoint(OpType::RECV, t, src, rank_);
+  }
+
+  c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts) override {
+    storeBarrier(*store_, "xla_barrier/" + std::to_string(barriers_++) + "/", rank_, size_,
+                 opts.timeout == c10d::kUnsetTimeout ? timeout_ : opts.timeout);
+    return done(OpType::BARRIER);
+  }
+
+ private:
+  int device() const { return devices_[rank_]; }
+
+  void checkDevice(const at::Tensor& t) const {
+    TORCH_CHECK_VALUE(onTpu(t) && t.device().index() == device(), "tpu_dist: rank ", rank_, " runs on tpu:", device(),
+                      ", but got a tensor on ", t.device());
+  }
+
+  const at::Tensor& only(const std::vector<at::Tensor>& ts, const char* what) const {
+    TORCH_CHECK_VALUE(ts.size() == 1, "tpu_dist: ", what, " takes one tensor per rank (one device each), got ",
+                      ts.size());
+    checkDevice(ts[0]);
+    return ts[0];
+  }
+
+  CollectiveSpec specOf(Collective kind, const at::Tensor& like, int64_t n) const {
+    CollectiveSpec spec;
+    spec.kind = kind;
+    spec.dtype = aten::toIr(like.scalar_type());
+    spec.n = n;
+    spec.participants = devices_;
+    return spec;
+  }
+
+  BufferPtr run(const CollectiveSpec& spec, const BufferPtr& in, int launch) const {
+    try {
+      return runtime::runCollectiveShard(spec, in, device(), launch);
+    } catch (const std::exception& e) {
+      aten::rethrow(e, "tpu_dist");
+    }
+  }
+
+  // Posts `mine` (what this rank is about to run, plus `extra`) and waits for
+  // every rank's, bounded by the group's timeout. Returns the launch id all
+  // ranks use for this collective; `all` receives every rank's `extra`.
+  int arrive(const char* what, const std::vector<int64_t>& mine, int64_t extra = 0,
+             std::vector<int64_t>* all_extra = nullptr) {
+    const int64_t seq = collectives_++;
+    const std::string prefix = "xla/" + std::to_string(seq) + "/";
+    std::vector<int64_t> post = mine;
+    post.push_back(extra);
+    std::vector<uint8_t> bytes(post.size() * sizeof(int64_t));
+    std::memcpy(bytes.data(), post.data(), bytes.size());
+    store_->set(prefix + std::to_string(rank_), bytes);
+    std::vector<std::string> keys;
+    for (int r = 0; r < size_; ++r) keys.push_back(prefix + std::to_string(r));
+    try {
+      store_->wait(keys, timeout_);
+    } catch (const std::exception& e) {
+      std::string missing;
+      for (int r = 0; r < size_; ++r)
+        if (!store_->check({keys[r]})) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+      TORCH_CHECK(false, "tpu_dist: ", what, " timed out after ", timeout_.count(), " ms on rank ", rank_,
+                  ": rank(s) ", missing.empty() ? std::string("?") : missing, " of ", size_,
+                  " did not reach it (", e.what(), ")");
+    }
+    std::vector<int64_t> all(static_cast<size_t>(size_) * kAgreementSlots);
+    if (all_extra) all_extra->assign(size_, 0);
+    for (int r = 0; r < size_; ++r) {
+      std::vector<uint8_t> got = r == rank_ ? bytes : store_->get(keys[r]);
+      TORCH_CHECK(got.size() == bytes.size(), "tpu_dist: rank ", r, " posted a malformed collective record");
+      std::memcpy(all.data() + static_cast<size_t>(r) * kAgreementSlots, got.data(), kAgreementSlots * sizeof(int64_t));
+      if (all_extra) std::memcpy(&(*all_extra)[r], got.data() + kAgreementSlots * sizeof(int64_t), sizeof(int64_t));
+    }
+    // Every rank has posted this record, so all have finished reading the last.
+    if (seq > 0) store_->deleteKey("xla/" + std::to_string(seq - 1) + "/" + std::to_string(rank_));
+    if (check_) checkAgreement(what, mine, all.data(), size_);
+    // Even and never 0 (0 asks the plugin for a fresh id per launch); sends and receives use odd ids.
+    return static_cast<int>(((seq + 1) * 2) & 0x3ffffffe);
+  }
+
+  // all_gather of `in` to every rank; `outs` (one per rank, any shapes of the
+  // same size) receive the blocks where given; `root` -1: every rank.
+  void gatherInto(const at::Tensor& in, const std::vector<at::Tensor>& outs, const char* what, int root) {
+    const int64_t n = in.numel();
+    for (const auto& o : outs) {
+      checkDevice(o);
+      TORCH_CHECK_VALUE(o.numel() == n, "tpu_dist: ", what, " outputs must match the input's size");
+    }
+    int launch = arrive(what, agreementOf(what, {in}));
+    if (!n) return;
+    BufferPtr b = run(specOf(Collective::AllGather, in, n), aten::readTensor(in), launch);
+    if (root >= 0 && rank_ != root) return;
+    at::Tensor all = wrapFlat(b, size_ * n, in);
+    for (int r = 0; r < size_; ++r) writeFlat(outs[r], all.narrow(0, r * n, n));
+  }
+
+  // Rows per rank: the given splits, or size(0) in equal parts.
+  std::vector<int64_t> splitsOr(const std::vector<int64_t>& splits, const at::Tensor& t) const {
+    if (!splits.empty()) {
+      TORCH_CHECK_VALUE(static_cast<int>(splits.size()) == size_, "tpu_dist: all_to_all_single needs ", size_,
+                        " split sizes, got ", splits.size());
+      return splits;
+    }
+    TORCH_CHECK_VALUE(t.dim() > 0 && t.size(0) % size_ == 0, "tpu_dist: all_to_all_single: size(0) must divide by ",
+                      size_, " without split sizes");
+    return std::vector<int64_t>(size_, t.size(0) / size_);
+  }
+
+  // The general all-to-all: in_blocks[r] (flat) goes to rank r, out[s] receives
+  // what rank s sent. Blocks are padded to the largest on any rank.
+  void exchangeBlocks(const std::vector<at::Tensor>& in_blocks, const std::vector<at::Tensor>& out, const char* what) {
+    int64_t largest = 0;
+    for (const auto& b : in_blocks) largest = std::max(largest, b.numel());
+    std::vector<int64_t> mine = agreementOf(what, {});
+    mine[1] = 1;  // the dtype only: shapes differ between ranks by design
+    mine[2] = static_cast<int64_t>(in_blocks.at(0).scalar_type());
+    std::vector<int64_t> each;
+    int launch = arrive(what, mine, largest, &each);
+    int64_t m = *std::max_element(each.begin(), each.end());
+    if (!m) return;
+    std::vector<at::Tensor> padded;
+    for (const auto& b : in_blocks)
+      padded.push_back(b.numel() == m ? b : at::cat({b, at::zeros({m - b.numel()}, b.options())}));
+    BufferPtr got = run(specOf(Collective::AllToAll, in_blocks[0], m), aten::readTensor(at::cat(padded)), launch);
+    at::Tensor all = wrapFlat(got, size_ * m, in_blocks[0]);
+    for (int s = 0; s < size_; ++s) {
+      TORCH_CHECK_VALUE(out[s].numel() <= m, "tpu_dist: ", what, ": rank ", rank_, " expects ", out[s].numel(),
+                        " elements from rank ", s, ", more than any rank sent");
+      if (out[s].numel()) writeFlat(out[s], all.narrow(0, s * m, out[s].numel()));
+    }
+  }
+
+  // send/recv as a two-replica collective_permute over the two ranks' devices.
+  // The k-th send from a to b meets the k-th receive at b from a (tags are not
+  // matched, as with NCCL).
+  c10::intrusive_ptr<c10d::Work> pointToPoint(OpType type, const at::Tensor& t, int src, int dst) {
+    const int64_t k = p2p_[{src, dst}]++;
+    const int launch = static_cast<int>((((k * size_ + src) * size_ + dst) * 2 + 1) & 0x3fffffff) | 1;
+    CollectiveSpec spec;
+    spec.kind = Collective::Permute;
+    spec.dtype = aten::toIr(t.scalar_type());
+    spec.n = t.numel();
+    spec.participants = {devices_[src], devices_[dst]};
+    spec.pairs = {{0, 1}};
+    runtime::metrics().dist_collectives++;
+    const std::string what = std::string(type == OpType::SEND ? "send to rank " : "recv from rank ") +
+                             std::to_string(type == OpType::SEND ? dst : src);
+    if (!t.numel()) {
+      std::promise<BufferPtr> none;
+      none.set_value(nullptr);
+      return c10::make_intrusive<P2PWork>(OpType::SEND, none.get_future().share(), t, timeout_, what);
+    }
+    BufferPtr in = aten::readTensor(t);
+    const int dev = device();
+    auto task = std::make_shared<std::packaged_task<BufferPtr()>>(
+        [spec, in, dev, launch] { return runtime::runCollectiveShard(spec, in, dev, launch); });
+    std::shared_future<BufferPtr> result = task->get_future().share();
+    std::thread([task] { (*task)(); }).detach();
+    return c10::make_intrusive<P2PWork>(type, result, t, timeout_, what);
+  }
+
+  c10::intrusive_ptr<c10d::Store> store_;
+  std::chrono::milliseconds timeout_;
+  std::vector<int> devices_;
+  bool check_;
+  int64_t collectives_ = 0;
+  int64_t barriers_ = 0;
+  std::map<std::pair<int, int>, int64_t> p2p_;
+};
+
+// torch.tpu.comm's collectives: one launch over the devices of `tensors` (one
+// tensor per device, all the same dtype and size, flattened); returns one flat
+// result per device.
+std::vector<at::Tensor> commCollective(const std::string& kind, const std::vector<at::Tensor>& tensors,
+                                       const std::string& op, int root) {
+  TORCH_CHECK_VALUE(!tensors.empty(), "torch.tpu.comm: no tensors");
+  static const std::map<std::string, Collective> kinds = {
+      {"all_reduce", Collective::AllReduce}, {"all_gather", Collective::AllGather},
+      {"reduce_scatter", Collective::ReduceScatter}, {"all_to_all", Collective::AllToAll},
+      {"broadcast", Collective::Broadcast}};
+  auto k = kinds.find(kind);
+  TORCH_CHECK_VALUE(k != kinds.end(), "torch.tpu.comm: unknown collective '", kind, "'");
+  const int world = static_cast<int>(tensors.size());
+  const at::Tensor& first = tensors[0];
+  CollectiveSpec spec;
+  spec.kind = k->second;
+  spec.reduce = reductionNamed(op);
+  spec.dtype = aten::toIr(first.scalar_type());
+  spec.root = root;
+  const bool blocked = spec.kind == Collective::ReduceScatter || spec.kind == Collective::AllToAll;
+  TORCH_CHECK_VALUE(!blocked || first.numel() % world == 0, "torch.tpu.comm: ", kind, " needs a size divisible by ",
+                    world);
+  spec.n = blocked ? first.numel() / world : first.numel();
+  std::vector<BufferPtr> inputs;
+  for (const auto& t : tensors) {
+    TORCH_CHECK_VALUE(onTpu(t), "torch.tpu.comm: expected tpu tensors, got one on ", t.device());
+    TORCH_CHECK_VALUE(t.scalar_type() == first.scalar_type() && t.numel() == first.numel(),
+                      "torch.tpu.comm: every device's tensor must have the same dtype and size");
+    const int d = t.device().index();
+    for (int seen : spec.participants)
+      TORCH_CHECK_VALUE(seen != d, "torch.tpu.comm: device tpu:", d, " appears twice");
+    spec.participants.push_back(d);
+  }
+  const int64_t out_len = spec.kind == Collective::AllGather || spec.kind == Collective::AllToAll ? world * spec.n
+                                                                                                  : spec.n;
+  std::vector<at::Tensor> result;
+  if (!spec.n) {
+    for (const auto& t : tensors) result.push_back(at::empty({out_len}, t.options()));
+    return result;
+  }
+  for (const auto& t : tensors) inputs.push_back(aten::readTensor(t));
+  std::vector<BufferPtr> outs;
+  try {
+    outs = runtime::runCollective(spec, inputs);
+  } catch (const std::exception& e) {
+    aten::rethrow(e, "torch.tpu.comm");
+  }
+  for (int r = 0; r < world; ++r) result.push_back(wrapFlat(outs[r], out_len, tensors[r]));
+  return result;
+}
+
+}  // namespace
+
+void registerXlaTransport(pybind11::module& m) {
+  m.def(
+      "_tpu_dist_xla_backend",
+      [](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size, std::chrono::milliseconds timeout,
+         std::vector<int> devices) -> c10::intrusive_ptr<c10d::Backend> {
+        return c10::make_intrusive<XlaDistBackend>(store, rank, size, timeout, std::move(devices));
+      },
+      "The tpu_dist backend over XLA collectives: rank r runs on tpu:devices[r].");
+  m.def("_comm_collective", &commCollective, pybind11::arg("kind"), pybind11::arg("tensors"), pybind11::arg("op") = "sum",
+        pybind11::arg("root") = 0, pybind11::call_guard<pybind11::gil_scoped_release>(),
+        "One XLA collective over the devices of `tensors` (one flat result per device).");
+}
+
+}  // namespace tpu::distributed

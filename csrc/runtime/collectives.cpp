@@ -1,0 +1,206 @@
+#include "runtime/collectives.h"
+
+#include <chrono>
+#include <mutex>
+#include <stdexcept>
+#include <unordered_map>
+
+namespace tpu::runtime {
+namespace {
+
+std::string tensorType(ir::DType t, int64_t n) { return "tensor<" + std::to_string(n) + "x" + ir::mlirName(t) + ">"; }
+std::string scalarType(ir::DType t) { return std::string("tensor<") + ir::mlirName(t) + ">"; }
+
+bool isFloating(ir::DType t) {
+  return t == ir::DType::F16 || t == ir::DType::BF16 || t == ir::DType::F32 || t == ir::DType::F64;
+}
+
+const char* combiner(Reduction r, ir::DType t) {
+  switch (r) {
+    case Reduction::Sum:
+    case Reduction::Avg:
+      return t == ir::DType::Bool ? "stablehlo.or" : "stablehlo.add";
+    case Reduction::Prod:
+      return t == ir::DType::Bool ? "stablehlo.and" : "stablehlo.multiply";
+    case Reduction::Min:
+      return "stablehlo.minimum";
+    case Reduction::Max:
+      return "stablehlo.maximum";
+    case Reduction::BitAnd:
+      return "stablehlo.and";
+    case Reduction::BitOr:
+      return "stablehlo.or";
+    case Reduction::BitXor:
+      return "stablehlo.xor";
+  }
+  return "stablehlo.add";
+}
+
+// The reduction body every reducing collective carries.
+std::string reductionRegion(Reduction r, ir::DType t) {
+  const std::string s = scalarType(t);
+  return "({\n    ^bb0(%a: " + s + ", %b: " + s + "):\n      %r = \"" + combiner(r, t) + "\"(%a, %b) : (" + s + ", " +
+         s + ") -> " + s + "\n      \"stablehlo.return\"(%r) : (" + s + ") -> ()\n    })";
+}
+
+std::string replicaGroups(int world) {
+  std::string ids;
+  for (int r = 0; r < world; ++r) ids += (r ? ", " : "") + std::to_string(r);
+  return "replica_groups = dense<[[" + ids + "]]> : tensor<1x" + std::to_string(world) + "xi64>";
+}
+
+std::string sliceOp(const std::string& out, const std::string& in, int64_t start, int64_t len, ir::DType t,
+                    int64_t in_len) {
+  return "    " + out + " = \"stablehlo.slice\"(" + in + ") {start_indices = array<i64: " + std::to_string(start) +
+         ">, limit_indices = array<i64: " + std::to_string(start + len) + ">, strides = array<i64: 1>} : (" +
+         tensorType(t, in_len) + ") -> " + tensorType(t, len) + "\n";
+}
+
+}  // namespace
+
+std::string CollectiveSpec::name() const {
+  switch (kind) {
+    case Collective::AllReduce:
+      return "all_reduce";
+    case Collective::AllGather:
+      return "all_gather";
+    case Collective::ReduceScatter:
+      return "reduce_scatter";
+    case Collective::AllToAll:
+      return "all_to_all";
+    case Collective::Broadcast:
+      return "broadcast";
+    case Collective::Permute:
+      return "collective_permute";
+  }
+  return "collective";
+}
+
+std::string collectiveProgram(const CollectiveSpec& spec) {
+  const int world = static_cast<int>(spec.participants.size());
+  if (world < 1) throw std::invalid_argument("a collective needs at least one participant");
+  const ir::DType t = spec.dtype;
+  const int64_t n = spec.n;
+  const int64_t in_len = spec.kind == Collective::ReduceScatter || spec.kind == Collective::AllToAll ? world * n : n;
+  int64_t out_len = n;
+  if (spec.kind == Collective::AllGather) out_len = world * n;
+  if (spec.kind == Collective::AllToAll) out_len = world * n;
+  const std::string in_t = tensorType(t, in_len), out_t = tensorType(t, out_len);
+  std::string body;
+  std::string result = "%0";
+  switch (spec.kind) {
+    case Collective::AllReduce:
+      body += "    %0 = \"stablehlo.all_reduce\"(%arg0) " + reductionRegion(spec.reduce, t) + " {" + replicaGroups(world) +
+              "} : (" + in_t + ") -> " + out_t + "\n";
+      break;
+    case Collective::ReduceScatter:
+      body += "    %0 = \"stablehlo.reduce_scatter\"(%arg0) " + reductionRegion(spec.reduce, t) + " {" +
+              replicaGroups(world) + ", scatter_dimension = 0 : i64} : (" + in_t + ") -> " + out_t + "\n";
+      break;
+    case Collective::AllGather:
+      body += "    %0 = \"stablehlo.all_gather\"(%arg0) {all_gather_dim = 0 : i64, " + replicaGroups(world) + "} : (" +
+              in_t + ") -> " + out_t + "\n";
+      break;
+    case Collective::AllToAll:
+      body += "    %0 = \"stablehlo.all_to_all\"(%arg0) {concat_dimension = 0 : i64, " + replicaGroups(world) +
+              ", split_count = " + std::to_string(world) + " : i64, split_dimension = 0 : i64} : (" + in_t + ") -> " +
+              out_t + "\n";
+      break;
+    case Collective::Broadcast:
+      // Gathered, then the root's block: exact for every dtype and value
+      // (a sum with zeros from the others would turn -0.0 into 0.0).
+      body += "    %g = \"stablehlo.all_gather\"(%arg0) {all_gather_dim = 0 : i64, " + replicaGroups(world) + "} : (" +
+              in_t + ") -> " + tensorType(t, world * n) + "\n";
+      body += sliceOp("%0", "%g", spec.root * n, n, t, world * n);
+      break;
+    case Collective::Permute: {
+      std::string pairs;
+      for (const auto& [s, d] : spec.pairs)
+        pairs += std::string(pairs.empty() ? "" : ", ") + "[" + std::to_string(s) + ", " + std::to_string(d) + "]";
+      body += "    %0 = \"stablehlo.collective_permute\"(%arg0) {source_target_pairs = dense<[" + pairs +
+              "]> : tensor<" + std::to_string(spec.pairs.size()) + "x2xi64>} : (" + in_t + ") -> " + out_t + "\n";
+      break;
+    }
+  }
+  if (spec.reduce == Reduction::Avg &&
+      (spec.kind == Collective::AllReduce || spec.kind == Collective::ReduceScatter)) {
+    // NCCL's AVG: the sum divided by the group size (integers truncate).
+    const std::string lit = isFloating(t) ? std::to_string(world) + ".0" : std::to_string(world);
+    body += "    %c = \"stablehlo.constant\"() {value = dense<" + lit + "> : " + out_t + "} : () -> " + out_t + "\n";
+    body += "    %1 = \"stablehlo.divide\"(%0, %c) : (" + out_t + ", " + out_t + ") -> " + out_t + "\n";
+    result = "%1";
+  }
+  return "module @" + spec.name() + " attributes {mhlo.num_partitions = 1 : i32, mhlo.num_replicas = " +
+         std::to_string(world) + " : i32} {\n  func.func public @main(%arg0: " + in_t + ") -> " + out_t + " {\n" +
+         body + "    \"func.return\"(" + result + ") : (" + out_t + ") -> ()\n  }\n}\n";
+}
+
+std::shared_ptr<pjrt::Executable> collectiveExecutable(const CollectiveSpec& spec) {
+  static std::mutex mu;
+  static std::unordered_map<std::string, std::shared_ptr<pjrt::Executable>> cache;
+  Runtime& rt = Runtime::get();
+  std::vector<int> ids;
+  for (int d : spec.participants) ids.push_back(rt.client().devices().at(d).id);
+  std::string text = collectiveProgram(spec);
+  std::string key = text;
+  for (int id : ids) key += "," + std::to_string(id);
+  {
+    std::lock_guard<std::mutex> g(mu);
+    auto it = cache.find(key);
+    if (it != cache.end()) {
+      metrics().cache_hits++;
+      return it->second;
+    }
+  }
+  metrics().cache_misses++;
+  auto t0 = std::chrono::steady_clock::now();
+  std::shared_ptr<pjrt::Executable> exe;
+  try {
+    exe = rt.client().compile(text, pjrt::replicatedCompileOptions(ids, rt.optionOverrides()));
+  } catch (const pjrt::Error& e) {
+    throw std::runtime_error("torch_tpu: compiling the " + spec.name() + " collective over " +
+                             std::to_string(ids.size()) + " devices failed: " + e.what());
+  }
+  auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();
+  metrics().compiles++;
+  metrics().compile_ns += ns;
+  {
+    std::lock_guard<std::mutex> g(metrics().mu);
+    metrics().compiles_by_op[spec.name()]++;
+  }
+  std::lock_guard<std::mutex> g(mu);
+  return cache.emplace(std::move(key), std::move(exe)).first->second;
+}
+
+namespace {
+void count(const CollectiveSpec& spec, int64_t replicas) {
+  const int world = static_cast<int>(spec.participants.size());
+  const int64_t in_len =
+      spec.kind == Collective::ReduceScatter || spec.kind == Collective::AllToAll ? world * spec.n : spec.n;
+  metrics().dist_xla_collectives++;
+  metrics().dist_xla_bytes += replicas * in_len * static_cast<int64_t>(ir::itemSize(spec.dtype));
+  metrics().executions++;
+}
+}  // namespace
+
+std::vector<BufferPtr> runCollective(const CollectiveSpec& spec, const std::vector<BufferPtr>& inputs) {
+  if (inputs.size() != spec.participants.size())
+    throw std::invalid_argument("runCollective: one input per participant");
+  auto exe = collectiveExecutable(spec);
+  std::vector<std::vector<PJRT_Buffer*>> args;
+  for (const auto& b : inputs) args.push_back({b->raw()});
+  auto outs = exe->executeReplicated(args);
+  count(spec, static_cast<int64_t>(inputs.size()));
+  std::vector<BufferPtr> result;
+  for (auto& o : outs) result.push_back(BufferPtr(std::move(o.at(0))));
+  return result;
+}
+
+BufferPtr runCollectiveShard(const CollectiveSpec& spec, const BufferPtr& input, int device, int launch_id) {
+  auto exe = collectiveExecutable(spec);
+  auto outs = exe->executeShard({input->raw()}, Runtime::get().device(device), launch_id);
+  count(spec, 1);
+  return BufferPtr(std::move(outs.at(0)));
+}
+
+}  // namespace tpu::runtime
