@@ -184,14 +184,14 @@ def scatter(tensor: torch.Tensor, devices: Optional[Iterable] = None, chunk_size
     if out is not None:
         chunk_sizes = [o.shape[dim] for o in out]
     if chunk_sizes is None:
+        # Fewer rows than devices make fewer chunks: the last devices get none, as on CUDA.
         chunks = list(tensor.chunk(len(idx), dim))
+        idx = idx[:len(chunks)]
     else:
         if len(chunk_sizes) != len(idx) or sum(chunk_sizes) != tensor.shape[dim]:
             raise ValueError(f"torch.tpu.comm.scatter: chunk sizes {list(chunk_sizes)} do not split {tensor.shape[dim]} "
                              f"over {len(idx)} devices")
         chunks = list(tensor.split(list(chunk_sizes), dim))
-    if len(chunks) != len(idx):
-        raise ValueError(f"torch.tpu.comm.scatter: {tensor.shape[dim]} rows make {len(chunks)} chunks for {len(idx)} devices")
     if _on(tensor) < 0 or len(idx) == 1:
         results = [c.to(f"tpu:{d}") for c, d in zip(chunks, idx)]
     else:

@@ -42,7 +42,8 @@ def local_group(rank: int, world_size: int, store=None, devices=None, timeout=No
 
     Every rank's thread calls this with the same ``store`` (a ``dist.HashStore`` shared
     by the threads) and then uses the group like any other: ``dist.all_reduce(t,
-    group=pg)``, DTensor, ... Collectives check that every rank arrived within ``timeout``
+    group=pg)``, DTensor, ... CPU tensors in the group go to gloo, as with
+    ``"cpu:gloo,tpu:tpu_dist"``. Collectives check that every rank arrived within ``timeout``
     (default 5 minutes) and agree on the tensors, so a missing rank is an error, not a
     hang."""
     import datetime
@@ -69,7 +70,21 @@ def local_group(rank: int, world_size: int, store=None, devices=None, timeout=No
     pg = dist.ProcessGroup(prefixed, rank, world_size)
     kind = dist.ProcessGroup.BackendType.CUSTOM
     pg._register_backend(torch.device("tpu"), kind, backend)
+    gloo = dist.ProcessGroupGloo(dist.PrefixStore("gloo/", prefixed), rank, world_size, timeout)
+    pg._register_backend(torch.device("cpu"), dist.ProcessGroup.BackendType.GLOO, gloo)
     pg._set_default_backend(kind)
+    # Known to c10d as new_group would make it (its ranks numbered as in the group), so
+    # that recv, batch_isend_irecv and functional collectives accept it; each rank's
+    # thread has its own group object, under its own name.
+    from torch.distributed import distributed_c10d as c10d
+
+    name = f"{BACKEND}_local_{id(store):x}_{rank}"
+    pg._set_group_name(name)
+    c10d._register_process_group(name, pg)
+    c10d._world.pg_map[pg] = (BACKEND, prefixed)
+    c10d._world.pg_names[pg] = name
+    c10d._world.pg_group_ranks[pg] = {r: r for r in range(world_size)}
+    c10d._world.pg_backend_config[pg] = f"cpu:gloo,tpu:{BACKEND}"
     return pg
 
 

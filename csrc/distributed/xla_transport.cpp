@@ -512,8 +512,23 @@ class XlaDistBackend final : public c10d::Backend {
     }
     BufferPtr in = aten::readTensor(t);
     const int dev = device();
+    // Both sides post to the store first and launch only once the other has: XLA:CPU
+    // aborts the whole process when a collective's peer does not join within 40 s.
+    const std::string key = "p2p/" + std::to_string(src) + "/" + std::to_string(dst) + "/" + std::to_string(k) + "/";
+    const std::string mine = key + (type == OpType::SEND ? "send" : "recv");
+    const std::string theirs = key + (type == OpType::SEND ? "recv" : "send");
     auto task = std::make_shared<std::packaged_task<BufferPtr()>>(
-        [spec, in, dev, launch] { return runtime::runCollectiveShard(spec, in, dev, launch); });
+        [store = store_, timeout = timeout_, mine, theirs, spec, in, dev, launch, what] {
+          store->set(mine, std::vector<uint8_t>{1});
+          try {
+            store->wait({theirs}, timeout);
+          } catch (const std::exception& e) {
+            TORCH_CHECK(false, "tpu_dist: ", what, " did not complete within ", timeout.count(),
+                        " ms (the peer never posted its side)");
+          }
+          store->deleteKey(theirs);  // nobody reads it again: its owner has seen ours or gives up
+          return runtime::runCollectiveShard(spec, in, dev, launch);
+        });
     std::shared_future<BufferPtr> result = task->get_future().share();
     std::thread([task] { (*task)(); }).detach();
     return c10::make_intrusive<P2PWork>(type, result, t, timeout_, what);

@@ -56,38 +56,55 @@ std::string sliceOp(const std::string& out, const std::string& in, int64_t start
          tensorType(t, in_len) + ") -> " + tensorType(t, len) + "\n";
 }
 
-}  // namespace
+bool isBitwise(Reduction r) { return r == Reduction::BitAnd || r == Reduction::BitOr || r == Reduction::BitXor; }
 
-std::string CollectiveSpec::name() const {
-  switch (kind) {
-    case Collective::AllReduce:
-      return "all_reduce";
-    case Collective::AllGather:
-      return "all_gather";
-    case Collective::ReduceScatter:
-      return "reduce_scatter";
-    case Collective::AllToAll:
-      return "all_to_all";
-    case Collective::Broadcast:
-      return "broadcast";
-    case Collective::Permute:
-      return "collective_permute";
+// The identity of a bitwise reduction: all ones for AND, zero otherwise.
+std::string bitwiseIdentity(Reduction r, ir::DType t) {
+  const bool ones = r == Reduction::BitAnd;
+  if (t == ir::DType::Bool) return ones ? "true" : "false";
+  if (!ones) return "0";
+  switch (t) {
+    case ir::DType::U8:
+      return "255";
+    case ir::DType::U32:
+      return "4294967295";
+    case ir::DType::U64:
+      return "18446744073709551615";
+    default:
+      return "-1";
   }
-  return "collective";
 }
 
-std::string collectiveProgram(const CollectiveSpec& spec) {
-  const int world = static_cast<int>(spec.participants.size());
-  if (world < 1) throw std::invalid_argument("a collective needs at least one participant");
+// XLA:CPU's all_reduce takes no bitwise reduction: gather every replica's operand,
+// then reduce over replicas on each device. Reduce-scatter keeps this replica's block.
+std::string gatheredReduction(const CollectiveSpec& spec, int world, int64_t in_len, const std::string& out_t) {
+  const ir::DType t = spec.dtype;
+  const std::string in_t = tensorType(t, in_len), s = scalarType(t);
+  const std::string stacked = "tensor<" + std::to_string(world) + "x" + std::to_string(in_len) + "x" + ir::mlirName(t) + ">";
+  std::string body = "    %g = \"stablehlo.all_gather\"(%arg0) {all_gather_dim = 0 : i64, " + replicaGroups(world) +
+                     "} : (" + in_t + ") -> " + tensorType(t, world * in_len) + "\n";
+  body += "    %s = \"stablehlo.reshape\"(%g) : (" + tensorType(t, world * in_len) + ") -> " + stacked + "\n";
+  body += "    %i = \"stablehlo.constant\"() {value = dense<" + bitwiseIdentity(spec.reduce, t) + "> : " + s +
+          "} : () -> " + s + "\n";
+  const std::string reduced = spec.kind == Collective::ReduceScatter ? "%red" : "%0";
+  body += "    " + reduced + " = \"stablehlo.reduce\"(%s, %i) " + reductionRegion(spec.reduce, t) +
+          " {dimensions = array<i64: 0>} : (" + stacked + ", " + s + ") -> " + in_t + "\n";
+  if (spec.kind == Collective::ReduceScatter) {
+    body += "    %id = \"stablehlo.replica_id\"() : () -> tensor<ui32>\n";
+    body += "    %id64 = \"stablehlo.convert\"(%id) : (tensor<ui32>) -> tensor<i64>\n";
+    body += "    %n = \"stablehlo.constant\"() {value = dense<" + std::to_string(spec.n) + "> : tensor<i64>} : () -> tensor<i64>\n";
+    body += "    %at = \"stablehlo.multiply\"(%id64, %n) : (tensor<i64>, tensor<i64>) -> tensor<i64>\n";
+    body += "    %0 = \"stablehlo.dynamic_slice\"(%red, %at) {slice_sizes = array<i64: " + std::to_string(spec.n) +
+            ">} : (" + in_t + ", tensor<i64>) -> " + out_t + "\n";
+  }
+  return body;
+}
+
+// The program's body where XLA runs the collective as asked.
+std::string directBody(const CollectiveSpec& spec, int world, const std::string& in_t, const std::string& out_t) {
+  std::string body;
   const ir::DType t = spec.dtype;
   const int64_t n = spec.n;
-  const int64_t in_len = spec.kind == Collective::ReduceScatter || spec.kind == Collective::AllToAll ? world * n : n;
-  int64_t out_len = n;
-  if (spec.kind == Collective::AllGather) out_len = world * n;
-  if (spec.kind == Collective::AllToAll) out_len = world * n;
-  const std::string in_t = tensorType(t, in_len), out_t = tensorType(t, out_len);
-  std::string body;
-  std::string result = "%0";
   switch (spec.kind) {
     case Collective::AllReduce:
       body += "    %0 = \"stablehlo.all_reduce\"(%arg0) " + reductionRegion(spec.reduce, t) + " {" + replicaGroups(world) +
@@ -122,6 +139,50 @@ std::string collectiveProgram(const CollectiveSpec& spec) {
       break;
     }
   }
+  return body;
+}
+
+}  // namespace
+
+std::string CollectiveSpec::name() const {
+  switch (kind) {
+    case Collective::AllReduce:
+      return "all_reduce";
+    case Collective::AllGather:
+      return "all_gather";
+    case Collective::ReduceScatter:
+      return "reduce_scatter";
+    case Collective::AllToAll:
+      return "all_to_all";
+    case Collective::Broadcast:
+      return "broadcast";
+    case Collective::Permute:
+      return "collective_permute";
+  }
+  return "collective";
+}
+
+std::string collectiveProgram(const CollectiveSpec& spec) {
+  const int world = static_cast<int>(spec.participants.size());
+  if (world < 1) throw std::invalid_argument("a collective needs at least one participant");
+  const ir::DType t = spec.dtype;
+  const int64_t n = spec.n;
+  const int64_t in_len = spec.kind == Collective::ReduceScatter || spec.kind == Collective::AllToAll ? world * n : n;
+  int64_t out_len = n;
+  if (spec.kind == Collective::AllGather) out_len = world * n;
+  if (spec.kind == Collective::AllToAll) out_len = world * n;
+  const std::string in_t = tensorType(t, in_len), out_t = tensorType(t, out_len);
+  std::string body;
+  std::string result = "%0";
+  if (isBitwise(spec.reduce) && (isFloating(t) || t == ir::DType::C64))
+    throw std::invalid_argument("a bitwise reduction needs an integer or bool tensor, got " +
+                                std::string(ir::dtypeName(t)));
+  const bool gathered =
+      isBitwise(spec.reduce) && (spec.kind == Collective::AllReduce || spec.kind == Collective::ReduceScatter);
+  if (gathered)
+    body = gatheredReduction(spec, world, in_len, out_t);
+  else
+    body = directBody(spec, world, in_t, out_t);
   if (spec.reduce == Reduction::Avg &&
       (spec.kind == Collective::AllReduce || spec.kind == Collective::ReduceScatter)) {
     // NCCL's AVG: the sum divided by the group size (integers truncate).

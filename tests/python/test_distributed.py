@@ -91,7 +91,7 @@ def test_one_rank_group_in_process():
 
 def test_every_collective_matches_gloo():
     out = _torchrun("collectives.py")
-    assert out.count(": ok 51 checks") == 2, out
+    assert out.count(": ok 54 checks") == 2, out
 
 
 @pytest.mark.parametrize("mode", ["ddp", "fsdp2", "tp", "pp"])
