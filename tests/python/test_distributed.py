@@ -100,6 +100,14 @@ def test_training_matches_one_process(mode):
     assert out.count(f"{mode} ok") == 2, out
 
 
+@pytest.mark.parametrize("mode", ["ddp", "fsdp2", "tp"])
+def test_compiled_training_matches_one_eager_process(mode):
+    """torch.compile(backend="tpu") over DDP, FSDP2 and DTensor: the collectives Dynamo
+    meets run between the compiled pieces; losses equal the eager one-process run."""
+    out = _torchrun("train.py", mode, "compile")
+    assert out.count(f"{mode} compiled ok") == 2, out
+
+
 def test_a_dead_rank_makes_the_other_raise():
     (rc0, out0), (rc1, _) = _ranks("dead")
     assert rc1 == 3

@@ -1,7 +1,9 @@
 """The project's GPT trained for a few steps with a parallelism over 2 ranks on tpu,
 against the same model trained in this process without it, on the same global batch.
 
-    torchrun --nproc-per-node 2 train.py ddp|fsdp2|tp|pp
+    torchrun --nproc-per-node 2 train.py ddp|fsdp2|tp|pp [compile]
+
+With "compile", both sides run the model under torch.compile(backend="tpu").
 """
 
 import datetime
@@ -14,6 +16,7 @@ import torch_tpu
 from torch_tpu.models import GPT
 
 MODE = sys.argv[1]
+COMPILE = "compile" in sys.argv[2:]
 STEPS = 5
 # Gradient clipping over a mix of DTensor and plain parameters is refused by PyTorch itself
 # (aten._foreach_norm); tensor parallelism trains without it, on both sides.
@@ -86,10 +89,13 @@ g = torch.Generator().manual_seed(1)
 data = [torch.randint(0, VOCAB, (BATCH * size, BLOCK + 1), generator=g) for _ in range(STEPS)]
 
 
-def train(m, opt, local):
+def train(m, opt, local, compile=COMPILE):
     """The losses of STEPS steps on `data`; `local`: each rank takes its slice of the global
     batch and the reported loss is the ranks' mean."""
     losses = []
+    params = list(m.parameters())
+    if compile:
+        m = torch.compile(m, backend="tpu")
     for d in data:
         if local:
             d = d[rank * BATCH:(rank + 1) * BATCH]
@@ -98,7 +104,7 @@ def train(m, opt, local):
         opt.zero_grad()
         loss.backward()
         if CLIP:
-            torch.nn.utils.clip_grad_norm_(m.parameters(), 1.0)
+            torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
         loss = loss.detach().clone()
         if local:
@@ -108,9 +114,10 @@ def train(m, opt, local):
 
 
 def reference():
-    """Single-process training on the global batch: the losses every parallel run must give."""
+    """Single-process eager training on the global batch: the losses every parallel run must
+    give, compiled or not."""
     m = model().to("tpu")
-    return train(m, torch.optim.AdamW(m.parameters(), lr=1e-2), local=False)
+    return train(m, torch.optim.AdamW(m.parameters(), lr=1e-2), local=False, compile=False)
 
 
 def parallel():
@@ -149,5 +156,5 @@ def parallel():
 want = reference()
 got = parallel()
 torch.testing.assert_close(torch.tensor(got), torch.tensor(want), rtol=1e-4, atol=1e-5)
-print(f"rank {rank}: {MODE} ok, losses {[round(v, 4) for v in got]}", flush=True)
+print(f"rank {rank}: {MODE}{' compiled' if COMPILE else ''} ok, losses {[round(v, 4) for v in got]}", flush=True)
 dist.destroy_process_group()
