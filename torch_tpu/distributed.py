@@ -22,7 +22,10 @@ The backend itself is C++ (``csrc/distributed``), with two transports:
 
 from __future__ import annotations
 
+import itertools
+
 BACKEND = "tpu_dist"
+_local_names = itertools.count()  # c10d keeps group names for the process's life
 
 
 def _create_backend(opts, backend_options=None):
@@ -78,7 +81,7 @@ def local_group(rank: int, world_size: int, store=None, devices=None, timeout=No
     # thread has its own group object, under its own name.
     from torch.distributed import distributed_c10d as c10d
 
-    name = f"{BACKEND}_local_{id(store):x}_{rank}"
+    name = f"{BACKEND}_local_{next(_local_names)}_rank{rank}"
     pg._set_group_name(name)
     c10d._register_process_group(name, pg)
     c10d._world.pg_map[pg] = (BACKEND, prefixed)

@@ -252,6 +252,8 @@ std::vector<BufferPtr> runCollective(const CollectiveSpec& spec, const std::vect
   for (const auto& b : inputs) args.push_back({b->raw()});
   auto outs = exe->executeReplicated(args);
   count(spec, static_cast<int64_t>(inputs.size()));
+  if (Runtime::get().plugin().collectivesOneAtATime())
+    for (auto& o : outs) o.at(0)->awaitReady();
   std::vector<BufferPtr> result;
   for (auto& o : outs) result.push_back(BufferPtr(std::move(o.at(0))));
   return result;
@@ -261,6 +263,7 @@ BufferPtr runCollectiveShard(const CollectiveSpec& spec, const BufferPtr& input,
   auto exe = collectiveExecutable(spec);
   auto outs = exe->executeShard({input->raw()}, Runtime::get().device(device), launch_id);
   count(spec, 1);
+  if (Runtime::get().plugin().collectivesOneAtATime()) outs.at(0)->awaitReady();
   return BufferPtr(std::move(outs.at(0)));
 }
 

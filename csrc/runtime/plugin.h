@@ -41,6 +41,11 @@ class PluginSupport {
   virtual bool destroyAtExit() const { return false; }
   // For tests and reports: whether malloc is tuned, how many core spinners run.
   virtual bool mallocTuned() const { return false; }
+  // A collective program must finish before the next is launched: XLA:CPU runs
+  // each participant on a thread of one pool, so launches left in flight could
+  // fill it with parts of different runs, none complete (seen: the process
+  // aborted after XLA's 40 s rendezvous limit).
+  virtual bool collectivesOneAtATime() const { return false; }
   virtual int spinnerThreads() const { return 0; }
 };
 

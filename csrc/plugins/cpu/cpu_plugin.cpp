@@ -84,6 +84,7 @@ class CpuSupport final : public runtime::PluginSupport {
 #endif
   }
   bool mallocTuned() const override { return malloc_tuned_; }
+  bool collectivesOneAtATime() const override { return true; }
   int spinnerThreads() const override { return spinner_ ? spinner_->activeThreads() : 0; }
   // Its spinner threads are joined at exit, as before.
   bool destroyAtExit() const override { return true; }
