@@ -4,12 +4,12 @@
 
 #include <ATen/ATen.h>
 #include <ATen/core/ivalue.h>
-#include <torch/csrc/distributed/c10d/Store.hpp>
-#include <torch/csrc/distributed/c10d/Work.hpp>
 
 #include <functional>
 #include <mutex>
 #include <string>
+#include <torch/csrc/distributed/c10d/Store.hpp>
+#include <torch/csrc/distributed/c10d/Work.hpp>
 #include <vector>
 
 namespace tpu::distributed {
@@ -102,7 +102,6 @@ void checkAgreement(const char* what, const std::vector<int64_t>& mine, const in
 // Device work queued before it finishes first (as a CUDA barrier orders it), then
 // every rank sets its key under `prefix` and waits for the others'; a timeout
 // names the ranks that did not arrive.
-void storeBarrier(c10d::Store& store, const std::string& prefix, int rank, int size,
-                  std::chrono::milliseconds timeout);
+void storeBarrier(c10d::Store& store, const std::string& prefix, int rank, int size, std::chrono::milliseconds timeout);
 
 }  // namespace tpu::distributed

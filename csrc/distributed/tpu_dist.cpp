@@ -15,20 +15,19 @@
 // rank, a timeout) surface as exceptions from the call itself.
 #include "distributed/tpu_dist.h"
 
-#include "distributed/common.h"
-
 #include <ATen/ATen.h>
 #include <ATen/core/ivalue.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <pybind11/chrono.h>
-#include <torch/csrc/distributed/c10d/Backend.hpp>
-#include <torch/csrc/distributed/c10d/Store.hpp>
-#include <torch/csrc/distributed/c10d/Work.hpp>
 #include <torch/csrc/utils/pybind.h>
 
 #include <functional>
 #include <mutex>
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+#include <torch/csrc/distributed/c10d/Store.hpp>
+#include <torch/csrc/distributed/c10d/Work.hpp>
 
+#include "distributed/common.h"
 #include "runtime/env.h"
 #include "runtime/runtime.h"
 

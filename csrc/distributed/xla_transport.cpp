@@ -18,12 +18,12 @@
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <pybind11/chrono.h>
 #include <pybind11/stl.h>
-#include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/utils/pybind.h>
 
 #include <future>
 #include <map>
 #include <thread>
+#include <torch/csrc/distributed/c10d/Backend.hpp>
 
 #include "aten/tpu.h"
 #include "distributed/common.h"
@@ -65,7 +65,7 @@ Reduction reductionOf(const ReduceOp& op) {
 
 Reduction reductionNamed(const std::string& name) {
   static const std::map<std::string, Reduction> names = {
-      {"sum", Reduction::Sum}, {"avg", Reduction::Avg}, {"prod", Reduction::Prod},  {"min", Reduction::Min},
+      {"sum", Reduction::Sum}, {"avg", Reduction::Avg},     {"prod", Reduction::Prod}, {"min", Reduction::Min},
       {"max", Reduction::Max}, {"band", Reduction::BitAnd}, {"bor", Reduction::BitOr}, {"bxor", Reduction::BitXor}};
   auto it = names.find(name);
   TORCH_CHECK_VALUE(it != names.end(), "unknown reduction '", name, "'");
@@ -97,8 +97,8 @@ class P2PWork final : public c10d::Work {
         target_(std::move(target)),
         timeout_(timeout),
         what_(std::move(what)) {
-    future_ = c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()),
-                                                       devicesOf({target_}));
+    future_ =
+        c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()), devicesOf({target_}));
   }
   bool isCompleted() override {
     return result_.wait_for(std::chrono::seconds(0)) == std::future_status::ready && (finish(), true);
@@ -310,8 +310,7 @@ class XlaDistBackend final : public c10d::Backend {
     checkDevice(output);
     if (output_splits.empty() && input_splits.empty()) {
       TORCH_CHECK_VALUE(input.numel() % size_ == 0 && input.numel() == output.numel(),
-                        "tpu_dist: all_to_all_single: input and output must have the same size, divisible by ",
-                        size_);
+                        "tpu_dist: all_to_all_single: input and output must have the same size, divisible by ", size_);
       const int64_t n = input.numel() / size_;
       int launch = arrive("all_to_all_single", agreementOf("all_to_all_single", {input, output}));
       if (n) aten::writeTensor(output, run(specOf(Collective::AllToAll, input, n), aten::readTensor(input), launch));
@@ -419,9 +418,8 @@ class XlaDistBackend final : public c10d::Backend {
       std::string missing;
       for (int r = 0; r < size_; ++r)
         if (!store_->check({keys[r]})) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
-      TORCH_CHECK(false, "tpu_dist: ", what, " timed out after ", timeout_.count(), " ms on rank ", rank_,
-                  ": rank(s) ", missing.empty() ? std::string("?") : missing, " of ", size_,
-                  " did not reach it (", e.what(), ")");
+      TORCH_CHECK(false, "tpu_dist: ", what, " timed out after ", timeout_.count(), " ms on rank ", rank_, ": rank(s) ",
+                  missing.empty() ? std::string("?") : missing, " of ", size_, " did not reach it (", e.what(), ")");
     }
     std::vector<int64_t> all(static_cast<size_t>(size_) * kAgreementSlots);
     if (all_extra) all_extra->assign(size_, 0);
@@ -549,10 +547,11 @@ class XlaDistBackend final : public c10d::Backend {
 std::vector<at::Tensor> commCollective(const std::string& kind, const std::vector<at::Tensor>& tensors,
                                        const std::string& op, int root) {
   TORCH_CHECK_VALUE(!tensors.empty(), "torch.tpu.comm: no tensors");
-  static const std::map<std::string, Collective> kinds = {
-      {"all_reduce", Collective::AllReduce}, {"all_gather", Collective::AllGather},
-      {"reduce_scatter", Collective::ReduceScatter}, {"all_to_all", Collective::AllToAll},
-      {"broadcast", Collective::Broadcast}};
+  static const std::map<std::string, Collective> kinds = {{"all_reduce", Collective::AllReduce},
+                                                          {"all_gather", Collective::AllGather},
+                                                          {"reduce_scatter", Collective::ReduceScatter},
+                                                          {"all_to_all", Collective::AllToAll},
+                                                          {"broadcast", Collective::Broadcast}};
   auto k = kinds.find(kind);
   TORCH_CHECK_VALUE(k != kinds.end(), "torch.tpu.comm: unknown collective '", kind, "'");
   const int world = static_cast<int>(tensors.size());
@@ -572,12 +571,11 @@ std::vector<at::Tensor> commCollective(const std::string& kind, const std::vecto
     TORCH_CHECK_VALUE(t.scalar_type() == first.scalar_type() && t.numel() == first.numel(),
                       "torch.tpu.comm: every device's tensor must have the same dtype and size");
     const int d = t.device().index();
-    for (int seen : spec.participants)
-      TORCH_CHECK_VALUE(seen != d, "torch.tpu.comm: device tpu:", d, " appears twice");
+    for (int seen : spec.participants) TORCH_CHECK_VALUE(seen != d, "torch.tpu.comm: device tpu:", d, " appears twice");
     spec.participants.push_back(d);
   }
-  const int64_t out_len = spec.kind == Collective::AllGather || spec.kind == Collective::AllToAll ? world * spec.n
-                                                                                                  : spec.n;
+  const int64_t out_len =
+      spec.kind == Collective::AllGather || spec.kind == Collective::AllToAll ? world * spec.n : spec.n;
   std::vector<at::Tensor> result;
   if (!spec.n) {
     for (const auto& t : tensors) result.push_back(at::empty({out_len}, t.options()));
@@ -604,8 +602,8 @@ void registerXlaTransport(pybind11::module& m) {
         return c10::make_intrusive<XlaDistBackend>(store, rank, size, timeout, std::move(devices));
       },
       "The tpu_dist backend over XLA collectives: rank r runs on tpu:devices[r].");
-  m.def("_comm_collective", &commCollective, pybind11::arg("kind"), pybind11::arg("tensors"), pybind11::arg("op") = "sum",
-        pybind11::arg("root") = 0, pybind11::call_guard<pybind11::gil_scoped_release>(),
+  m.def("_comm_collective", &commCollective, pybind11::arg("kind"), pybind11::arg("tensors"),
+        pybind11::arg("op") = "sum", pybind11::arg("root") = 0, pybind11::call_guard<pybind11::gil_scoped_release>(),
         "One XLA collective over the devices of `tensors` (one flat result per device).");
 }
 

@@ -18,7 +18,7 @@ T makeArgs() {
 }
 
 bool fileExists(const std::string& p) {
-  struct stat st{};
+  struct stat st {};
   return ::stat(p.c_str(), &st) == 0 && S_ISREG(st.st_mode);
 }
 

@@ -80,7 +80,8 @@ std::string bitwiseIdentity(Reduction r, ir::DType t) {
 std::string gatheredReduction(const CollectiveSpec& spec, int world, int64_t in_len, const std::string& out_t) {
   const ir::DType t = spec.dtype;
   const std::string in_t = tensorType(t, in_len), s = scalarType(t);
-  const std::string stacked = "tensor<" + std::to_string(world) + "x" + std::to_string(in_len) + "x" + ir::mlirName(t) + ">";
+  const std::string stacked =
+      "tensor<" + std::to_string(world) + "x" + std::to_string(in_len) + "x" + ir::mlirName(t) + ">";
   std::string body = "    %g = \"stablehlo.all_gather\"(%arg0) {all_gather_dim = 0 : i64, " + replicaGroups(world) +
                      "} : (" + in_t + ") -> " + tensorType(t, world * in_len) + "\n";
   body += "    %s = \"stablehlo.reshape\"(%g) : (" + tensorType(t, world * in_len) + ") -> " + stacked + "\n";
@@ -92,7 +93,8 @@ std::string gatheredReduction(const CollectiveSpec& spec, int world, int64_t in_
   if (spec.kind == Collective::ReduceScatter) {
     body += "    %id = \"stablehlo.replica_id\"() : () -> tensor<ui32>\n";
     body += "    %id64 = \"stablehlo.convert\"(%id) : (tensor<ui32>) -> tensor<i64>\n";
-    body += "    %n = \"stablehlo.constant\"() {value = dense<" + std::to_string(spec.n) + "> : tensor<i64>} : () -> tensor<i64>\n";
+    body += "    %n = \"stablehlo.constant\"() {value = dense<" + std::to_string(spec.n) +
+            "> : tensor<i64>} : () -> tensor<i64>\n";
     body += "    %at = \"stablehlo.multiply\"(%id64, %n) : (tensor<i64>, tensor<i64>) -> tensor<i64>\n";
     body += "    %0 = \"stablehlo.dynamic_slice\"(%red, %at) {slice_sizes = array<i64: " + std::to_string(spec.n) +
             ">} : (" + in_t + ", tensor<i64>) -> " + out_t + "\n";
@@ -107,8 +109,8 @@ std::string directBody(const CollectiveSpec& spec, int world, const std::string&
   const int64_t n = spec.n;
   switch (spec.kind) {
     case Collective::AllReduce:
-      body += "    %0 = \"stablehlo.all_reduce\"(%arg0) " + reductionRegion(spec.reduce, t) + " {" + replicaGroups(world) +
-              "} : (" + in_t + ") -> " + out_t + "\n";
+      body += "    %0 = \"stablehlo.all_reduce\"(%arg0) " + reductionRegion(spec.reduce, t) + " {" +
+              replicaGroups(world) + "} : (" + in_t + ") -> " + out_t + "\n";
       break;
     case Collective::ReduceScatter:
       body += "    %0 = \"stablehlo.reduce_scatter\"(%arg0) " + reductionRegion(spec.reduce, t) + " {" +
@@ -183,17 +185,17 @@ std::string collectiveProgram(const CollectiveSpec& spec) {
     body = gatheredReduction(spec, world, in_len, out_t);
   else
     body = directBody(spec, world, in_t, out_t);
-  if (spec.reduce == Reduction::Avg &&
-      (spec.kind == Collective::AllReduce || spec.kind == Collective::ReduceScatter)) {
+  if (spec.reduce == Reduction::Avg && (spec.kind == Collective::AllReduce || spec.kind == Collective::ReduceScatter)) {
     // NCCL's AVG: the sum divided by the group size (integers truncate).
     const std::string lit = isFloating(t) ? std::to_string(world) + ".0" : std::to_string(world);
     body += "    %c = \"stablehlo.constant\"() {value = dense<" + lit + "> : " + out_t + "} : () -> " + out_t + "\n";
     body += "    %1 = \"stablehlo.divide\"(%0, %c) : (" + out_t + ", " + out_t + ") -> " + out_t + "\n";
     result = "%1";
   }
-  return "module @" + spec.name() + " attributes {mhlo.num_partitions = 1 : i32, mhlo.num_replicas = " +
-         std::to_string(world) + " : i32} {\n  func.func public @main(%arg0: " + in_t + ") -> " + out_t + " {\n" +
-         body + "    \"func.return\"(" + result + ") : (" + out_t + ") -> ()\n  }\n}\n";
+  return "module @" + spec.name() +
+         " attributes {mhlo.num_partitions = 1 : i32, mhlo.num_replicas = " + std::to_string(world) +
+         " : i32} {\n  func.func public @main(%arg0: " + in_t + ") -> " + out_t + " {\n" + body +
+         "    \"func.return\"(" + result + ") : (" + out_t + ") -> ()\n  }\n}\n";
 }
 
 std::shared_ptr<pjrt::Executable> collectiveExecutable(const CollectiveSpec& spec) {

@@ -32,8 +32,8 @@ struct CollectiveSpec {
   Collective kind = Collective::AllReduce;
   Reduction reduce = Reduction::Sum;
   ir::DType dtype = ir::DType::F32;
-  int64_t n = 0;        // elements of each replica's block
-  int root = 0;         // Broadcast: the replica that sends
+  int64_t n = 0;                           // elements of each replica's block
+  int root = 0;                            // Broadcast: the replica that sends
   std::vector<std::pair<int, int>> pairs;  // Permute: (source replica, target replica)
   std::vector<int> participants;           // device index of each replica
   std::string name() const;                // "all_reduce", ...

@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "ir/ir.h"
+#include "runtime/collectives.h"
 
 using namespace tpu;
 
@@ -474,4 +475,62 @@ TEST(Compile, OptionOverridesReachXla) {
   } catch (const pjrt::Error& e) {
     EXPECT_NE(std::string(e.what()).find("xla_no_such_debug_option"), std::string::npos) << e.what();
   }
+}
+
+// Collective programs (runtime/collectives.h) over the client's 2 devices, one launch.
+namespace {
+std::vector<std::vector<int64_t>> runTwoReplicas(const runtime::CollectiveSpec& spec,
+                                                 const std::vector<std::vector<int64_t>>& inputs, int64_t out_len) {
+  auto exe = client().compile(runtime::collectiveProgram(spec), pjrt::replicatedCompileOptions({0, 1}));
+  std::vector<std::unique_ptr<pjrt::Buffer>> bufs;
+  std::vector<std::vector<PJRT_Buffer*>> args;
+  for (int r = 0; r < 2; ++r) {
+    bufs.push_back(
+        client().fromHost(inputs[r].data(), pjrt::ElementType::S64, {static_cast<int64_t>(inputs[r].size())}, r));
+    args.push_back({bufs.back()->raw()});
+  }
+  auto outs = exe->executeReplicated(args);
+  std::vector<std::vector<int64_t>> result;
+  for (auto& o : outs) {
+    std::vector<int64_t> host(out_len);
+    o.at(0)->toHost(host.data(), host.size() * sizeof(int64_t));
+    result.push_back(host);
+  }
+  return result;
+}
+}  // namespace
+
+TEST(Collectives, AllReduceGatherAndBitwiseOverTwoDevices) {
+  runtime::CollectiveSpec spec;
+  spec.dtype = ir::DType::I64;
+  spec.n = 3;
+  spec.participants = {0, 1};
+  const std::vector<std::vector<int64_t>> in = {{1, 6, 12}, {2, 3, 10}};
+  auto sum = runTwoReplicas(spec, in, 3);
+  EXPECT_EQ(sum[0], (std::vector<int64_t>{3, 9, 22}));
+  EXPECT_EQ(sum[1], sum[0]);
+  spec.reduce = runtime::Reduction::Avg;  // integers truncate, as NCCL's AVG
+  EXPECT_EQ(runTwoReplicas(spec, in, 3)[1], (std::vector<int64_t>{1, 4, 11}));
+  spec.reduce = runtime::Reduction::BitAnd;  // gathered, then reduced on each device
+  EXPECT_EQ(runTwoReplicas(spec, in, 3)[0], (std::vector<int64_t>{0, 2, 8}));
+  spec.reduce = runtime::Reduction::BitXor;
+  EXPECT_EQ(runTwoReplicas(spec, in, 3)[1], (std::vector<int64_t>{3, 5, 6}));
+  spec.kind = runtime::Collective::AllGather;
+  spec.reduce = runtime::Reduction::Sum;
+  EXPECT_EQ(runTwoReplicas(spec, in, 6)[1], (std::vector<int64_t>{1, 6, 12, 2, 3, 10}));
+  spec.kind = runtime::Collective::Broadcast;
+  spec.root = 1;
+  EXPECT_EQ(runTwoReplicas(spec, in, 3)[0], in[1]);
+}
+
+TEST(Collectives, BitwiseReductionOfFloatsIsRefused) {
+  runtime::CollectiveSpec spec;
+  spec.dtype = ir::DType::F32;
+  spec.n = 2;
+  spec.participants = {0, 1};
+  spec.reduce = runtime::Reduction::BitOr;
+  EXPECT_THROW(runtime::collectiveProgram(spec), std::invalid_argument);
+  spec.participants.clear();
+  spec.reduce = runtime::Reduction::Sum;
+  EXPECT_THROW(runtime::collectiveProgram(spec), std::invalid_argument);
 }
