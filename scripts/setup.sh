@@ -32,6 +32,12 @@ if ! "$PY" -c "import transformers, accelerate" 2>/dev/null; then
   "$PY" -m pip install -q "torch==2.13.0" "transformers>=5.17,<6" "accelerate>=1.15,<2" >/dev/null 2>&1 ||
     echo "setup: could not install transformers/accelerate; the Hugging Face tests will be skipped"
 fi
+# TorchTitan for its distributed training test. It does not pin torch; it imports triton at
+# module level (its GPU kernels), so triton comes too, unused here.
+if ! "$PY" -c "import torchtitan, triton" 2>/dev/null; then
+  "$PY" -m pip install -q "torch==2.13.0" "torchtitan==0.3.0" "triton==3.9.0" >/dev/null 2>&1 ||
+    echo "setup: could not install torchtitan; the TorchTitan test will be skipped"
+fi
 export PATH="$VENV/bin:$PATH"
 
 # Configure once, then build incrementally.

@@ -6,7 +6,14 @@ out where TorchTitan's defaults look for them (relative to the working directory
     DIR/tests/assets/tokenizer/{tokenizer.json, tokenizer_config.json}
     DIR/tests/assets/c4_test/data.json            # {"text": ...} per line
 
-    python tools/titan_assets.py DIR
+    python tools/titan_assets.py DIR [--parity STEPS]
+
+--parity STEPS writes a c4_test laid out so that one rank with batch 4 and two data-parallel
+ranks with batch 2 each train on the same sequences at every step (TorchTitan gives each
+data-parallel rank a contiguous half of the file): every document is exactly one 64-token
+sample, and the file's first half is built so that step k of the one-rank run reads the
+documents ranks 0 and 1 read at step k. The FSDP=2 and TP=2 losses must then equal the
+one-rank losses, which is what tests/python/test_torchtitan.py checks.
 """
 
 from __future__ import annotations
@@ -44,7 +51,35 @@ def make(root: str) -> None:
         json.dump({"bos_token": "<|begin_of_text|>", "eos_token": "<|end_of_text|>", "add_bos_token": True,
                    "add_eos_token": True, "tokenizer_class": "PreTrainedTokenizerFast"}, f)
     print(f"titan_assets: {len(paragraphs)} paragraphs, vocabulary {tok.get_vocab_size()} in {root}")
+    return tok
+
+
+SEQ_LEN = 64  # tokens per sample; a document is BOS + 63 words + EOS = SEQ_LEN + 1
+
+
+def parity_data(root: str, tok, steps: int) -> None:
+    """Replaces c4_test with documents of one sample each, ordered as the module doc says."""
+    import random
+
+    words = sorted(t[1:] for t in tok.get_vocab() if t.startswith("\u0120") and t[1:].isalpha() and len(t) > 3)
+    words = [w for w in words if len(tok.encode(" " + w).ids) == 1]
+    rng = random.Random(0)
+
+    def doc():
+        text = "".join(" " + rng.choice(words) for _ in range(SEQ_LEN - 1))
+        assert len(tok.encode(text).ids) == SEQ_LEN - 1, text
+        return text
+
+    theirs = [doc() for _ in range(4 * steps)]  # rank 1's half: it reads the first 2 * steps
+    mine = [doc(), doc()]  # rank 0's half; one rank reads its first 4 * steps
+    for k in range(steps):
+        mine[4 * k:4 * k + 4] = [mine[2 * k], mine[2 * k + 1], theirs[2 * k], theirs[2 * k + 1]]
+    with open(os.path.join(root, "tests", "assets", "c4_test", "data.json"), "w") as f:
+        for text in mine + theirs:
+            f.write(json.dumps({"text": text}) + "\n")
 
 
 if __name__ == "__main__":
-    make(sys.argv[1])
+    tokenizer = make(sys.argv[1])
+    if "--parity" in sys.argv:
+        parity_data(sys.argv[1], tokenizer, int(sys.argv[sys.argv.index("--parity") + 1]))

@@ -73,6 +73,10 @@ from . import distributed  # noqa: E402
 
 distributed.register()  # dist.init_process_group() gives tpu tensors to tpu_dist
 
+from . import _flash_attention  # noqa: E402
+
+_flash_attention.register()  # varlen_attn (TorchTitan's attention) on tpu
+
 if "torch._dynamo" in sys.modules:  # else Dynamo finds it through the entry point
     from . import _compile as _compile_backend
 

@@ -61,9 +61,22 @@ at::Tensor bincount(const at::Tensor& self, const std::optional<at::Tensor>& wei
   return out.index_add_(0, self.to(at::kLong), src);
 }
 
+// _assert_async(self, msg?): raises when the one-element tensor is zero. CUDA
+// checks it on the device later; here the value is read back at the call.
+void assert_async_msg(const at::Tensor& self, c10::string_view msg) {
+  TORCH_CHECK(self.numel() == 1, "Boolean value of Tensor with more than one value is ambiguous");
+  const bool ok = self.ne(0).any().cpu().item<bool>();
+  TORCH_CHECK(ok,
+              msg.empty() ? std::string("Expected Tensor with single nonzero value, but got zero") : std::string(msg));
+}
+
+void assert_async(const at::Tensor& self) { assert_async_msg(self, ""); }
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  m.impl("_assert_async", assert_async);
+  m.impl("_assert_async.msg", assert_async_msg);
   m.impl("_efficientzerotensor", efficient_zero_tensor);
   m.impl("repeat_interleave.Tensor", repeat_interleave);
   m.impl("bincount", bincount);

@@ -11,6 +11,17 @@ c10::intrusive_ptr<c10d::Work> done(OpType type, std::vector<at::Tensor> result)
   return c10::make_intrusive<DoneWork>(type, std::move(result));
 }
 
+at::Tensor preMultiplied(const c10d::ReduceOp& op, const at::Tensor& t, bool in_place) {
+  if (op.op_ != c10d::ReduceOp::PREMUL_SUM) return t;
+  const auto* sup = dynamic_cast<const c10d::PreMulSumSupplement*>(op.supplement_.get());
+  TORCH_CHECK(sup, "tpu_dist: ReduceOp.PREMUL_SUM without its factor");
+  if (sup->tensor_factor.defined()) {
+    at::Tensor f = sup->tensor_factor.to(t.device(), t.scalar_type());
+    return in_place ? t.mul_(f) : t.mul(f);
+  }
+  return in_place ? t.mul_(sup->double_factor) : t.mul(sup->double_factor);
+}
+
 std::vector<int64_t> agreementOf(const char* what, const std::vector<at::Tensor>& ts) {
   std::vector<int64_t> v(kAgreementSlots, 0);
   size_t h = std::hash<std::string>{}(what);

@@ -9,6 +9,7 @@
 #include <mutex>
 #include <string>
 #include <torch/csrc/distributed/c10d/Store.hpp>
+#include <torch/csrc/distributed/c10d/Types.hpp>
 #include <torch/csrc/distributed/c10d/Work.hpp>
 #include <vector>
 
@@ -84,6 +85,10 @@ class PendingWork final : public c10d::Work {
   c10::intrusive_ptr<c10::ivalue::Future> future_;
   std::once_flag once_;
 };
+
+// PREMUL_SUM (FSDP2's gradient reduction): `t` times the op's factor, as each rank
+// contributes it to the SUM; `t` itself for every other op. `in_place` scales `t`.
+at::Tensor preMultiplied(const c10d::ReduceOp& op, const at::Tensor& t, bool in_place = false);
 
 // A Work for a collective whose results are on the device (counted in metrics).
 c10::intrusive_ptr<c10d::Work> done(OpType type, std::vector<at::Tensor> result = {});

@@ -91,9 +91,9 @@ std::vector<std::vector<at::Tensor>> toHost(const std::vector<std::vector<at::Te
 
 // The op the host backend runs for `op`. Host backends have no AVG: it runs as
 // SUM and finishAvg divides, as NCCL defines it (integers truncate).
+// PREMUL_SUM runs as SUM over inputs scaled first (preMultiplied).
 ReduceOp hostOp(const ReduceOp& op) {
-  TORCH_CHECK(op.op_ != ReduceOp::PREMUL_SUM, "tpu_dist: ReduceOp.PREMUL_SUM is not supported; scale, then SUM");
-  return op.op_ == ReduceOp::AVG ? ReduceOp(ReduceOp::SUM) : op;
+  return op.op_ == ReduceOp::AVG || op.op_ == ReduceOp::PREMUL_SUM ? ReduceOp(ReduceOp::SUM) : op;
 }
 
 void finishAvg(const ReduceOp& op, const std::vector<at::Tensor>& ts, int64_t n) {
@@ -133,6 +133,7 @@ class TpuDistBackend final : public c10d::Backend {
     o.reduceOp = hostOp(opts.reduceOp);
     agree("all_reduce", tensors);
     auto h = toHost(tensors);
+    for (auto& t : h) preMultiplied(opts.reduceOp, t, /*in_place=*/true);  // a host copy, or the output itself
     host_->allreduce(h, o)->wait();
     finishAvg(opts.reduceOp, h, size_);
     backTo(tensors, h);
@@ -156,6 +157,7 @@ class TpuDistBackend final : public c10d::Backend {
     o.reduceOp = hostOp(opts.reduceOp);
     agree("reduce", tensors);
     auto h = toHost(tensors);
+    for (auto& t : h) preMultiplied(opts.reduceOp, t, /*in_place=*/true);
     host_->reduce(h, o)->wait();
     if (rank_ == opts.rootRank) {
       finishAvg(opts.reduceOp, h, size_);
@@ -230,7 +232,7 @@ class TpuDistBackend final : public c10d::Backend {
     // Gloo has no list reduce_scatter: reduce the stacked inputs, keep this rank's part.
     std::vector<at::Tensor> parts = inputs.at(0);
     agree("reduce_scatter", parts);
-    at::Tensor flat = at::cat(flatten(parts)).to(at::kCPU);
+    at::Tensor flat = preMultiplied(opts.reduceOp, at::cat(flatten(parts)).to(at::kCPU), /*in_place=*/true);
     runtime::metrics().dist_staged_bytes += static_cast<int64_t>(flat.numel() * flat.element_size());
     std::vector<at::Tensor> h{flat};
     host_->allreduce(h, o)->wait();
@@ -247,7 +249,7 @@ class TpuDistBackend final : public c10d::Backend {
     c10d::ReduceScatterOptions o = opts;
     o.reduceOp = hostOp(opts.reduceOp);
     agree("reduce_scatter_tensor", {input, output});
-    auto hin = toHost(input);
+    auto hin = preMultiplied(opts.reduceOp, toHost(input));
     auto hout = hostLike(output);
     host_->_reduce_scatter_base(hout, hin, o)->wait();
     finishAvg(opts.reduceOp, {hout}, size_);

@@ -58,8 +58,10 @@ Reduction reductionOf(const ReduceOp& op) {
       return Reduction::BitOr;
     case ReduceOp::BXOR:
       return Reduction::BitXor;
+    case ReduceOp::PREMUL_SUM:  // inputs scaled first (preMultiplied)
+      return Reduction::Sum;
     default:
-      TORCH_CHECK(false, "tpu_dist: ReduceOp.PREMUL_SUM is not supported; scale, then SUM");
+      TORCH_CHECK(false, "tpu_dist: unsupported ReduceOp ", static_cast<int>(op.op_));
   }
 }
 
@@ -161,7 +163,7 @@ class XlaDistBackend final : public c10d::Backend {
     int launch = arrive("all_reduce", agreementOf("all_reduce", {t}));
     CollectiveSpec spec = specOf(Collective::AllReduce, t, t.numel());
     spec.reduce = reductionOf(opts.reduceOp);
-    if (t.numel()) aten::writeTensor(t, run(spec, aten::readTensor(t), launch));
+    if (t.numel()) aten::writeTensor(t, run(spec, aten::readTensor(preMultiplied(opts.reduceOp, t)), launch));
     return done(OpType::ALLREDUCE, tensors);
   }
 
@@ -182,7 +184,7 @@ class XlaDistBackend final : public c10d::Backend {
     CollectiveSpec spec = specOf(Collective::AllReduce, t, t.numel());
     spec.reduce = reductionOf(opts.reduceOp);
     if (t.numel()) {
-      BufferPtr out = run(spec, aten::readTensor(t), launch);
+      BufferPtr out = run(spec, aten::readTensor(preMultiplied(opts.reduceOp, t)), launch);
       if (rank_ == opts.rootRank) aten::writeTensor(t, out);
     }
     return done(OpType::REDUCE, tensors);
@@ -279,7 +281,8 @@ class XlaDistBackend final : public c10d::Backend {
     int launch = arrive("reduce_scatter", agreementOf("reduce_scatter", {out}));
     CollectiveSpec spec = specOf(Collective::ReduceScatter, out, out.numel());
     spec.reduce = reductionOf(opts.reduceOp);
-    if (out.numel()) aten::writeTensor(out, run(spec, aten::readTensor(at::cat(parts)), launch));
+    if (out.numel())
+      aten::writeTensor(out, run(spec, aten::readTensor(preMultiplied(opts.reduceOp, at::cat(parts))), launch));
     return done(OpType::REDUCE_SCATTER, outputs);
   }
 
@@ -292,7 +295,8 @@ class XlaDistBackend final : public c10d::Backend {
     int launch = arrive("reduce_scatter_tensor", agreementOf("reduce_scatter_tensor", {input, output}));
     CollectiveSpec spec = specOf(Collective::ReduceScatter, output, output.numel());
     spec.reduce = reductionOf(opts.reduceOp);
-    if (output.numel()) aten::writeTensor(output, run(spec, aten::readTensor(input), launch));
+    if (output.numel())
+      aten::writeTensor(output, run(spec, aten::readTensor(preMultiplied(opts.reduceOp, input)), launch));
     return done(OpType::_REDUCE_SCATTER_BASE, {output});
   }
 

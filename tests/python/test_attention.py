@@ -253,3 +253,51 @@ def test_packed_qkv_gradients_come_out_in_one_buffer_only_in_multi_op_programs(t
     separate = [c for c in calls if c[0].startswith("(")]
     assert packed and not any(concat for _, concat in packed), calls  # the compiled graph
     assert separate, calls  # strict eager
+
+
+def _varlen_reference(q, k, v, cu, window):
+    """Per packed sequence, PyTorch's own attention on the CPU (causal when window is (-1, 0))."""
+    outs = []
+    for a, b in zip(cu[:-1].tolist(), cu[1:].tolist()):
+        o = F.scaled_dot_product_attention(q[a:b].transpose(0, 1), k[a:b].transpose(0, 1), v[a:b].transpose(0, 1),
+                                           is_causal=window == (-1, 0), enable_gqa=True)
+        outs.append(o.transpose(0, 1))
+    return torch.cat(outs)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("window", [(-1, 0), (-1, -1)])
+def test_varlen_attention_matches_cpu(fallback_error, dtype, window):
+    """torch.nn.attention.varlen.varlen_attn (TorchTitan's attention) calls the CUDA kernel
+    aten::_flash_attention_forward / _backward directly; tpu has both."""
+    from torch.nn.attention.varlen import varlen_attn
+
+    cu = torch.tensor([0, 5, 8, 16], dtype=torch.int32)
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(16, h, 8, generator=g).to(dtype) for h in (4, 2, 2))  # grouped-query: 4 q heads, 2 kv
+    go = torch.randn(16, 4, 8, generator=g).to(dtype)
+    ref_in = [t.detach().float().requires_grad_() for t in (q, k, v)]
+    ref = _varlen_reference(*ref_in, cu, window)
+    ref.backward(go.float())
+    got_in = [t.detach().to("tpu").requires_grad_() for t in (q, k, v)]
+    got = varlen_attn(*got_in, cu.to("tpu"), cu.to("tpu"), 8, 8, window_size=window, enable_gqa=True)
+    got.backward(go.to("tpu"))
+    tol = dict(rtol=1.6e-2, atol=1e-2) if dtype == torch.bfloat16 else dict(rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(got.cpu().float(), ref, **tol)
+    for a, b in zip(got_in, ref_in):
+        torch.testing.assert_close(a.grad.cpu().float(), b.grad, **tol)
+
+
+def test_flash_attention_refuses_dropout(fallback_error):
+    q = torch.randn(1, 4, 2, 8, device="tpu")
+    with pytest.raises(NotImplementedError, match="dropout"):
+        torch.ops.aten._flash_attention_forward(q, q, q, None, None, 4, 4, 0.1, False, False)
+
+
+def test_assert_async(fallback_error):
+    torch._assert_async(torch.tensor(1, device="tpu"))
+    torch._assert_async(torch.tensor(True, device="tpu"), "fine")
+    with pytest.raises(RuntimeError, match="positions out of order"):
+        torch._assert_async(torch.tensor(0, device="tpu"), "positions out of order")
+    with pytest.raises(RuntimeError, match="more than one value"):
+        torch._assert_async(torch.ones(2, device="tpu"))

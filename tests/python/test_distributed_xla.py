@@ -25,7 +25,7 @@ def _local(mode, timeout=240):
 
 def test_every_collective_against_gloo_over_4_devices():
     out = _local("collectives")
-    assert "ok collectives: 54 checks on each of 4 ranks" in out, out
+    assert "ok collectives: 58 checks on each of 4 ranks" in out, out
     assert "ok sub-group on tpu:1 and tpu:3" in out, out
 
 

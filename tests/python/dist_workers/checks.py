@@ -59,6 +59,14 @@ def check_collectives(rank, size, group=None, device="tpu"):
         ref = x.clone()
         dist.all_reduce(ref, **g)
         same(f"all_reduce AVG[{dtype}]", t, averaged(ref, dtype))
+        if dtype.is_floating_point:
+            # PREMUL_SUM (FSDP2's gradient reduction): gloo has none; the reference scales first.
+            t = x.clone().to(device)
+            dist.all_reduce(t, dist._make_nccl_premul_sum(0.5), **g)
+            ref = x.clone() * 0.5
+            dist.all_reduce(ref, **g)
+            same(f"all_reduce PREMUL_SUM[{dtype}]", t, ref)
+            checked.append(f"all_reduce PREMUL_SUM[{dtype}]")
         both("broadcast", dtype, lambda t: dist.broadcast(t, group_src=1, **g), [x])
         both("reduce", dtype, lambda t: dist.reduce(t, group_dst=0, **g), [x], check=lambda r: r == 0)
         zeros = [torch.zeros_like(x) for _ in range(size)]
@@ -73,6 +81,14 @@ def check_collectives(rank, size, group=None, device="tpu"):
         ref = torch.zeros_like(x)
         dist.reduce_scatter_tensor(ref, big.clone(), **g)
         same(f"reduce_scatter_tensor AVG[{dtype}]", t, averaged(ref, dtype))
+        if dtype.is_floating_point:
+            t = torch.zeros_like(x).to(device)
+            factor = torch.tensor(0.25, dtype=dtype, device=device)
+            dist.reduce_scatter_tensor(t, big.to(device), op=dist._make_nccl_premul_sum(factor), **g)
+            ref = torch.zeros_like(x)
+            dist.reduce_scatter_tensor(ref, big.clone() * 0.25, **g)
+            same(f"reduce_scatter_tensor PREMUL_SUM[{dtype}]", t, ref)
+            checked.append(f"reduce_scatter_tensor PREMUL_SUM[{dtype}]")
         parts = [values(dtype, seed=3 + i) for i in range(size)]
         both("reduce_scatter", dtype, lambda o, *ps: dist.reduce_scatter(o, list(ps), **g), [torch.zeros_like(x), *parts])
         # all_to_all_single with uneven splits: rank r sends r + 1 + j rows to rank j.
