@@ -33,9 +33,13 @@ if ! "$PY" -c "import transformers, accelerate" 2>/dev/null; then
     echo "setup: could not install transformers/accelerate; the Hugging Face tests will be skipped"
 fi
 # TorchTitan for its distributed training test. It does not pin torch; it imports triton at
-# module level (its GPU kernels), so triton comes too, unused here.
+# module level (its GPU kernels), so triton comes too, unused here. transformers is named
+# again so that the resolver keeps it working: alone, torchtitan (datasets<4.8) got datasets
+# 4.7.0, which pins huggingface-hub<2 and broke transformers 5.25 (hub>=2.4); named together,
+# pip picks datasets 4.1.1 and hub 2.4.
 if ! "$PY" -c "import torchtitan, triton" 2>/dev/null; then
-  "$PY" -m pip install -q "torch==2.13.0" "torchtitan==0.3.0" "triton==3.9.0" >/dev/null 2>&1 ||
+  "$PY" -m pip install -q "torch==2.13.0" "transformers>=5.17,<6" "accelerate>=1.15,<2" "torchtitan==0.3.0" \
+    "triton==3.9.0" >/dev/null 2>&1 ||
     echo "setup: could not install torchtitan; the TorchTitan test will be skipped"
 fi
 export PATH="$VENV/bin:$PATH"
