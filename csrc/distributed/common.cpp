@@ -13,7 +13,7 @@ c10::intrusive_ptr<c10d::Work> done(OpType type, std::vector<at::Tensor> result)
 
 at::Tensor preMultiplied(const c10d::ReduceOp& op, const at::Tensor& t, bool in_place) {
   if (op.op_ != c10d::ReduceOp::PREMUL_SUM) return t;
-  const auto* sup = dynamic_cast<const c10d::PreMulSumSupplement*>(op.supplement_.get());
+  const auto* sup = dynamic_cast<const c10d::NCCLPreMulSumSupplement*>(op.supplement_.get());
   TORCH_CHECK(sup, "tpu_dist: ReduceOp.PREMUL_SUM without its factor");
   if (sup->tensor_factor.defined()) {
     at::Tensor f = sup->tensor_factor.to(t.device(), t.scalar_type());
