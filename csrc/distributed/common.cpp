@@ -63,22 +63,29 @@ void checkAgreement(const char* what, const std::vector<int64_t>& mine, const in
   }
 }
 
-void storeBarrier(c10d::Store& store, const std::string& prefix, int rank, int size,
-                  std::chrono::milliseconds timeout) {
-  auto* guard = c10::impl::getDeviceGuardImpl(c10::DeviceType::PrivateUse1);
-  for (int d = 0; d < guard->deviceCount(); ++d) guard->synchronizeDevice(static_cast<c10::DeviceIndex>(d));
-  store.set(prefix + std::to_string(rank), std::vector<uint8_t>{1});
+std::vector<std::string> postAndWait(c10d::Store& store, const std::string& prefix, int rank, int size,
+                                     const std::vector<uint8_t>& value, std::chrono::milliseconds timeout,
+                                     const std::string& what, const char* missing) {
+  store.set(prefix + std::to_string(rank), value);
   std::vector<std::string> keys;
   for (int r = 0; r < size; ++r) keys.push_back(prefix + std::to_string(r));
   try {
     store.wait(keys, timeout);
   } catch (const std::exception& e) {
-    std::string missing;
+    std::string absent;
     for (int r = 0; r < size; ++r)
-      if (!store.check({keys[r]})) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
-    TORCH_CHECK(false, "tpu_dist: barrier timed out after ", timeout.count(), " ms on rank ", rank, ": rank(s) ",
-                missing.empty() ? std::string("?") : missing, " of ", size, " did not arrive (", e.what(), ")");
+      if (!store.check({keys[r]})) absent += (absent.empty() ? "" : ", ") + std::to_string(r);
+    TORCH_CHECK(false, "tpu_dist: ", what, " timed out after ", timeout.count(), " ms on rank ", rank, ": rank(s) ",
+                absent.empty() ? std::string("?") : absent, " of ", size, " ", missing, " (", e.what(), ")");
   }
+  return keys;
+}
+
+void storeBarrier(c10d::Store& store, const std::string& prefix, int rank, int size,
+                  std::chrono::milliseconds timeout) {
+  auto* guard = c10::impl::getDeviceGuardImpl(c10::DeviceType::PrivateUse1);
+  for (int d = 0; d < guard->deviceCount(); ++d) guard->synchronizeDevice(static_cast<c10::DeviceIndex>(d));
+  postAndWait(store, prefix, rank, size, {1}, timeout, "barrier", "did not arrive");
 }
 
 }  // namespace tpu::distributed

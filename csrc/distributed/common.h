@@ -8,6 +8,7 @@
 #include <functional>
 #include <mutex>
 #include <string>
+#include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 #include <torch/csrc/distributed/c10d/Types.hpp>
 #include <torch/csrc/distributed/c10d/Work.hpp>
@@ -93,6 +94,50 @@ at::Tensor preMultiplied(const c10d::ReduceOp& op, const at::Tensor& t, bool in_
 // A Work for a collective whose results are on the device (counted in metrics).
 c10::intrusive_ptr<c10d::Work> done(OpType type, std::vector<at::Tensor> result = {});
 
+// Both transports' coalesced collectives: one call per tensor of the single-tensor
+// collective the transport defines, each finished before the next.
+class PerTensorCoalescing : public c10d::Backend {
+ public:
+  using c10d::Backend::Backend;
+
+  c10::intrusive_ptr<c10d::Work> allreduce_coalesced(std::vector<at::Tensor>& tensors,
+                                                     const c10d::AllreduceCoalescedOptions& opts) override {
+    c10d::AllreduceOptions o;
+    o.reduceOp = opts.reduceOp;
+    o.timeout = opts.timeout;
+    for (auto& t : tensors) {
+      std::vector<at::Tensor> one{t};
+      allreduce(one, o);
+    }
+    return done(OpType::ALLREDUCE_COALESCED, tensors);
+  }
+
+  c10::intrusive_ptr<c10d::Work> allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputs,
+                                                     std::vector<at::Tensor>& inputs,
+                                                     const c10d::AllgatherOptions& opts) override {
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      std::vector<std::vector<at::Tensor>> out{outputs.at(i)};
+      std::vector<at::Tensor> in{inputs[i]};
+      allgather(out, in, opts);
+    }
+    return done(OpType::ALLGATHER_COALESCED);
+  }
+
+  c10::intrusive_ptr<c10d::Work> allgather_into_tensor_coalesced(std::vector<at::Tensor>& outputs,
+                                                                 std::vector<at::Tensor>& inputs,
+                                                                 const c10d::AllgatherOptions& opts) override {
+    for (size_t i = 0; i < inputs.size(); ++i) _allgather_base(outputs.at(i), inputs[i], opts);
+    return done(OpType::COALESCED, outputs);
+  }
+
+  c10::intrusive_ptr<c10d::Work> reduce_scatter_tensor_coalesced(std::vector<at::Tensor>& outputs,
+                                                                 std::vector<at::Tensor>& inputs,
+                                                                 const c10d::ReduceScatterOptions& opts) override {
+    for (size_t i = 0; i < inputs.size(); ++i) _reduce_scatter_base(outputs.at(i), inputs[i], opts);
+    return done(OpType::COALESCED, outputs);
+  }
+};
+
 // What every rank must agree on before a collective: the collective, then per
 // tensor its dtype and shape (a host backend given different sizes on two ranks
 // aborts the process or reads garbage). Encoded in kAgreementSlots int64s.
@@ -103,6 +148,13 @@ std::string describeAgreement(const int64_t* v);
 // Raises naming every rank's tensors unless all `size` vectors at `all` (each
 // kAgreementSlots long) equal `mine`.
 void checkAgreement(const char* what, const std::vector<int64_t>& mine, const int64_t* all, int size);
+
+// Sets this rank's key under `prefix` to `value`, then waits up to `timeout` for
+// every rank's key; returns the keys (rank order). A timeout raises "<what> timed
+// out ...: rank(s) <the absent> of <size> <missing>".
+std::vector<std::string> postAndWait(c10d::Store& store, const std::string& prefix, int rank, int size,
+                                     const std::vector<uint8_t>& value, std::chrono::milliseconds timeout,
+                                     const std::string& what, const char* missing);
 
 // Device work queued before it finishes first (as a CUDA barrier orders it), then
 // every rank sets its key under `prefix` and waits for the others'; a timeout

@@ -106,11 +106,11 @@ void finishAvg(const ReduceOp& op, const std::vector<at::Tensor>& ts, int64_t n)
   }
 }
 
-class TpuDistBackend final : public c10d::Backend {
+class TpuDistBackend final : public PerTensorCoalescing {
  public:
   TpuDistBackend(c10::intrusive_ptr<c10d::Backend> host, c10::intrusive_ptr<c10d::Store> store, int rank, int size,
                  std::chrono::milliseconds timeout)
-      : Backend(rank, size),
+      : PerTensorCoalescing(rank, size),
         host_(std::move(host)),
         store_(std::move(store)),
         timeout_(timeout),
@@ -138,18 +138,6 @@ class TpuDistBackend final : public c10d::Backend {
     finishAvg(opts.reduceOp, h, size_);
     backTo(tensors, h);
     return done(OpType::ALLREDUCE, tensors);
-  }
-
-  c10::intrusive_ptr<c10d::Work> allreduce_coalesced(std::vector<at::Tensor>& tensors,
-                                                     const c10d::AllreduceCoalescedOptions& opts) override {
-    c10d::AllreduceOptions o;
-    o.reduceOp = opts.reduceOp;
-    o.timeout = opts.timeout;
-    for (auto& t : tensors) {
-      std::vector<at::Tensor> one{t};
-      allreduce(one, o);
-    }
-    return done(OpType::ALLREDUCE_COALESCED, tensors);
   }
 
   c10::intrusive_ptr<c10d::Work> reduce(std::vector<at::Tensor>& tensors, const c10d::ReduceOptions& opts) override {
@@ -185,24 +173,6 @@ class TpuDistBackend final : public c10d::Backend {
     host_->_allgather_base(hout, hin, opts)->wait();
     backTo(output, hout);
     return done(OpType::_ALLGATHER_BASE, {output});
-  }
-
-  c10::intrusive_ptr<c10d::Work> allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputs,
-                                                     std::vector<at::Tensor>& inputs,
-                                                     const c10d::AllgatherOptions& opts) override {
-    for (size_t i = 0; i < inputs.size(); ++i) {
-      std::vector<std::vector<at::Tensor>> out{outputs[i]};
-      std::vector<at::Tensor> in{inputs[i]};
-      allgather(out, in, opts);
-    }
-    return done(OpType::ALLGATHER_COALESCED);
-  }
-
-  c10::intrusive_ptr<c10d::Work> allgather_into_tensor_coalesced(std::vector<at::Tensor>& outputs,
-                                                                 std::vector<at::Tensor>& inputs,
-                                                                 const c10d::AllgatherOptions& opts) override {
-    for (size_t i = 0; i < inputs.size(); ++i) _allgather_base(outputs[i], inputs[i], opts);
-    return done(OpType::COALESCED, outputs);
   }
 
   c10::intrusive_ptr<c10d::Work> gather(std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
@@ -255,13 +225,6 @@ class TpuDistBackend final : public c10d::Backend {
     finishAvg(opts.reduceOp, {hout}, size_);
     backTo(output, hout);
     return done(OpType::_REDUCE_SCATTER_BASE, {output});
-  }
-
-  c10::intrusive_ptr<c10d::Work> reduce_scatter_tensor_coalesced(std::vector<at::Tensor>& outputs,
-                                                                 std::vector<at::Tensor>& inputs,
-                                                                 const c10d::ReduceScatterOptions& opts) override {
-    for (size_t i = 0; i < inputs.size(); ++i) _reduce_scatter_base(outputs[i], inputs[i], opts);
-    return done(OpType::COALESCED, outputs);
   }
 
   c10::intrusive_ptr<c10d::Work> alltoall_base(at::Tensor& output, at::Tensor& input,

@@ -103,7 +103,9 @@ class P2PWork final : public c10d::Work {
         c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()), devicesOf({target_}));
   }
   bool isCompleted() override {
-    return result_.wait_for(std::chrono::seconds(0)) == std::future_status::ready && (finish(), true);
+    if (result_.wait_for(std::chrono::seconds(0)) != std::future_status::ready) return false;
+    finish();
+    return true;
   }
   bool isSuccess() const override { return true; }
   bool wait(std::chrono::milliseconds timeout) override {
@@ -119,8 +121,8 @@ class P2PWork final : public c10d::Work {
  private:
   void finish() {
     std::call_once(once_, [this] {
-      BufferPtr b = result_.get();  // rethrows the launch's error
-      if (retrieveOpType() == OpType::RECV) aten::writeTensor(target_, b);
+      BufferPtr b = result_.get();                                               // rethrows the launch's error
+      if (b && retrieveOpType() == OpType::RECV) aten::writeTensor(target_, b);  // null: nothing to move
       future_->markCompleted(c10::IValue(std::vector<at::Tensor>{target_}));
     });
   }
@@ -132,11 +134,11 @@ class P2PWork final : public c10d::Work {
   c10::intrusive_ptr<c10::ivalue::Future> future_;
 };
 
-class XlaDistBackend final : public c10d::Backend {
+class XlaDistBackend final : public PerTensorCoalescing {
  public:
   XlaDistBackend(c10::intrusive_ptr<c10d::Store> store, int rank, int size, std::chrono::milliseconds timeout,
                  std::vector<int> devices)
-      : Backend(rank, size),
+      : PerTensorCoalescing(rank, size),
         store_(std::move(store)),
         timeout_(timeout),
         devices_(std::move(devices)),
@@ -165,17 +167,6 @@ class XlaDistBackend final : public c10d::Backend {
     spec.reduce = reductionOf(opts.reduceOp);
     if (t.numel()) aten::writeTensor(t, run(spec, aten::readTensor(preMultiplied(opts.reduceOp, t)), launch));
     return done(OpType::ALLREDUCE, tensors);
-  }
-
-  c10::intrusive_ptr<c10d::Work> allreduce_coalesced(std::vector<at::Tensor>& tensors,
-                                                     const c10d::AllreduceCoalescedOptions& opts) override {
-    c10d::AllreduceOptions o;
-    o.reduceOp = opts.reduceOp;
-    for (auto& t : tensors) {
-      std::vector<at::Tensor> one{t};
-      allreduce(one, o);
-    }
-    return done(OpType::ALLREDUCE_COALESCED, tensors);
   }
 
   c10::intrusive_ptr<c10d::Work> reduce(std::vector<at::Tensor>& tensors, const c10d::ReduceOptions& opts) override {
@@ -210,24 +201,6 @@ class XlaDistBackend final : public c10d::Backend {
     CollectiveSpec spec = specOf(Collective::AllGather, input, input.numel());
     if (input.numel()) aten::writeTensor(output, run(spec, aten::readTensor(input), launch));
     return done(OpType::_ALLGATHER_BASE, {output});
-  }
-
-  c10::intrusive_ptr<c10d::Work> allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputs,
-                                                     std::vector<at::Tensor>& inputs,
-                                                     const c10d::AllgatherOptions& opts) override {
-    for (size_t i = 0; i < inputs.size(); ++i) {
-      std::vector<std::vector<at::Tensor>> out{outputs.at(i)};
-      std::vector<at::Tensor> in{inputs[i]};
-      allgather(out, in, opts);
-    }
-    return done(OpType::ALLGATHER_COALESCED);
-  }
-
-  c10::intrusive_ptr<c10d::Work> allgather_into_tensor_coalesced(std::vector<at::Tensor>& outputs,
-                                                                 std::vector<at::Tensor>& inputs,
-                                                                 const c10d::AllgatherOptions& opts) override {
-    for (size_t i = 0; i < inputs.size(); ++i) _allgather_base(outputs.at(i), inputs[i], opts);
-    return done(OpType::COALESCED, outputs);
   }
 
   c10::intrusive_ptr<c10d::Work> gather(std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
@@ -298,13 +271,6 @@ class XlaDistBackend final : public c10d::Backend {
     if (output.numel())
       aten::writeTensor(output, run(spec, aten::readTensor(preMultiplied(opts.reduceOp, input)), launch));
     return done(OpType::_REDUCE_SCATTER_BASE, {output});
-  }
-
-  c10::intrusive_ptr<c10d::Work> reduce_scatter_tensor_coalesced(std::vector<at::Tensor>& outputs,
-                                                                 std::vector<at::Tensor>& inputs,
-                                                                 const c10d::ReduceScatterOptions& opts) override {
-    for (size_t i = 0; i < inputs.size(); ++i) _reduce_scatter_base(outputs.at(i), inputs[i], opts);
-    return done(OpType::COALESCED, outputs);
   }
 
   c10::intrusive_ptr<c10d::Work> alltoall_base(at::Tensor& output, at::Tensor& input,
@@ -413,18 +379,7 @@ class XlaDistBackend final : public c10d::Backend {
     post.push_back(extra);
     std::vector<uint8_t> bytes(post.size() * sizeof(int64_t));
     std::memcpy(bytes.data(), post.data(), bytes.size());
-    store_->set(prefix + std::to_string(rank_), bytes);
-    std::vector<std::string> keys;
-    for (int r = 0; r < size_; ++r) keys.push_back(prefix + std::to_string(r));
-    try {
-      store_->wait(keys, timeout_);
-    } catch (const std::exception& e) {
-      std::string missing;
-      for (int r = 0; r < size_; ++r)
-        if (!store_->check({keys[r]})) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
-      TORCH_CHECK(false, "tpu_dist: ", what, " timed out after ", timeout_.count(), " ms on rank ", rank_, ": rank(s) ",
-                  missing.empty() ? std::string("?") : missing, " of ", size_, " did not reach it (", e.what(), ")");
-    }
+    const auto keys = postAndWait(*store_, prefix, rank_, size_, bytes, timeout_, what, "did not reach it");
     std::vector<int64_t> all(static_cast<size_t>(size_) * kAgreementSlots);
     if (all_extra) all_extra->assign(size_, 0);
     for (int r = 0; r < size_; ++r) {
@@ -497,7 +452,7 @@ class XlaDistBackend final : public c10d::Backend {
   // matched, as with NCCL).
   c10::intrusive_ptr<c10d::Work> pointToPoint(OpType type, const at::Tensor& t, int src, int dst) {
     const int64_t k = p2p_[{src, dst}]++;
-    const int launch = static_cast<int>((((k * size_ + src) * size_ + dst) * 2 + 1) & 0x3fffffff) | 1;
+    const int launch = static_cast<int>((((k * size_ + src) * size_ + dst) * 2 + 1) & 0x3fffffff);  // odd
     CollectiveSpec spec;
     spec.kind = Collective::Permute;
     spec.dtype = aten::toIr(t.scalar_type());
@@ -510,7 +465,7 @@ class XlaDistBackend final : public c10d::Backend {
     if (!t.numel()) {
       std::promise<BufferPtr> none;
       none.set_value(nullptr);
-      return c10::make_intrusive<P2PWork>(OpType::SEND, none.get_future().share(), t, timeout_, what);
+      return c10::make_intrusive<P2PWork>(type, none.get_future().share(), t, timeout_, what);
     }
     BufferPtr in = aten::readTensor(t);
     const int dev = device();
