@@ -103,6 +103,25 @@ def _coalesce(tensors: Sequence[torch.Tensor], buffer_size: int):
     return out
 
 
+def _pack(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
+    """The tensors' elements, one after another, as one flat tensor."""
+    return torch.cat([t.reshape(-1) for t in tensors]) if len(tensors) > 1 else tensors[0].reshape(-1)
+
+
+def _unpack(flat: torch.Tensor, like: Sequence[torch.Tensor]) -> List[torch.Tensor]:
+    """Views of `flat` shaped as `like`, in the order _pack laid them out."""
+    views, offset = [], 0
+    for t in like:
+        views.append(flat.narrow(0, offset, t.numel()).view(t.shape))
+        offset += t.numel()
+    return views
+
+
+def _padded(flat: torch.Tensor, m: int) -> torch.Tensor:
+    """`flat` with zeros after it up to `m` elements (blocks of one size for a collective)."""
+    return torch.nn.functional.pad(flat, (0, m - flat.numel())) if flat.numel() < m else flat
+
+
 def broadcast_coalesced(tensors: Sequence[torch.Tensor], devices: Iterable, buffer_size: int = 10485760):
     """Broadcasts ``tensors`` (all on ``devices[0]``) to ``devices``, packing each dtype's
     tensors into one buffer of at most ``buffer_size`` bytes per program. Returns one
@@ -115,18 +134,16 @@ def broadcast_coalesced(tensors: Sequence[torch.Tensor], devices: Iterable, buff
     per_device = [[None] * len(tensors) for _ in idx]
     per_device[0] = list(tensors)
     for group in _coalesce(tensors, buffer_size):
-        flat = torch.cat([tensors[i].reshape(-1) for i in group]) if len(group) > 1 else tensors[group[0]].reshape(-1)
-        copies = _broadcast_flat(flat, idx)
+        members = [tensors[i] for i in group]
+        copies = _broadcast_flat(_pack(members), idx)
         for k in range(1, len(idx)):
-            offset = 0
-            for i in group:
-                n = tensors[i].numel()
-                per_device[k][i] = copies[k].narrow(0, offset, n).view(tensors[i].shape)
-                offset += n
+            for i, view in zip(group, _unpack(copies[k], members)):
+                per_device[k][i] = view
     return [tuple(p) for p in per_device]
 
 
-def _destination(destination, inputs_devices: List[int]) -> int:
+def _destination(destination) -> int:
+    """A destination's index (-1: the host); None: the current device."""
     if destination is None:
         return torch.tpu.current_device()
     return _index(destination)
@@ -145,7 +162,7 @@ def reduce_add(inputs: Sequence[torch.Tensor], destination=None) -> torch.Tensor
         if _on(t) < 0:
             raise ValueError(f"torch.tpu.comm.reduce_add: expected tpu tensors, got one on {t.device}")
     devs = _devices([t.device for t in inputs])
-    dest = _destination(destination, devs)
+    dest = _destination(destination)
     sums = _C._comm_collective("all_reduce", [t.contiguous().view(-1) for t in inputs], "sum", 0)
     here = devs.index(dest) if dest in devs else 0
     result = sums[here].view(shape)
@@ -163,13 +180,9 @@ def reduce_add_coalesced(inputs: Sequence[Sequence[torch.Tensor]], destination=N
         raise ValueError("torch.tpu.comm.reduce_add_coalesced: every device needs the same number of tensors")
     results: List[Optional[torch.Tensor]] = [None] * count
     for group in _coalesce(inputs[0], buffer_size):
-        flats = [torch.cat([ts[i].reshape(-1) for i in group]) for ts in inputs]
-        total = reduce_add(flats, destination)
-        offset = 0
-        for i in group:
-            n = inputs[0][i].numel()
-            results[i] = total.narrow(0, offset, n).view(inputs[0][i].shape)
-            offset += n
+        total = reduce_add([_pack([ts[i] for i in group]) for ts in inputs], destination)
+        for i, view in zip(group, _unpack(total, [inputs[0][i] for i in group])):
+            results[i] = view
     return tuple(results)
 
 
@@ -213,10 +226,7 @@ def _scatter_on_device(tensor, chunks, idx):
     m = max(c.numel() for c in chunks)
     if m == 0:
         return [c.to(f"tpu:{d}") for c, d in zip(chunks, idx)]
-    blocks = []
-    for d in order:
-        c = by_device[d].reshape(-1)
-        blocks.append(torch.nn.functional.pad(c, (0, m - c.numel())) if c.numel() < m else c)
+    blocks = [_padded(by_device[d].reshape(-1), m) for d in order]
     send = [torch.cat(blocks)] + [torch.empty(len(order) * m, dtype=tensor.dtype, device=f"tpu:{d}") for d in order[1:]]
     got = dict(zip(order, _C._comm_collective("all_to_all", send, "sum", 0)))
     # Replica r's block 0 came from the root: its chunk for r.
@@ -233,7 +243,7 @@ def gather(tensors: Sequence[torch.Tensor], dim: int = 0, destination=None, *, o
         raise ValueError("torch.tpu.comm.gather: no tensors")
     if out is not None and destination is not None:
         raise RuntimeError("torch.tpu.comm.gather: give at most one of 'destination' and 'out'")
-    dest = _on(out) if out is not None else _destination(destination, [])
+    dest = _on(out) if out is not None else _destination(destination)
     devs = [_on(t) for t in tensors]
     ndim = tensors[0].dim()
     d = dim % ndim if ndim else 0
@@ -246,7 +256,7 @@ def gather(tensors: Sequence[torch.Tensor], dim: int = 0, destination=None, *, o
     else:
         m = max(t.numel() for t in tensors)
         blocks = [t.reshape(-1) for t in tensors]
-        blocks = [torch.nn.functional.pad(b, (0, m - b.numel())) if b.numel() < m else b for b in blocks]
+        blocks = [_padded(b, m) for b in blocks]
         here = devs.index(dest) if dest in devs else 0
         gathered = _C._comm_collective("all_gather", blocks, "sum", 0)[here] if m else None
         parts = [gathered.narrow(0, i * m, t.numel()).view(t.shape) if m else t.to(f"tpu:{devs[here]}")
