@@ -288,10 +288,16 @@ def test_varlen_attention_matches_cpu(fallback_error, dtype, window):
         torch.testing.assert_close(a.grad.cpu().float(), b.grad, **tol)
 
 
-def test_flash_attention_refuses_dropout(fallback_error):
+def test_flash_attention_refuses_what_it_does_not_implement(fallback_error):
     q = torch.randn(1, 4, 2, 8, device="tpu")
     with pytest.raises(NotImplementedError, match="dropout"):
         torch.ops.aten._flash_attention_forward(q, q, q, None, None, 4, 4, 0.1, False, False)
+    seqused = torch.tensor([4], dtype=torch.int32, device="tpu")
+    with pytest.raises(NotImplementedError, match="seqused_k"):
+        torch.ops.aten._flash_attention_forward(q, q, q, None, None, 4, 4, 0.0, False, False, seqused_k=seqused)
+    with pytest.raises(NotImplementedError, match="dropout"):
+        torch.ops.aten._flash_attention_backward(q, q, q, q, q, q.new_zeros(1, 2, 4), None, None, 4, 4, 0.5, False,
+                                                 q.new_zeros(2), q.new_zeros(0))
 
 
 def test_assert_async(fallback_error):

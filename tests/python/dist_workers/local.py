@@ -114,6 +114,20 @@ def failures():
     assert isinstance(results[1], RuntimeError) and "recv from rank 0 did not complete" in str(results[1]), results
     print("ok receive without a sender", flush=True)
 
+    # Bad arguments to local_group itself.
+    import pytest
+
+    store = dist.HashStore()
+    for kwargs, text in [
+        (dict(rank=0, world_size=2, store=None), "pass the dist.HashStore"),
+        (dict(rank=0, world_size=2, store=store, devices=[1, 1]), "2 distinct devices"),
+        (dict(rank=2, world_size=2, store=store), "rank 2 is not in"),
+        (dict(rank=0, world_size=2, store=store, devices=[0, 9]), "tpu:9 does not exist"),
+    ]:
+        with pytest.raises(ValueError, match=text):
+            torch_tpu.distributed.local_group(**kwargs)
+    print("ok local_group arguments", flush=True)
+
     # After all that, the devices still work.
     results = run_ranks(lambda r, pg: dist.all_reduce(torch.ones(2, device=f"tpu:{r}"), group=pg) or "done")
     assert results == ["done"] * WORLD, results
