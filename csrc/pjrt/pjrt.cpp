@@ -358,7 +358,66 @@ std::string Executable::serialize() const {
   return out;
 }
 
-std::unique_ptr<Client> Client::create(std::shared_ptr<Api> api, int cpu_device_count) {
+namespace kv_bridge {
+namespace {
+
+KeyValueStore& storeOf(void* user_arg) { return *static_cast<KeyValueStore*>(user_arg); }
+
+PJRT_Error* fail(PJRT_CallbackError* error, PJRT_Error_Code code, const std::string& message) {
+  return (*error)(code, message.data(), message.size());
+}
+
+// The plugin copies the value, then frees it with the deleter handed back.
+template <typename Args>
+void handBack(Args* args, const std::string& value) {
+  char* copy = new char[value.size() + 1];
+  std::memcpy(copy, value.data(), value.size());
+  copy[value.size()] = '\0';
+  args->value = copy;
+  args->value_size = value.size();
+  args->value_deleter_callback = [](char* v) { delete[] v; };
+}
+
+}  // namespace
+
+PJRT_Error* get(PJRT_KeyValueGetCallback_Args* args) {
+  const std::string key(args->key, args->key_size);
+  try {
+    handBack(args, storeOf(args->user_arg).get(key, std::chrono::milliseconds(args->timeout_in_ms)));
+    return nullptr;
+  } catch (const KeyValueTimeout& e) {
+    return fail(args->callback_error, PJRT_Error_Code_DEADLINE_EXCEEDED, e.what());
+  } catch (const std::exception& e) {
+    return fail(args->callback_error, PJRT_Error_Code_UNAVAILABLE, "key-value get '" + key + "': " + e.what());
+  }
+}
+
+PJRT_Error* tryGet(PJRT_KeyValueTryGetCallback_Args* args) {
+  const std::string key(args->key, args->key_size);
+  try {
+    std::optional<std::string> v = storeOf(args->user_arg).tryGet(key);
+    if (!v) return fail(args->callback_error, PJRT_Error_Code_NOT_FOUND, "key '" + key + "' not found");
+    handBack(args, *v);
+    return nullptr;
+  } catch (const std::exception& e) {
+    return fail(args->callback_error, PJRT_Error_Code_UNAVAILABLE, "key-value try-get '" + key + "': " + e.what());
+  }
+}
+
+PJRT_Error* put(PJRT_KeyValuePutCallback_Args* args) {
+  const std::string key(args->key, args->key_size);
+  try {
+    storeOf(args->user_arg).put(key, std::string(args->value, args->value_size));
+    return nullptr;
+  } catch (const std::exception& e) {
+    return fail(args->callback_error, PJRT_Error_Code_UNAVAILABLE, "key-value put '" + key + "': " + e.what());
+  }
+}
+
+}  // namespace kv_bridge
+
+std::unique_ptr<Client> Client::create(std::shared_ptr<Api> api, int cpu_device_count,
+                                       const std::function<std::optional<ProcessSpan>()>& span) {
   std::unique_ptr<Client> c(new Client());
   c->api_ = std::move(api);
   const PJRT_Api* raw = c->api_->raw();
@@ -382,10 +441,26 @@ std::unique_ptr<Client> Client::create(std::shared_ptr<Api> api, int cpu_device_
     named("asynchronous", PJRT_NamedValue_kBool).bool_value = true;
   } else if (path.find("cuda") != std::string::npos || path.find("gpu") != std::string::npos) {
     named("preallocate", PJRT_NamedValue_kBool).bool_value = false;
+    // Across processes (how JAX runs NCCL): this process's node id, the node
+    // count, and the key-value store the nodes meet through.
+    std::optional<ProcessSpan> s = span ? span() : std::nullopt;
+    if (s && s->process_count > 1 && s->store) {
+      named("node_id", PJRT_NamedValue_kInt64).int64_value = s->process_id;
+      named("num_nodes", PJRT_NamedValue_kInt64).int64_value = s->process_count;
+      c->kv_ = s->store;
+    }
   }
   auto args = makeArgs<PJRT_Client_Create_Args>();
   args.create_options = opts.data();
   args.num_options = opts.size();
+  if (c->kv_) {
+    args.kv_get_callback = kv_bridge::get;
+    args.kv_get_user_arg = c->kv_.get();
+    args.kv_try_get_callback = kv_bridge::tryGet;
+    args.kv_try_get_user_arg = c->kv_.get();
+    args.kv_put_callback = kv_bridge::put;
+    args.kv_put_user_arg = c->kv_.get();
+  }
   c->api_->check(raw->PJRT_Client_Create(&args), "PJRT_Client_Create");
   c->client_ = args.client;
 
@@ -412,12 +487,20 @@ std::unique_ptr<Client> Client::create(std::shared_ptr<Api> api, int cpu_device_
     kd.device_description = gd.device_description;
     c->api_->check(raw->PJRT_DeviceDescription_Kind(&kd), "PJRT_DeviceDescription_Kind");
     info.kind.assign(kd.device_kind, kd.device_kind_size);
+    auto id = makeArgs<PJRT_DeviceDescription_Id_Args>();
+    id.device_description = gd.device_description;
+    c->api_->check(raw->PJRT_DeviceDescription_Id(&id), "PJRT_DeviceDescription_Id");
+    info.global_id = id.id;
     auto ds = makeArgs<PJRT_DeviceDescription_DebugString_Args>();
     ds.device_description = gd.device_description;
     c->api_->check(raw->PJRT_DeviceDescription_DebugString(&ds), "PJRT_DeviceDescription_DebugString");
     info.debug.assign(ds.debug_string, ds.debug_string_size);
     c->devices_.push_back(std::move(info));
   }
+  auto all = makeArgs<PJRT_Client_Devices_Args>();
+  all.client = c->client_;
+  c->api_->check(raw->PJRT_Client_Devices(&all), "PJRT_Client_Devices");
+  c->global_device_count_ = static_cast<int>(all.num_devices);
   return c;
 }
 

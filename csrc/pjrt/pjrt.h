@@ -3,9 +3,11 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -179,7 +181,8 @@ class Executable {
 };
 
 struct DeviceInfo {
-  int id = 0;
+  int id = 0;         // index among this process's devices
+  int global_id = 0;  // the plugin's id, unique across the processes of a client
   std::string kind;
   std::string debug;
   PJRT_Device* raw = nullptr;
@@ -190,10 +193,48 @@ struct MemoryStats {
   int64_t bytes_limit = -1;  // -1: the plugin does not say
 };
 
+// The key-value store the processes of one multi-process client share: the
+// plugin exchanges its topology and communicator ids through it at creation
+// and at a collective's first run. Called from the plugin's threads.
+class KeyValueStore {
+ public:
+  virtual ~KeyValueStore() = default;
+  // The value of `key`, waiting for it up to `timeout`; throws KeyValueTimeout.
+  virtual std::string get(const std::string& key, std::chrono::milliseconds timeout) = 0;
+  // The value of `key`, or nothing if it is not there yet.
+  virtual std::optional<std::string> tryGet(const std::string& key) = 0;
+  virtual void put(const std::string& key, const std::string& value) = 0;
+};
+
+class KeyValueTimeout : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// This process's place in a client spanning several processes (one per rank,
+// as torchrun starts them).
+struct ProcessSpan {
+  int process_id = 0;
+  int process_count = 1;
+  std::shared_ptr<KeyValueStore> store;
+};
+
+// The PJRT_Client_Create key-value callbacks over a KeyValueStore (user_arg),
+// exposed for tests: a store's exception becomes the callback's error, NOT_FOUND
+// for a try-get miss and DEADLINE_EXCEEDED for a get that timed out.
+namespace kv_bridge {
+PJRT_Error* get(PJRT_KeyValueGetCallback_Args* args);
+PJRT_Error* tryGet(PJRT_KeyValueTryGetCallback_Args* args);
+PJRT_Error* put(PJRT_KeyValuePutCallback_Args* args);
+}  // namespace kv_bridge
+
 class Client {
  public:
-  // `cpu_device_count` is passed to the CPU plugin only.
-  static std::unique_ptr<Client> create(std::shared_ptr<Api> api, int cpu_device_count);
+  // `cpu_device_count` is passed to the CPU plugin only. `span` is asked only
+  // where the plugin can run collectives across processes (the CUDA plugin:
+  // node_id, num_nodes and the key-value callbacks); nothing: one process.
+  static std::unique_ptr<Client> create(std::shared_ptr<Api> api, int cpu_device_count,
+                                        const std::function<std::optional<ProcessSpan>()>& span = {});
   ~Client();
   Client(const Client&) = delete;
   Client& operator=(const Client&) = delete;
@@ -203,6 +244,10 @@ class Client {
   const std::string& platformName() const { return platform_name_; }
   const std::string& platformVersion() const { return platform_version_; }
   const std::vector<DeviceInfo>& devices() const { return devices_; }
+  // Devices of every process of the client; more than devices() where the
+  // client spans processes.
+  int globalDeviceCount() const { return global_device_count_; }
+  bool spansProcesses() const { return global_device_count_ > static_cast<int>(devices_.size()); }
 
   // Compiles MLIR text with the given serialized CompileOptionsProto.
   std::unique_ptr<Executable> compile(const std::string& mlir, const std::string& options) const;
@@ -221,6 +266,8 @@ class Client {
   std::string platform_name_;
   std::string platform_version_;
   std::vector<DeviceInfo> devices_;
+  int global_device_count_ = 0;
+  std::shared_ptr<KeyValueStore> kv_;  // the plugin may call back into it at any collective
 };
 
 // The serialized xla.CompileOptionsProto for one replica, one partition.

@@ -202,8 +202,7 @@ std::shared_ptr<pjrt::Executable> collectiveExecutable(const CollectiveSpec& spe
   static std::mutex mu;
   static std::unordered_map<std::string, std::shared_ptr<pjrt::Executable>> cache;
   Runtime& rt = Runtime::get();
-  std::vector<int> ids;
-  for (int d : spec.participants) ids.push_back(rt.client().devices().at(d).id);
+  const std::vector<int>& ids = spec.participants;
   std::string text = collectiveProgram(spec);
   std::string key = text;
   for (int id : ids) key += "," + std::to_string(id);
@@ -268,5 +267,7 @@ BufferPtr runCollectiveShard(const CollectiveSpec& spec, const BufferPtr& input,
   if (Runtime::get().plugin().collectivesOneAtATime()) outs.at(0)->awaitReady();
   return BufferPtr(std::move(outs.at(0)));
 }
+
+int globalDeviceId(int index) { return Runtime::get().client().devices().at(index).global_id; }
 
 }  // namespace tpu::runtime

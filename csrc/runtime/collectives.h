@@ -3,7 +3,9 @@
 // every plugin; across processes where the plugin's client was created for it).
 //
 // Each collective is a small StableHLO program over flat 1-D operands, one
-// replica per participating device, replica r on participants[r]. Programs are
+// replica per participating device, replica r on the device whose global id
+// (pjrt::DeviceInfo::global_id: unique across the processes of a client) is
+// participants[r]. Programs are
 // compiled once per (collective, dtype, length, participants) and kept.
 // No torch headers here.
 #pragma once
@@ -35,7 +37,7 @@ struct CollectiveSpec {
   int64_t n = 0;                           // elements of each replica's block
   int root = 0;                            // Broadcast: the replica that sends
   std::vector<std::pair<int, int>> pairs;  // Permute: (source replica, target replica)
-  std::vector<int> participants;           // device index of each replica
+  std::vector<int> participants;           // global device id of each replica
   std::string name() const;                // "all_reduce", ...
 };
 
@@ -46,12 +48,15 @@ std::string collectiveProgram(const CollectiveSpec& spec);
 std::shared_ptr<pjrt::Executable> collectiveExecutable(const CollectiveSpec& spec);
 
 // Runs `spec` over all participants in one launch (one process drives all of
-// them): inputs[r] is replica r's operand, on device participants[r].
+// them): inputs[r] is replica r's operand, on the device of participants[r].
 std::vector<BufferPtr> runCollective(const CollectiveSpec& spec, const std::vector<BufferPtr>& inputs);
 
-// Runs this caller's replica of `spec` on `device`; every other participant
+// Runs this caller's replica of `spec` on local device index `device`; every other participant
 // makes the same call with the same `launch_id` (from its own thread or
 // process). Returns when the plugin has taken the launch.
 BufferPtr runCollectiveShard(const CollectiveSpec& spec, const BufferPtr& input, int device, int launch_id);
+
+// The global id of this process's device `index`.
+int globalDeviceId(int index);
 
 }  // namespace tpu::runtime

@@ -36,6 +36,9 @@ const std::vector<Var>& all() {
       {"TORCH_TPU_LOG_RECOMPILES", "0/1", "0", "runtime", "1: print the reason of every compile"},
       {"TORCH_TPU_DIST_CHECK", "0/1", "1", "distributed",
        "0: skip tpu_dist's check that all ranks pass the same dtypes and shapes (one small all_gather per collective)"},
+      {"TORCH_TPU_DIST_TRANSPORT", "text", "auto", "distributed",
+       "`staged`: tpu_dist copies through the host even where the plugin's client could span torchrun's processes "
+       "(the CUDA plugin); `xla`: an error where it cannot"},
       {"XLA_FLAGS", "text", "", "XLA",
        "XLA's own flags; part of the compilation cache key (a vector width set here wins)"},
       {"LIBTPU_INIT_ARGS", "text", "", "XLA", "libtpu's own flags; part of the compilation cache key"},

@@ -143,10 +143,17 @@ std::vector<std::string>& searchDirs() {
   static std::vector<std::string> d;
   return d;
 }
+std::function<std::optional<pjrt::ProcessSpan>()>& processSpan() {
+  static std::function<std::optional<pjrt::ProcessSpan>()> provider;
+  return provider;
+}
 std::atomic<bool> g_initialized{false};
 
 }  // namespace
 
+void Runtime::setProcessSpan(std::function<std::optional<pjrt::ProcessSpan>()> provider) {
+  processSpan() = std::move(provider);
+}
 void Runtime::setSearchDirs(std::vector<std::string> dirs) { searchDirs() = std::move(dirs); }
 bool Runtime::initialized() { return g_initialized.load(); }
 
@@ -177,7 +184,7 @@ Runtime::Runtime() {
   const char* name = env::get("TORCH_TPU_PLUGIN");
   std::string path = pjrt::resolvePluginPath(name ? name : "", dirs);
   auto api = pjrt::Api::load(path);
-  client_ = pjrt::Client::create(api, static_cast<int>(env::positiveInt("TORCH_TPU_CPU_DEVICES", 1)));
+  client_ = pjrt::Client::create(api, static_cast<int>(env::positiveInt("TORCH_TPU_CPU_DEVICES", 1)), processSpan());
   if (client_->devices().empty()) throw pjrt::PluginError("The PJRT plugin '" + path + "' reports no devices.");
   plugin_ = makePluginSupport(*api, *client_);
   ops::setPluginKernels(plugin_->kernels());

@@ -42,10 +42,10 @@ struct Metrics {
   std::atomic<int64_t> h2d_transfers{0};
   std::atomic<int64_t> d2h_transfers{0};
   std::atomic<int64_t> compile_ns{0};
-  std::atomic<int64_t> fused_lowerings{0};    // op signatures lowered for fused eager
-  std::atomic<int64_t> operands_in_place{0};  // views a kernel read from their storage, not a copy
-  std::atomic<int64_t> dist_collectives{0};   // tpu_dist collectives run
-  std::atomic<int64_t> dist_staged_bytes{0};  // bytes tpu_dist copied between device and host
+  std::atomic<int64_t> fused_lowerings{0};       // op signatures lowered for fused eager
+  std::atomic<int64_t> operands_in_place{0};     // views a kernel read from their storage, not a copy
+  std::atomic<int64_t> dist_collectives{0};      // tpu_dist collectives run
+  std::atomic<int64_t> dist_staged_bytes{0};     // bytes tpu_dist copied between device and host
   std::atomic<int64_t> dist_xla_collectives{0};  // collectives run as XLA programs
   std::atomic<int64_t> dist_xla_bytes{0};        // bytes those programs took in, all devices
   std::mutex mu;
@@ -88,6 +88,10 @@ class Runtime {
   // Folders to search for named plugins (site-packages); set by Python
   // before first use. TORCH_TPU_PLUGIN_PATH adds more.
   static void setSearchDirs(std::vector<std::string> dirs);
+  // Where this process sits among the processes of a job (torchrun's ranks)
+  // and the store they share; asked once, when the client is created, and only
+  // by a plugin that runs collectives across processes. Set by the torch layer.
+  static void setProcessSpan(std::function<std::optional<pjrt::ProcessSpan>()> provider);
   static Runtime& get();
   static bool initialized();
 

@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <thread>
 
 #include "ir/ir.h"
@@ -70,6 +71,99 @@ TEST(Plugin, NonPluginLibraryIsRejected) { EXPECT_THROW(pjrt::Api::load("libm.so
 TEST(Client, ListsRequestedCpuDevices) {
   EXPECT_EQ(client().devices().size(), 2u);
   EXPECT_EQ(client().platformName(), "cpu");
+}
+
+TEST(Client, CpuDevicesHaveGlobalIdsAndOneProcess) {
+  for (size_t i = 0; i < client().devices().size(); ++i)
+    EXPECT_EQ(client().devices()[i].global_id, static_cast<int>(i));
+  EXPECT_EQ(client().globalDeviceCount(), 2);
+  EXPECT_FALSE(client().spansProcesses());
+}
+
+// The key-value callbacks a multi-process plugin calls, over an in-memory store.
+namespace {
+struct MemoryStore final : pjrt::KeyValueStore {
+  std::map<std::string, std::string> kv;
+  bool broken = false;
+  std::string get(const std::string& key, std::chrono::milliseconds timeout) override {
+    auto it = kv.find(key);
+    if (it == kv.end())
+      throw pjrt::KeyValueTimeout("no '" + key + "' after " + std::to_string(timeout.count()) + " ms");
+    return it->second;
+  }
+  std::optional<std::string> tryGet(const std::string& key) override {
+    if (broken) throw std::runtime_error("connection reset by peer");
+    auto it = kv.find(key);
+    return it == kv.end() ? std::nullopt : std::optional<std::string>(it->second);
+  }
+  void put(const std::string& key, const std::string& value) override { kv[key] = value; }
+};
+
+// What the plugin's PJRT_CallbackError returns, as a test can see it.
+struct CallbackFailure {
+  PJRT_Error_Code code;
+  std::string message;
+};
+thread_local CallbackFailure last_failure;
+PJRT_Error* recordFailure(PJRT_Error_Code code, const char* message, size_t size) {
+  last_failure = {code, std::string(message, size)};
+  return reinterpret_cast<PJRT_Error*>(&last_failure);
+}
+PJRT_CallbackError record_failure = recordFailure;
+
+template <typename Args>
+Args kvArgs(MemoryStore& store, const std::string& key) {
+  Args a{};
+  a.struct_size = sizeof(Args);
+  a.key = key.data();
+  a.key_size = key.size();
+  a.callback_error = &record_failure;
+  a.user_arg = static_cast<pjrt::KeyValueStore*>(&store);
+  return a;
+}
+
+template <typename Args>
+std::string takeValue(Args& a) {
+  std::string v(a.value, a.value_size);
+  a.value_deleter_callback(a.value);
+  return v;
+}
+}  // namespace
+
+TEST(KeyValueBridge, PutThenGetAndTryGet) {
+  MemoryStore store;
+  const std::string key = "nccl/clique/0", value("id\0with a zero", 15);
+  auto put = kvArgs<PJRT_KeyValuePutCallback_Args>(store, key);
+  put.value = value.data();
+  put.value_size = value.size();
+  ASSERT_EQ(pjrt::kv_bridge::put(&put), nullptr);
+  auto get = kvArgs<PJRT_KeyValueGetCallback_Args>(store, key);
+  get.timeout_in_ms = 10;
+  ASSERT_EQ(pjrt::kv_bridge::get(&get), nullptr);
+  EXPECT_EQ(takeValue(get), value);
+  auto tried = kvArgs<PJRT_KeyValueTryGetCallback_Args>(store, key);
+  ASSERT_EQ(pjrt::kv_bridge::tryGet(&tried), nullptr);
+  EXPECT_EQ(takeValue(tried), value);
+}
+
+TEST(KeyValueBridge, MissesAndFailuresBecomeCallbackErrors) {
+  MemoryStore store;
+  auto tried = kvArgs<PJRT_KeyValueTryGetCallback_Args>(store, "absent");
+  EXPECT_EQ(pjrt::kv_bridge::tryGet(&tried), reinterpret_cast<PJRT_Error*>(&last_failure));
+  EXPECT_EQ(last_failure.code, PJRT_Error_Code_NOT_FOUND);
+  EXPECT_NE(last_failure.message.find("absent"), std::string::npos);
+
+  auto get = kvArgs<PJRT_KeyValueGetCallback_Args>(store, "late");
+  get.timeout_in_ms = 25;
+  EXPECT_NE(pjrt::kv_bridge::get(&get), nullptr);
+  EXPECT_EQ(last_failure.code, PJRT_Error_Code_DEADLINE_EXCEEDED);
+  EXPECT_NE(last_failure.message.find("25 ms"), std::string::npos);
+
+  store.broken = true;
+  auto broken = kvArgs<PJRT_KeyValueTryGetCallback_Args>(store, "any");
+  EXPECT_NE(pjrt::kv_bridge::tryGet(&broken), nullptr);
+  EXPECT_EQ(last_failure.code, PJRT_Error_Code_UNAVAILABLE);
+  EXPECT_NE(last_failure.message.find("connection reset by peer"), std::string::npos);
 }
 
 TEST(Client, HostRoundTrip) {
