@@ -138,6 +138,14 @@ if ! step smoke 120 smoke; then
 fi
 sed 's/^/    /' "$OUT/smoke.log" | grep -E "platform|devices" >>"$SUMMARY"
 
+# ---- the XLA transport across 2 processes: the client spanning them through the key-value
+# bridge, and one all_reduce (on a one-GPU machine both ranks share the GPU: NCCL refuses it)
+if [ "$TORCH_TPU_PLUGIN" = cuda ]; then
+  step dist_span 90 env TORCH_TPU_DIST_TRANSPORT=xla "$PY" -m torch.distributed.run --standalone \
+    --nproc-per-node 2 scripts/gpu_dist_span.py
+  grep -E "^rank [0-9]:" "$OUT/dist_span.log" | sed 's/^/    /' >>"$SUMMARY"
+fi
+
 # ---- (c) benchmarks, side by side with PyTorch's own device
 cd benchmarks
 if [ "$SMALL" = 1 ]; then

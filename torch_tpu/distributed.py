@@ -16,8 +16,12 @@ The backend itself is C++ (``csrc/distributed``), with two transports:
   rank, size and timeout;
 - XLA collectives (``xla_transport.cpp``): each collective is an XLA program with one
   replica per rank, the data moving device to device (``dist_xla_collectives``,
-  ``dist_xla_bytes``). ``local_group`` makes such a group for ranks that are threads of
-  one process, each on its own device.
+  ``dist_xla_bytes``). Used for every group when the plugin's client spans torchrun's
+  processes (the CUDA plugin; ``process_span.cpp`` creates it so), and by ``local_group``
+  for ranks that are threads of one process, each on its own device.
+
+``TORCH_TPU_DIST_TRANSPORT=staged`` keeps host staging where XLA could run; ``=xla``
+makes its absence an error.
 """
 
 from __future__ import annotations
@@ -28,6 +32,27 @@ BACKEND = "tpu_dist"
 _local_names = itertools.count()  # c10d keeps group names for the process's life
 
 
+def _transport() -> str:
+    """``"xla"`` where the plugin's client spans the job's processes, else ``"staged"``."""
+    import os
+
+    from . import _C
+
+    wanted = os.environ.get("TORCH_TPU_DIST_TRANSPORT", "auto") or "auto"
+    if wanted not in ("auto", "xla", "staged"):
+        raise ValueError(f"TORCH_TPU_DIST_TRANSPORT must be auto, xla or staged, not {wanted!r}")
+    if wanted == "staged":
+        return "staged"
+    if _C._client_spans_processes():
+        return "xla"
+    if wanted == "xla":
+        raise RuntimeError(
+            "TORCH_TPU_DIST_TRANSPORT=xla, but the plugin's client does not span this job's processes: "
+            "the plugin has no cross-process collectives (the CPU plugin), or the job was not started "
+            "by torchrun. Unset it to stage collectives through the host over gloo.")
+    return "staged"
+
+
 def _create_backend(opts, backend_options=None):
     import torch.distributed as dist
 
@@ -35,6 +60,9 @@ def _create_backend(opts, backend_options=None):
 
     # Its own key space in the group's store, so the inner group's keys meet no other's.
     store = dist.PrefixStore(f"{BACKEND}/", opts.store)
+    if _transport() == "xla":
+        # Each rank runs on the device of its first collective's tensors.
+        return _C._tpu_dist_xla_backend(store, opts.group_rank, opts.group_size, opts.timeout, -1)
     host = dist.ProcessGroupGloo(store, opts.group_rank, opts.group_size, opts.timeout)
     return _C._tpu_dist_backend(host, store, opts.group_rank, opts.group_size, opts.timeout)
 
@@ -69,7 +97,7 @@ def local_group(rank: int, world_size: int, store=None, devices=None, timeout=No
                          "TORCH_TPU_CPU_DEVICES=N gives N)")
     timeout = timeout or datetime.timedelta(minutes=5)
     prefixed = dist.PrefixStore(f"{BACKEND}_local/", store)
-    backend = _C._tpu_dist_xla_backend(prefixed, rank, world_size, timeout, devices)
+    backend = _C._tpu_dist_xla_backend(prefixed, rank, world_size, timeout, devices[rank])
     pg = dist.ProcessGroup(prefixed, rank, world_size)
     kind = dist.ProcessGroup.BackendType.CUSTOM
     pg._register_backend(torch.device("tpu"), kind, backend)

@@ -11,5 +11,9 @@ void registerPython(pybind11::module& m);
 // Adds _C._tpu_dist_xla_backend (the XLA transport) and _C._comm_collective
 // (torch.tpu.comm's launches); xla_transport.cpp.
 void registerXlaTransport(pybind11::module& m);
+// Hands the runtime this process's place among torchrun's processes (for a
+// plugin whose client spans them) and adds the _C functions that report it;
+// process_span.cpp.
+void registerProcessSpan(pybind11::module& m);
 
 }  // namespace tpu::distributed

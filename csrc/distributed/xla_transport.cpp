@@ -6,7 +6,10 @@
 // group's collective count, and XLA pairs the launches and moves the data
 // device to device. Ranks are threads of one process over several local
 // devices (the CPU plugin can), or processes where the plugin's client spans
-// them (a GPU or TPU cluster).
+// them (a GPU or TPU cluster, process_span.cpp). Each rank's device is the one
+// its first collective's tensors are on (as NCCL binds a group to a device),
+// and its global id travels in the arrival record below, so both cases are
+// the same code.
 //
 // Before each launch every rank posts to the group's store what it is about to
 // run and waits, bounded by the group's timeout, for the others: a rank that
@@ -136,46 +139,45 @@ class P2PWork final : public c10d::Work {
 
 class XlaDistBackend final : public PerTensorCoalescing {
  public:
+  // `device`: this rank's tpu device index, or -1 for the device of its first
+  // collective's tensors.
   XlaDistBackend(c10::intrusive_ptr<c10d::Store> store, int rank, int size, std::chrono::milliseconds timeout,
-                 std::vector<int> devices)
+                 int device)
       : PerTensorCoalescing(rank, size),
         store_(std::move(store)),
         timeout_(timeout),
-        devices_(std::move(devices)),
-        check_(env::notDisabled("TORCH_TPU_DIST_CHECK")) {
-    TORCH_CHECK_VALUE(static_cast<int>(devices_.size()) == size, "tpu_dist: ", size, " ranks need ", size,
-                      " devices, got ", devices_.size());
-  }
+        device_(device),
+        check_(env::notDisabled("TORCH_TPU_DIST_CHECK")) {}
 
   const std::string getBackendName() const override { return "tpu_dist"; }
 
   c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
                                            const c10d::BroadcastOptions& opts) override {
     const at::Tensor& t = only(tensors, "broadcast");
-    int launch = arrive("broadcast", agreementOf("broadcast", {t}));
-    CollectiveSpec spec = specOf(Collective::Broadcast, t, t.numel());
+    Arrival a = arrive("broadcast", agreementOf("broadcast", {t}));
+    CollectiveSpec spec = specOf(Collective::Broadcast, t, t.numel(), a);
     spec.root = static_cast<int>(opts.rootRank);
-    if (t.numel()) aten::writeTensor(t, run(spec, aten::readTensor(t), launch));
+    if (t.numel()) aten::writeTensor(t, run(spec, aten::readTensor(t), a.launch));
     return done(OpType::BROADCAST, tensors);
   }
 
   c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors,
                                            const c10d::AllreduceOptions& opts) override {
     const at::Tensor& t = only(tensors, "all_reduce");
-    int launch = arrive("all_reduce", agreementOf("all_reduce", {t}));
-    CollectiveSpec spec = specOf(Collective::AllReduce, t, t.numel());
+    Arrival a = arrive("all_reduce", agreementOf("all_reduce", {t}));
+    CollectiveSpec spec = specOf(Collective::AllReduce, t, t.numel(), a);
     spec.reduce = reductionOf(opts.reduceOp);
-    if (t.numel()) aten::writeTensor(t, run(spec, aten::readTensor(preMultiplied(opts.reduceOp, t)), launch));
+    if (t.numel()) aten::writeTensor(t, run(spec, aten::readTensor(preMultiplied(opts.reduceOp, t)), a.launch));
     return done(OpType::ALLREDUCE, tensors);
   }
 
   c10::intrusive_ptr<c10d::Work> reduce(std::vector<at::Tensor>& tensors, const c10d::ReduceOptions& opts) override {
     const at::Tensor& t = only(tensors, "reduce");
-    int launch = arrive("reduce", agreementOf("reduce", {t}));
-    CollectiveSpec spec = specOf(Collective::AllReduce, t, t.numel());
+    Arrival a = arrive("reduce", agreementOf("reduce", {t}));
+    CollectiveSpec spec = specOf(Collective::AllReduce, t, t.numel(), a);
     spec.reduce = reductionOf(opts.reduceOp);
     if (t.numel()) {
-      BufferPtr out = run(spec, aten::readTensor(preMultiplied(opts.reduceOp, t)), launch);
+      BufferPtr out = run(spec, aten::readTensor(preMultiplied(opts.reduceOp, t)), a.launch);
       if (rank_ == opts.rootRank) aten::writeTensor(t, out);
     }
     return done(OpType::REDUCE, tensors);
@@ -197,9 +199,9 @@ class XlaDistBackend final : public PerTensorCoalescing {
     checkDevice(output);
     TORCH_CHECK_VALUE(output.numel() == size_ * input.numel(), "tpu_dist: all_gather_into_tensor: the output has ",
                       output.numel(), " elements, expected ", size_, " x ", input.numel());
-    int launch = arrive("all_gather_into_tensor", agreementOf("all_gather_into_tensor", {input, output}));
-    CollectiveSpec spec = specOf(Collective::AllGather, input, input.numel());
-    if (input.numel()) aten::writeTensor(output, run(spec, aten::readTensor(input), launch));
+    Arrival a = arrive("all_gather_into_tensor", agreementOf("all_gather_into_tensor", {input, output}));
+    CollectiveSpec spec = specOf(Collective::AllGather, input, input.numel(), a);
+    if (input.numel()) aten::writeTensor(output, run(spec, aten::readTensor(input), a.launch));
     return done(OpType::_ALLGATHER_BASE, {output});
   }
 
@@ -220,7 +222,7 @@ class XlaDistBackend final : public PerTensorCoalescing {
     const at::Tensor& out = only(outputs, "scatter");
     const int root = static_cast<int>(opts.rootRank);
     const int64_t n = out.numel();
-    int launch = arrive("scatter", agreementOf("scatter", {out}));
+    Arrival a = arrive("scatter", agreementOf("scatter", {out}));
     // An all-to-all in which only the root's blocks matter: block r of the
     // root's input reaches rank r.
     at::Tensor send;
@@ -234,7 +236,7 @@ class XlaDistBackend final : public PerTensorCoalescing {
       send = at::zeros({size_ * n}, out.options());
     }
     if (n) {
-      BufferPtr all = run(specOf(Collective::AllToAll, out, n), aten::readTensor(send), launch);
+      BufferPtr all = run(specOf(Collective::AllToAll, out, n, a), aten::readTensor(send), a.launch);
       writeFlat(out, wrapFlat(all, size_ * n, out).narrow(0, root * n, n));
     }
     return done(OpType::SCATTER, outputs);
@@ -251,11 +253,11 @@ class XlaDistBackend final : public PerTensorCoalescing {
       TORCH_CHECK_VALUE(p.numel() == out.numel(), "tpu_dist: reduce_scatter inputs must match the output's size");
       parts.push_back(flat(p));
     }
-    int launch = arrive("reduce_scatter", agreementOf("reduce_scatter", {out}));
-    CollectiveSpec spec = specOf(Collective::ReduceScatter, out, out.numel());
+    Arrival a = arrive("reduce_scatter", agreementOf("reduce_scatter", {out}));
+    CollectiveSpec spec = specOf(Collective::ReduceScatter, out, out.numel(), a);
     spec.reduce = reductionOf(opts.reduceOp);
     if (out.numel())
-      aten::writeTensor(out, run(spec, aten::readTensor(preMultiplied(opts.reduceOp, at::cat(parts))), launch));
+      aten::writeTensor(out, run(spec, aten::readTensor(preMultiplied(opts.reduceOp, at::cat(parts))), a.launch));
     return done(OpType::REDUCE_SCATTER, outputs);
   }
 
@@ -265,11 +267,11 @@ class XlaDistBackend final : public PerTensorCoalescing {
     checkDevice(output);
     TORCH_CHECK_VALUE(input.numel() == size_ * output.numel(), "tpu_dist: reduce_scatter_tensor: the input has ",
                       input.numel(), " elements, expected ", size_, " x ", output.numel());
-    int launch = arrive("reduce_scatter_tensor", agreementOf("reduce_scatter_tensor", {input, output}));
-    CollectiveSpec spec = specOf(Collective::ReduceScatter, output, output.numel());
+    Arrival a = arrive("reduce_scatter_tensor", agreementOf("reduce_scatter_tensor", {input, output}));
+    CollectiveSpec spec = specOf(Collective::ReduceScatter, output, output.numel(), a);
     spec.reduce = reductionOf(opts.reduceOp);
     if (output.numel())
-      aten::writeTensor(output, run(spec, aten::readTensor(preMultiplied(opts.reduceOp, input)), launch));
+      aten::writeTensor(output, run(spec, aten::readTensor(preMultiplied(opts.reduceOp, input)), a.launch));
     return done(OpType::_REDUCE_SCATTER_BASE, {output});
   }
 
@@ -282,8 +284,9 @@ class XlaDistBackend final : public PerTensorCoalescing {
       TORCH_CHECK_VALUE(input.numel() % size_ == 0 && input.numel() == output.numel(),
                         "tpu_dist: all_to_all_single: input and output must have the same size, divisible by ", size_);
       const int64_t n = input.numel() / size_;
-      int launch = arrive("all_to_all_single", agreementOf("all_to_all_single", {input, output}));
-      if (n) aten::writeTensor(output, run(specOf(Collective::AllToAll, input, n), aten::readTensor(input), launch));
+      Arrival a = arrive("all_to_all_single", agreementOf("all_to_all_single", {input, output}));
+      if (n)
+        aten::writeTensor(output, run(specOf(Collective::AllToAll, input, n, a), aten::readTensor(input), a.launch));
       return done(OpType::ALLTOALL_BASE, {output});
     }
     // Uneven splits: every block padded to the largest any rank sends.
@@ -337,26 +340,36 @@ class XlaDistBackend final : public PerTensorCoalescing {
   }
 
  private:
-  int device() const { return devices_[rank_]; }
+  // What every rank learns before a collective's launch.
+  struct Arrival {
+    int launch = 0;                 // the launch id all ranks use
+    std::vector<int> participants;  // each rank's device, by global id
+  };
 
-  void checkDevice(const at::Tensor& t) const {
-    TORCH_CHECK_VALUE(onTpu(t) && t.device().index() == device(), "tpu_dist: rank ", rank_, " runs on tpu:", device(),
+  int device() const { return device_; }
+
+  // A tensor must be on this rank's device; the first binds it where the
+  // group was made without one.
+  void checkDevice(const at::Tensor& t) {
+    TORCH_CHECK_VALUE(onTpu(t), "tpu_dist: expected a tpu tensor, got one on ", t.device());
+    if (device_ < 0) device_ = t.device().index();
+    TORCH_CHECK_VALUE(t.device().index() == device_, "tpu_dist: rank ", rank_, " runs on tpu:", device_,
                       ", but got a tensor on ", t.device());
   }
 
-  const at::Tensor& only(const std::vector<at::Tensor>& ts, const char* what) const {
+  const at::Tensor& only(const std::vector<at::Tensor>& ts, const char* what) {
     TORCH_CHECK_VALUE(ts.size() == 1, "tpu_dist: ", what, " takes one tensor per rank (one device each), got ",
                       ts.size());
     checkDevice(ts[0]);
     return ts[0];
   }
 
-  CollectiveSpec specOf(Collective kind, const at::Tensor& like, int64_t n) const {
+  CollectiveSpec specOf(Collective kind, const at::Tensor& like, int64_t n, const Arrival& a) const {
     CollectiveSpec spec;
     spec.kind = kind;
     spec.dtype = aten::toIr(like.scalar_type());
     spec.n = n;
-    spec.participants = devices_;
+    spec.participants = a.participants;
     return spec;
   }
 
@@ -368,31 +381,43 @@ class XlaDistBackend final : public PerTensorCoalescing {
     }
   }
 
-  // Posts `mine` (what this rank is about to run, plus `extra`) and waits for
-  // every rank's, bounded by the group's timeout. Returns the launch id all
-  // ranks use for this collective; `all` receives every rank's `extra`.
-  int arrive(const char* what, const std::vector<int64_t>& mine, int64_t extra = 0,
-             std::vector<int64_t>* all_extra = nullptr) {
+  // Posts `mine` (what this rank is about to run), `extra` and this rank's
+  // device, and waits for every rank's, bounded by the group's timeout.
+  // `all_extra` receives every rank's `extra`.
+  Arrival arrive(const char* what, const std::vector<int64_t>& mine, int64_t extra = 0,
+                 std::vector<int64_t>* all_extra = nullptr) {
+    TORCH_CHECK(device_ >= 0, "tpu_dist: rank ", rank_, " has no device yet");
     const int64_t seq = collectives_++;
     const std::string prefix = "xla/" + std::to_string(seq) + "/";
     std::vector<int64_t> post = mine;
     post.push_back(extra);
+    post.push_back(runtime::globalDeviceId(device_));
     std::vector<uint8_t> bytes(post.size() * sizeof(int64_t));
     std::memcpy(bytes.data(), post.data(), bytes.size());
     const auto keys = postAndWait(*store_, prefix, rank_, size_, bytes, timeout_, what, "did not reach it");
     std::vector<int64_t> all(static_cast<size_t>(size_) * kAgreementSlots);
+    Arrival a;
     if (all_extra) all_extra->assign(size_, 0);
     for (int r = 0; r < size_; ++r) {
       std::vector<uint8_t> got = r == rank_ ? bytes : store_->get(keys[r]);
       TORCH_CHECK(got.size() == bytes.size(), "tpu_dist: rank ", r, " posted a malformed collective record");
-      std::memcpy(all.data() + static_cast<size_t>(r) * kAgreementSlots, got.data(), kAgreementSlots * sizeof(int64_t));
-      if (all_extra) std::memcpy(&(*all_extra)[r], got.data() + kAgreementSlots * sizeof(int64_t), sizeof(int64_t));
+      std::vector<int64_t> record(post.size());
+      std::memcpy(record.data(), got.data(), got.size());
+      std::copy_n(record.begin(), kAgreementSlots, all.begin() + static_cast<std::ptrdiff_t>(r) * kAgreementSlots);
+      if (all_extra) (*all_extra)[r] = record[kAgreementSlots];
+      a.participants.push_back(static_cast<int>(record[kAgreementSlots + 1]));
     }
     // Every rank has posted this record, so all have finished reading the last.
     if (seq > 0) store_->deleteKey("xla/" + std::to_string(seq - 1) + "/" + std::to_string(rank_));
     if (check_) checkAgreement(what, mine, all.data(), size_);
+    for (int r = 0; r < size_; ++r)
+      for (int q = 0; q < r; ++q)
+        TORCH_CHECK_VALUE(a.participants[q] != a.participants[r], "tpu_dist: ranks ", q, " and ", r,
+                          " are on the same device (global id ", a.participants[r],
+                          "); give each rank its own, e.g. torch.tpu.set_device(local_rank)");
     // Even and never 0 (0 asks the plugin for a fresh id per launch); sends and receives use odd ids.
-    return static_cast<int>(((seq + 1) * 2) & 0x3ffffffe);
+    a.launch = static_cast<int>(((seq + 1) * 2) & 0x3ffffffe);
+    return a;
   }
 
   // all_gather of `in` to every rank; `outs` (one per rank, any shapes of the
@@ -403,9 +428,9 @@ class XlaDistBackend final : public PerTensorCoalescing {
       checkDevice(o);
       TORCH_CHECK_VALUE(o.numel() == n, "tpu_dist: ", what, " outputs must match the input's size");
     }
-    int launch = arrive(what, agreementOf(what, {in}));
+    Arrival a = arrive(what, agreementOf(what, {in}));
     if (!n) return;
-    BufferPtr b = run(specOf(Collective::AllGather, in, n), aten::readTensor(in), launch);
+    BufferPtr b = run(specOf(Collective::AllGather, in, n, a), aten::readTensor(in), a.launch);
     if (root >= 0 && rank_ != root) return;
     at::Tensor all = wrapFlat(b, size_ * n, in);
     for (int r = 0; r < size_; ++r) writeFlat(outs[r], all.narrow(0, r * n, n));
@@ -432,13 +457,13 @@ class XlaDistBackend final : public PerTensorCoalescing {
     mine[1] = 1;  // the dtype only: shapes differ between ranks by design
     mine[2] = static_cast<int64_t>(in_blocks.at(0).scalar_type());
     std::vector<int64_t> each;
-    int launch = arrive(what, mine, largest, &each);
+    Arrival a = arrive(what, mine, largest, &each);
     int64_t m = *std::max_element(each.begin(), each.end());
     if (!m) return;
     std::vector<at::Tensor> padded;
     for (const auto& b : in_blocks)
       padded.push_back(b.numel() == m ? b : at::cat({b, at::zeros({m - b.numel()}, b.options())}));
-    BufferPtr got = run(specOf(Collective::AllToAll, in_blocks[0], m), aten::readTensor(at::cat(padded)), launch);
+    BufferPtr got = run(specOf(Collective::AllToAll, in_blocks[0], m, a), aten::readTensor(at::cat(padded)), a.launch);
     at::Tensor all = wrapFlat(got, size_ * m, in_blocks[0]);
     for (int s = 0; s < size_; ++s) {
       TORCH_CHECK_VALUE(out[s].numel() <= m, "tpu_dist: ", what, ": rank ", rank_, " expects ", out[s].numel(),
@@ -457,8 +482,7 @@ class XlaDistBackend final : public PerTensorCoalescing {
     spec.kind = Collective::Permute;
     spec.dtype = aten::toIr(t.scalar_type());
     spec.n = t.numel();
-    spec.participants = {devices_[src], devices_[dst]};
-    spec.pairs = {{0, 1}};
+    spec.pairs = {{0, 1}};  // participants: the two ranks' devices, learnt from the handshake
     runtime::metrics().dist_collectives++;
     const std::string what = std::string(type == OpType::SEND ? "send to rank " : "recv from rank ") +
                              std::to_string(type == OpType::SEND ? dst : src);
@@ -469,21 +493,28 @@ class XlaDistBackend final : public PerTensorCoalescing {
     }
     BufferPtr in = aten::readTensor(t);
     const int dev = device();
-    // Both sides post to the store first and launch only once the other has: XLA:CPU
-    // aborts the whole process when a collective's peer does not join within 40 s.
+    const bool sending = type == OpType::SEND;
+    // Both sides post their device to the store first and launch only once the other
+    // has: XLA:CPU aborts the whole process when a collective's peer does not join
+    // within 40 s.
     const std::string key = "p2p/" + std::to_string(src) + "/" + std::to_string(dst) + "/" + std::to_string(k) + "/";
     const std::string mine = key + (type == OpType::SEND ? "send" : "recv");
     const std::string theirs = key + (type == OpType::SEND ? "recv" : "send");
     auto task = std::make_shared<std::packaged_task<BufferPtr()>>(
-        [store = store_, timeout = timeout_, mine, theirs, spec, in, dev, launch, what] {
-          store->set(mine, std::vector<uint8_t>{1});
+        [store = store_, timeout = timeout_, mine, theirs, spec, in, dev, sending, launch, what]() mutable {
+          const std::string me = std::to_string(runtime::globalDeviceId(dev));
+          store->set(mine, std::vector<uint8_t>(me.begin(), me.end()));
           try {
             store->wait({theirs}, timeout);
           } catch (const std::exception& e) {
             TORCH_CHECK(false, "tpu_dist: ", what, " did not complete within ", timeout.count(),
                         " ms (the peer never posted its side)");
           }
+          const std::vector<uint8_t> peer_bytes = store->get(theirs);
+          const int peer = std::stoi(std::string(peer_bytes.begin(), peer_bytes.end()));
           store->deleteKey(theirs);  // nobody reads it again: its owner has seen ours or gives up
+          const int self = std::stoi(me);
+          spec.participants = sending ? std::vector<int>{self, peer} : std::vector<int>{peer, self};
           return runtime::runCollectiveShard(spec, in, dev, launch);
         });
     std::shared_future<BufferPtr> result = task->get_future().share();
@@ -493,7 +524,7 @@ class XlaDistBackend final : public PerTensorCoalescing {
 
   c10::intrusive_ptr<c10d::Store> store_;
   std::chrono::milliseconds timeout_;
-  std::vector<int> devices_;
+  int device_;  // this rank's tpu device index; -1 until its first collective
   bool check_;
   int64_t collectives_ = 0;
   int64_t barriers_ = 0;
@@ -529,8 +560,9 @@ std::vector<at::Tensor> commCollective(const std::string& kind, const std::vecto
     TORCH_CHECK_VALUE(onTpu(t), "torch.tpu.comm: expected tpu tensors, got one on ", t.device());
     TORCH_CHECK_VALUE(t.scalar_type() == first.scalar_type() && t.numel() == first.numel(),
                       "torch.tpu.comm: every device's tensor must have the same dtype and size");
-    const int d = t.device().index();
-    for (int seen : spec.participants) TORCH_CHECK_VALUE(seen != d, "torch.tpu.comm: device tpu:", d, " appears twice");
+    const int d = runtime::globalDeviceId(t.device().index());
+    for (int seen : spec.participants)
+      TORCH_CHECK_VALUE(seen != d, "torch.tpu.comm: device ", t.device(), " appears twice");
     spec.participants.push_back(d);
   }
   const int64_t out_len =
@@ -557,10 +589,10 @@ void registerXlaTransport(pybind11::module& m) {
   m.def(
       "_tpu_dist_xla_backend",
       [](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size, std::chrono::milliseconds timeout,
-         std::vector<int> devices) -> c10::intrusive_ptr<c10d::Backend> {
-        return c10::make_intrusive<XlaDistBackend>(store, rank, size, timeout, std::move(devices));
+         int device) -> c10::intrusive_ptr<c10d::Backend> {
+        return c10::make_intrusive<XlaDistBackend>(store, rank, size, timeout, device);
       },
-      "The tpu_dist backend over XLA collectives: rank r runs on tpu:devices[r].");
+      "The tpu_dist backend over XLA collectives; this rank runs on tpu:device (-1: its first collective's).");
   m.def("_comm_collective", &commCollective, pybind11::arg("kind"), pybind11::arg("tensors"),
         pybind11::arg("op") = "sum", pybind11::arg("root") = 0, pybind11::call_guard<pybind11::gil_scoped_release>(),
         "One XLA collective over the devices of `tensors` (one flat result per device).");

@@ -230,4 +230,5 @@ PYBIND11_MODULE(_C, m) {
   m.def("_register_lowered_kernels", &aten::registerLoweredKernels);
   distributed::registerPython(m);
   distributed::registerXlaTransport(m);
+  distributed::registerProcessSpan(m);
 }

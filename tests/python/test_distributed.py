@@ -110,6 +110,11 @@ def test_compiled_training_matches_one_eager_process(mode):
     assert out.count(f"{mode} compiled ok") == 2, out
 
 
+def test_process_span_store_reaches_the_other_process_and_cpu_stages():
+    out = _torchrun("process_span.py", timeout=120)
+    assert out.count("key-value store ok") == 2 and out.count("transport choice ok") == 2, out
+
+
 def test_a_dead_rank_makes_the_other_raise():
     (rc0, out0), (rc1, _) = _ranks("dead")
     assert rc1 == 3
