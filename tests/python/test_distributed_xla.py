@@ -32,7 +32,8 @@ def test_every_collective_against_gloo_over_4_devices():
 def test_failures_raise_and_the_devices_keep_working():
     out = _local("failures")
     for line in ("absent rank", "mismatched shapes", "mismatched dtypes", "tensor on the wrong device",
-                 "receive without a sender", "local_group arguments", "group after failures"):
+                 "receive without a sender", "local_group arguments", "ranks bind their first collective's device",
+                 "two ranks on one device", "group after failures"):
         assert f"ok {line}" in out, out
 
 

@@ -128,6 +128,42 @@ def failures():
             torch_tpu.distributed.local_group(**kwargs)
     print("ok local_group arguments", flush=True)
 
+    # Groups made as for torchrun's processes (no device given): each rank binds the device
+    # of its first collective, and the ranks learn each other's from the arrival records.
+    def unbound(world, device_of):
+        store = dist.HashStore()
+        results = [None] * world
+
+        def body(r):
+            try:
+                backend = torch_tpu._C._tpu_dist_xla_backend(store, r, world, datetime.timedelta(seconds=10), -1)
+                pg = dist.ProcessGroup(store, r, world)
+                pg._register_backend(torch.device("tpu"), dist.ProcessGroup.BackendType.CUSTOM, backend)
+                pg._set_default_backend(dist.ProcessGroup.BackendType.CUSTOM)
+                t = torch.full((3,), float(r + 1), device=device_of(r))
+                pg.allreduce([t]).wait()
+                got = torch.zeros(3, device=device_of(r))
+                peer = (r + 1) % world
+                (pg.send([t * (r + 1)], peer, 0) if r == 0 else pg.recv([got], r - 1, 0)).wait()
+                results[r] = (t.cpu().tolist(), got.cpu().tolist())
+            except Exception as e:  # noqa: BLE001
+                results[r] = e
+
+        threads = [threading.Thread(target=body, args=(r,), daemon=True) for r in range(world)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+            assert not t.is_alive(), "a rank hung"
+        return results
+
+    results = unbound(2, lambda r: f"tpu:{3 - r}")
+    assert results == [([3.0] * 3, [0.0] * 3), ([3.0] * 3, [3.0] * 3)], results
+    print("ok ranks bind their first collective's device", flush=True)
+    for res in unbound(2, lambda r: "tpu:1"):
+        assert isinstance(res, ValueError) and "ranks 0 and 1 are on the same device" in str(res), res
+    print("ok two ranks on one device", flush=True)
+
     # After all that, the devices still work.
     results = run_ranks(lambda r, pg: dist.all_reduce(torch.ones(2, device=f"tpu:{r}"), group=pg) or "done")
     assert results == ["done"] * WORLD, results
