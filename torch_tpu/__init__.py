@@ -50,6 +50,36 @@ from . import _C  # noqa: E402  (registers the device's C++ kernels)
 _C._set_search_dirs(_search_dirs())
 _C._register_lowered_kernels()
 
+
+def _load_refusal_tables():
+    """What PyTorch's kernels refuse, so that tpu raises the same: dtypes an op's CPU and
+    CUDA kernels have no code for (tools/dtype_rejections.py), and writes through
+    overlapping memory (tools/overlap_checks.py)."""
+    import json
+    import warnings
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    path = os.path.join(here, "_dtype_rejections.json")
+    try:
+        with open(path) as f:
+            rows = json.load(f)["rejections"]
+        _C._set_dtype_refusals([("base" in r, r.get("base") or r["op"], r["dtypes"], r["type"], r["message"])
+                                for r in rows])
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        warnings.warn(f"torch_tpu: {path} could not be read ({e}); ops will not refuse the dtypes "
+                      "PyTorch's kernels refuse")
+    path = os.path.join(here, "_overlap_checks.json")
+    try:
+        with open(path) as f:
+            doc = json.load(f)
+        _C._set_overlap_checks(list(doc["internal"]), list(doc["partial"]))
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        warnings.warn(f"torch_tpu: {path} could not be read ({e}); in-place ops will not refuse "
+                      "overlapping writes")
+
+
+_load_refusal_tables()
+
 from . import device as _device_module  # noqa: E402
 
 torch._register_device_module("tpu", _device_module)

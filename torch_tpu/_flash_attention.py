@@ -70,9 +70,17 @@ def _scores(q, k, allowed, scale):
     return s.masked_fill(~allowed, float("-inf")), group
 
 
+# CUDA's kernel takes float16 and bfloat16; tpu float32 (and float64) as well, as the
+# attention it stands for computes in them. Other dtypes are refused, as on CUDA.
+_FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
 def _forward(query, key, value, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p, is_causal, return_debug_mask,
              scale=None, window_size_left=None, window_size_right=None, seqused_k=None, alibi_slopes=None,
              block_table=None, num_splits=None):
+    for t in (query, key, value):
+        if t.dtype not in _FLOATS:
+            raise RuntimeError(f"_flash_attention_forward on tpu supports floating point inputs only, got {t.dtype}")
     if dropout_p != 0.0:
         raise NotImplementedError("_flash_attention_forward on tpu: dropout is not supported")
     if seqused_k is not None or alibi_slopes is not None or block_table is not None:

@@ -43,7 +43,10 @@ at::Tensor repeat_interleave(const at::Tensor& repeats, std::optional<c10::SymIn
 // counting is a device scatter-add (index_add).
 at::Tensor bincount(const at::Tensor& self, const std::optional<at::Tensor>& weights, int64_t minlength) {
   TORCH_CHECK(minlength >= 0, "minlength should be >= 0");
-  TORCH_CHECK(self.dim() == 1 && !c10::isFloatingType(self.scalar_type()) && self.scalar_type() != at::kBool,
+  // As PyTorch's kernels: a floating or complex input is a dtype the kernel has no code for.
+  TORCH_CHECK_NOT_IMPLEMENTED(!c10::isFloatingType(self.scalar_type()) && !c10::isComplexType(self.scalar_type()),
+                              "\"bincount\" not implemented for '", c10::toString(self.scalar_type()), "'");
+  TORCH_CHECK(self.dim() == 1 && self.scalar_type() != at::kBool,
               "bincount only supports 1-d non-negative integral inputs.");
   bool has_w = weights && weights->defined();
   TORCH_CHECK(!has_w || (weights->dim() == 1 && weights->size(0) == self.size(0)),

@@ -4,9 +4,12 @@
 // to the mode in force (eager/modes.h): fused eager when it is on and the op's
 // result sizes do not depend on data, else strict eager. An op with no
 // lowering, or one its lowering cannot take, runs on the CPU (fallback.cpp).
+#include <ATen/MemoryOverlap.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <set>
+#include <unordered_map>
 
 #include "aten/op_plan.h"
 #include "eager/modes.h"
@@ -54,6 +57,103 @@ void forEachTensor(const std::vector<IValue>& args, F&& f) {
       for (const IValue& e : v.toList())
         if (e.isTensor()) f(e.toTensor());
     }
+  }
+}
+
+// What PyTorch's CPU kernels refuse: an op overload with these tensor dtypes
+// raises there ("... not implemented for 'Bool'"), and CUDA's does too, so tpu
+// raises the same instead of computing something (torch_tpu/_dtype_rejections.json,
+// written by tools/dtype_rejections.py, handed over at import).
+struct Refusal {
+  std::vector<at::ScalarType> dtypes;  // of the tensor arguments in order; for a whole op, as a sorted set
+  bool not_implemented;                // NotImplementedError, else RuntimeError
+  std::string message;
+};
+
+struct Refusals {
+  std::unordered_map<c10::OperatorName, std::vector<Refusal>> overloads;
+  std::unordered_map<std::string, std::vector<Refusal>> ops;  // by base name: every overload
+};
+
+Refusals& refusals() {
+  static Refusals table;
+  return table;
+}
+
+void raise(const Refusal& r) {
+  TORCH_CHECK_NOT_IMPLEMENTED(!r.not_implemented, r.message);
+  TORCH_CHECK(false, r.message);
+}
+
+std::vector<at::ScalarType> asSet(std::vector<at::ScalarType> dtypes) {
+  std::sort(dtypes.begin(), dtypes.end());
+  dtypes.erase(std::unique(dtypes.begin(), dtypes.end()), dtypes.end());
+  return dtypes;
+}
+
+void refuseLikeCpu(const c10::OperatorHandle& op, const std::string& base, const std::vector<IValue>& args) {
+  const Refusals& table = refusals();
+  auto exact = table.overloads.find(op.operator_name());
+  auto whole = table.ops.find(base);
+  if (exact == table.overloads.end() && whole == table.ops.end()) return;
+  // The tensors' dtypes and dtype arguments, in schema order (as the table's writer lists them).
+  // `unwrapped` leaves out Python numbers made tensors (torch.floor_divide(t, 2)):
+  // the kernel computes them in the other operands' dtype.
+  std::vector<at::ScalarType> dtypes, unwrapped;
+  const auto& formals = op.schema().arguments();
+  for (size_t i = 0; i < args.size(); ++i) {
+    const IValue& v = args[i];
+    if (v.isInt() && i < formals.size() && baseType(formals[i].type())->kind() == c10::TypeKind::ScalarTypeType) {
+      dtypes.push_back(static_cast<at::ScalarType>(v.toInt()));
+      unwrapped.push_back(dtypes.back());
+    } else {
+      forEachTensor({v}, [&](const at::Tensor& t) {
+        if (!t.defined()) return;
+        dtypes.push_back(t.scalar_type());
+        if (!t.unsafeGetTensorImpl()->is_wrapped_number()) unwrapped.push_back(t.scalar_type());
+      });
+    }
+  }
+  const auto set = asSet(dtypes), unwrapped_set = asSet(unwrapped);
+  const auto matches = [&](const std::vector<at::ScalarType>& row) {
+    return row == set || (!unwrapped_set.empty() && row == unwrapped_set);
+  };
+  if (exact != table.overloads.end())
+    for (const Refusal& r : exact->second)
+      if (r.dtypes == dtypes || matches(asSet(r.dtypes))) raise(r);
+  if (whole != table.ops.end())
+    for (const Refusal& r : whole->second)
+      if (matches(r.dtypes)) raise(r);
+}
+
+// Ops whose PyTorch kernels refuse to write through memory that overlaps
+// itself (x.expand(2, 3).add_(1)) or partly overlaps an input
+// (x[1:].add_(x[:-1])): torch_tpu/_overlap_checks.json, by base name
+// (tools/overlap_checks.py). tpu writes through views its own way and would
+// give some answer instead.
+struct OverlapChecks {
+  std::set<std::string> internal, partial;
+};
+
+OverlapChecks& overlapChecks() {
+  static OverlapChecks checks;
+  return checks;
+}
+
+void checkOverlaps(const c10::OperatorHandle& op, const std::string& base, const std::vector<IValue>& args) {
+  const OverlapChecks& checks = overlapChecks();
+  const bool internal = checks.internal.count(base) > 0, partial = checks.partial.count(base) > 0;
+  if (!internal && !partial) return;
+  const auto& formals = op.schema().arguments();
+  for (size_t i = 0; i < args.size() && i < formals.size(); ++i) {
+    const auto* alias = formals[i].alias_info();
+    if (!alias || !alias->isWrite() || !args[i].isTensor()) continue;
+    const at::Tensor& written = args[i].toTensor();
+    if (internal) at::assert_no_internal_overlap(written);
+    if (partial)
+      for (size_t j = 0; j < args.size(); ++j)
+        if (j != i && args[j].isTensor() && args[j].toTensor().defined())
+          at::assert_no_partial_overlap(written, args[j].toTensor());
   }
 }
 
@@ -188,6 +288,8 @@ void boxedKernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   bool foreach_expand = false;
   const ops::Lowering* low = loweringFor(base, schema.overload_name(), foreach_expand);
   const size_t n = schema.arguments().size();
+  // Before the CPU fallback too: its copies of the arguments no longer overlap.
+  checkOverlaps(op, base, std::vector<IValue>(stack->end() - n, stack->end()));
   if (!low) {
     findDevice(op, std::vector<IValue>(stack->end() - n, stack->end()));  // mixing devices is an error here too
     return cpuFallback(op, stack, "");
@@ -196,6 +298,7 @@ void boxedKernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
       base == "_unsafe_index_put")
     moveIndicesToDevice(stack, n);
   PlannedOp p{op, stack, std::vector<IValue>(stack->end() - n, stack->end())};
+  refuseLikeCpu(op, base, p.args);
   resolveMathBits(schema, p.args);
   p.device = findDevice(op, p.args);
   if (std::string why = unsupportedArguments(base, p.args); !why.empty()) return cpuFallback(op, stack, why);
@@ -256,6 +359,49 @@ int registerLoweredKernels() {
     ++count;
   }
   return count;
+}
+
+void setDtypeRefusals(
+    const std::vector<std::tuple<bool, std::string, std::vector<std::string>, std::string, std::string>>& rows) {
+  static const std::unordered_map<std::string, at::ScalarType> names = {{"bool", at::kBool},
+                                                                        {"uint8", at::kByte},
+                                                                        {"int8", at::kChar},
+                                                                        {"int16", at::kShort},
+                                                                        {"int32", at::kInt},
+                                                                        {"int64", at::kLong},
+                                                                        {"float16", at::kHalf},
+                                                                        {"bfloat16", at::kBFloat16},
+                                                                        {"float32", at::kFloat},
+                                                                        {"float64", at::kDouble},
+                                                                        {"complex64", at::kComplexFloat},
+                                                                        {"complex128", at::kComplexDouble},
+                                                                        {"uint16", at::kUInt16},
+                                                                        {"uint32", at::kUInt32},
+                                                                        {"uint64", at::kUInt64}};
+  Refusals table;
+  for (const auto& [whole_op, name, dtypes, type, message] : rows) {
+    Refusal r{{}, type == "NotImplementedError", message};
+    bool known = true;
+    for (const auto& d : dtypes) {
+      auto it = names.find(d);
+      known = known && it != names.end();
+      if (known) r.dtypes.push_back(it->second);
+    }
+    if (!known) continue;  // a dtype this build does not know: nothing to refuse
+    if (whole_op) {
+      r.dtypes = asSet(std::move(r.dtypes));
+      table.ops[name].push_back(std::move(r));
+    } else {
+      const auto dot = name.find('.');
+      c10::OperatorName op(name.substr(0, dot), dot == std::string::npos ? "" : name.substr(dot + 1));
+      table.overloads[op].push_back(std::move(r));
+    }
+  }
+  refusals() = std::move(table);
+}
+
+void setOverlapChecks(std::vector<std::string> internal, std::vector<std::string> partial) {
+  overlapChecks() = {{internal.begin(), internal.end()}, {partial.begin(), partial.end()}};
 }
 
 TORCH_LIBRARY_IMPL(_, PrivateUse1, m) { m.fallback(torch::CppFunction::makeFromBoxedFunction<&boxedKernel>()); }

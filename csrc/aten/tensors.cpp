@@ -3,6 +3,7 @@
 // scalar back to the host.
 #include <ATen/EmptyTensor.h>
 #include <ATen/InferSize.h>
+#include <ATen/MemoryOverlap.h>
 #include <ATen/native/Resize.h>
 #include <ATen/ops/_reshape_alias_native.h>
 #include <ATen/ops/as_strided_native.h>
@@ -147,6 +148,15 @@ at::Tensor& copy_(at::Tensor& self, const at::Tensor& src, bool non_blocking) {
   at::infer_size(self.sizes(), src.sizes());  // raises on a broadcasting mismatch
   TORCH_CHECK(src.dim() <= self.dim() || src.numel() == self.numel(), "copy_: the source of shape ", src.sizes(),
               " cannot be broadcast to ", self.sizes());
+  // PyTorch's copy_: a view copied onto itself is a no-op; a destination whose
+  // elements share memory, or one partly over its source, is an error.
+  if (self.is_same(src) ||
+      (self.is_alias_of(src) && self.storage_offset() == src.storage_offset() && self.sizes().equals(src.sizes()) &&
+       self.strides().equals(src.strides()) && self.scalar_type() == src.scalar_type() &&
+       self.is_conj() == src.is_conj() && self.is_neg() == src.is_neg()))
+    return self;
+  at::assert_no_internal_overlap(self);
+  at::assert_no_partial_overlap(self, src);
   copyInto(self, src);
   return self;
 }

@@ -15,6 +15,11 @@
 
 namespace tpu::aten {
 int registerLoweredKernels();
+// dispatcher.cpp: rows of (every overload?, op base name or overload, tensor dtypes, exception type, message).
+void setDtypeRefusals(
+    const std::vector<std::tuple<bool, std::string, std::vector<std::string>, std::string, std::string>>&);
+// dispatcher.cpp: the ops (base names) that refuse overlapping writes.
+void setOverlapChecks(std::vector<std::string> internal, std::vector<std::string> partial);
 }  // namespace tpu::aten
 
 namespace {
@@ -191,6 +196,16 @@ PYBIND11_MODULE(_C, m) {
     for (auto& t : *outs) l.append(t.defined() ? py::cast(t) : py::none());
     return py::object(l);
   });
+  // A thread that holds the GIL lets it go while it waits for the fusion mutex:
+  // the holder may need the GIL (a Python meta kernel) to finish.
+  runtime::FusionMutex::setWaitHook([](const std::function<void()>& block) {
+    if (Py_IsInitialized() && PyGILState_Check()) {
+      py::gil_scoped_release release;
+      block();
+    } else {
+      block();
+    }
+  });
   m.def("_begin_whole_graph", [] { return runtime::Fusion::get().beginWholeGraph(); });
   m.def("_end_whole_graph", [](bool was_enabled) {
     try {
@@ -228,6 +243,10 @@ PYBIND11_MODULE(_C, m) {
     return l;
   });
   m.def("_register_lowered_kernels", &aten::registerLoweredKernels);
+  m.def("_set_dtype_refusals", &aten::setDtypeRefusals,
+        "The (op, tensor dtypes) PyTorch's CPU and CUDA kernels refuse: tpu raises the same.");
+  m.def("_set_overlap_checks", &aten::setOverlapChecks,
+        "The ops that refuse to write through internally or partly overlapping memory, as PyTorch's do.");
   distributed::registerPython(m);
   distributed::registerXlaTransport(m);
   distributed::registerProcessSpan(m);

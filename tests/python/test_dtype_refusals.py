@@ -1,0 +1,133 @@
+"""Dtypes PyTorch's kernels refuse are refused on tpu too (issue 3/7, finding 1).
+
+The CPU's kernels raise for dtypes they have no code for ("\"addmm_impl_cpu_\" not implemented
+for 'Bool'"); tpu's lowerings would compute something, or crash in the compiler. The table
+torch_tpu/_dtype_rejections.json (tools/dtype_rejections.py) makes tpu raise the same, in every
+mode. The walk over every OpInfo variant and every dtype neither its CPU nor its CUDA OpInfo
+declares is the slow test here."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import torch_tpu
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+TOOL = os.path.join(ROOT, "tools", "dtype_rejections.py")
+TABLE = os.path.join(ROOT, "torch_tpu", "_dtype_rejections.json")
+
+# What the walk still lets through, each for a reason the table cannot express (a row is
+# keyed by op and dtypes). Anything else that is silent, crashes or raises another type fails.
+KNOWN = {
+    # The CPU refuses inside max_pool1d's own C++ (no ATen op in between); tpu takes
+    # max_pool1d_with_indices, which the CPU computes for these dtypes.
+    **{f"nn.functional.max_pool1d|{d}": "silent" for d in ("int8", "int16", "int32", "int64", "uint8")},
+    # The CPU refuses in cummax's helper op; tpu lowers cummax / cummin whole.
+    "cummax|complex64": "silent",
+    "cummin|complex64": "silent",
+    # Only the "mean" reduction is refused for bool; the row cannot hold the reduce string.
+    "scatter_reduce.mean|bool": "silent",
+    # The refusal depends on the bounds given, not on the dtype alone.
+    "randint_like|bool": "silent",
+    # The CPU refuses inside randint_like's composite (its random_); tpu's random_ computes.
+    "randint_like|complex64": "silent",
+    # CUDA raises NotImplementedError from its fused dropout kernel; tpu's lowering a RuntimeError.
+    "nn.functional.dropout|complex64": "raised_other",
+}
+
+
+@pytest.mark.parametrize("mode", ["strict", "fused"])
+def test_the_issue_examples_raise_as_on_the_cpu(mode):
+    cases = [
+        lambda d: torch.softmax(torch.arange(3, device=d), 0),
+        lambda d: torch.log_softmax(torch.arange(3, device=d), 0),
+        lambda d: torch.clamp(torch.tensor([1 + 2j, 3 - 1j], device=d), 0, 1),
+        lambda d: torch.ones(2, 2, dtype=torch.bool, device=d) @ torch.ones(2, 2, dtype=torch.bool, device=d),
+        lambda d: torch.bmm(torch.ones(1, 2, 2, dtype=torch.bool, device=d),
+                            torch.ones(1, 2, 2, dtype=torch.bool, device=d)),
+        lambda d: torch.cdist(torch.ones(1, 3, 2, dtype=torch.bfloat16, device=d),
+                              torch.ones(1, 4, 2, dtype=torch.bfloat16, device=d)),
+        lambda d: torch.fmod(torch.ones(3, dtype=torch.complex64, device=d), 2),
+        lambda d: torch.remainder(torch.ones(3, dtype=torch.complex64, device=d), 2),
+        lambda d: torch.floor_divide(torch.ones(3, dtype=torch.complex64, device=d), 2),
+        lambda d: torch.div(torch.ones(3, dtype=torch.complex64, device=d), 2, rounding_mode="floor"),
+        lambda d: 2 % torch.ones(3, dtype=torch.complex64, device=d),
+        lambda d: torch.arange(3, dtype=torch.bool, device=d),
+        lambda d: torch.bincount(torch.ones(3, device=d)),
+    ]
+    previous = torch_tpu.get_mode()
+    torch_tpu.set_mode(mode)
+    try:
+        for i, case in enumerate(cases):
+            with pytest.raises(Exception) as cpu:
+                case("cpu")
+            with pytest.raises(type(cpu.value)) as on_tpu:
+                case("tpu")
+                torch.tpu.synchronize()
+            dtype_word = str(cpu.value).split("'")[-2] if "'" in str(cpu.value) else ""
+            assert dtype_word in str(on_tpu.value), (i, str(cpu.value), str(on_tpu.value))
+    finally:
+        torch_tpu.set_mode(previous)
+    # What the CPU computes still computes.
+    x = torch.arange(3.0, device="tpu")
+    torch.testing.assert_close(torch.softmax(x, 0).cpu(), torch.softmax(torch.arange(3.0), 0))
+    assert torch.fmod(torch.arange(5, device="tpu"), 2).cpu().tolist() == [0, 1, 0, 1, 0]
+
+
+def test_compiled_graphs_refuse_too():
+    f = torch.compile(lambda t: torch.softmax(t, 0) * 2, backend="tpu")
+    with pytest.raises(NotImplementedError, match="not implemented for 'Long'"):
+        f(torch.arange(3, device="tpu"))
+    torch.testing.assert_close(f(torch.arange(3.0, device="tpu")).cpu(), torch.softmax(torch.arange(3.0), 0) * 2)
+
+
+def test_an_unreadable_table_warns_and_imports(tmp_path):
+    code = ("import warnings, json, torch_tpu, os\n"
+            "p = os.path.join(os.path.dirname(torch_tpu.__file__), '_dtype_rejections.json')\n")
+    env = dict(os.environ, PYTHONPATH=str(tmp_path) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    # A copy of the package whose table is corrupt: the import warns, ops still run.
+    import shutil
+
+    pkg = os.path.dirname(torch_tpu.__file__)
+    shutil.copytree(pkg, tmp_path / "torch_tpu", ignore=shutil.ignore_patterns("__pycache__"))
+    (tmp_path / "torch_tpu" / "_dtype_rejections.json").write_text("{not json")
+    r = subprocess.run([sys.executable, "-W", "always", "-c", code + "import torch\n"
+                        "print(torch.softmax(torch.arange(3., device='tpu'), 0).sum().item())"],
+                       capture_output=True, text=True, env=env, timeout=120, cwd=str(tmp_path))
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "could not be read" in r.stderr and "1.0" in r.stdout, r.stderr[-2000:]
+
+
+@pytest.mark.slow
+def test_the_table_is_what_the_tool_writes(tmp_path):
+    """The committed table matches this torch's kernels (rewrite it after a torch upgrade)."""
+    out = tmp_path / "table.json"
+    r = subprocess.run([sys.executable, TOOL, "--write", str(out)], capture_output=True, text=True,
+                       timeout=600, cwd=ROOT)
+    assert r.returncode == 0, r.stderr[-3000:]
+    fresh, committed = json.load(open(out)), json.load(open(TABLE))
+    if fresh["torch"] != committed["torch"]:
+        pytest.skip(f"the table was written for torch {committed['torch']}, this is {fresh['torch']}")
+    assert fresh["rejections"] == committed["rejections"], (
+        "torch_tpu/_dtype_rejections.json is stale: run python tools/dtype_rejections.py --write "
+        "torch_tpu/_dtype_rejections.json")
+
+
+@pytest.mark.slow
+def test_every_opinfo_dtype_both_cpu_and_cuda_refuse_is_refused_on_tpu(tmp_path):
+    """Every OpInfo variant, every tpu dtype neither its CPU nor its CUDA OpInfo declares, up to
+    4 samples each: where the CPU raises, tpu must raise the same exception type. Units run in
+    worker processes, so a crash is counted, not fatal."""
+    report_path = tmp_path / "report.json"
+    r = subprocess.run([sys.executable, TOOL, "--check", "--workers", "2", "--out", str(report_path)],
+                       capture_output=True, text=True, timeout=1200, cwd=ROOT)
+    assert report_path.exists(), r.stdout[-2000:] + r.stderr[-3000:]
+    report = json.load(open(report_path))
+    bad = {k: (v["status"], v.get("message", "")) for k, v in report["results"].items()
+           if v["status"] in ("silent", "crash", "raised_other") and KNOWN.get(k) != v["status"]}
+    assert not bad, f"{len(bad)} units where tpu does not raise as the CPU does: {json.dumps(bad, indent=1)[:6000]}"
+    assert report["counts"].get("raised", 0) > 1000, report["counts"]
