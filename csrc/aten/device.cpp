@@ -359,7 +359,7 @@ bool copyLazy(const at::Tensor& dst, const at::Tensor& src) {
   if (!fusion.enabled() || dst.device().type() != kTpu) return false;
   bool same = src.device() == dst.device();
   if (!same && !src.device().is_cpu()) return false;
-  std::lock_guard<std::recursive_mutex> lock(fusion.mutex());
+  std::lock_guard<runtime::FusionMutex> lock(fusion.mutex());
   auto& graph = fusion.graph(dst.device().index());
   ir::Builder& b = graph.builder();
   ir::DType dd = toIr(dst.scalar_type());

@@ -3,6 +3,8 @@
 // move arguments in and results out.
 #include "aten/op_plan.h"
 
+#include <torch/csrc/utils/pybind.h>
+
 #include <cstdio>
 #include <map>
 #include <mutex>
@@ -191,6 +193,21 @@ bool raiseAsCpu(const c10::OperatorHandle& op, const std::vector<IValue>& args) 
 // Returns false when the op has no meta kernel.
 bool metaRun(const c10::OperatorHandle& op, const std::vector<IValue>& args, std::vector<ir::Type>& expected,
              std::vector<std::vector<int64_t>>* perms) {
+  // PyTorch's Python meta kernels import torch._dynamo at their first call. A
+  // thread doing that while another imports torch._inductor (torch.compile does)
+  // meets it halfway through a circular import ("partially initialized module",
+  // or a _DeadlockError in either thread). Importing torch._inductor first, as
+  // torch.compile does, makes the second thread wait for the first's import.
+  static std::once_flag imported;
+  std::call_once(imported, [] {
+    if (!Py_IsInitialized()) return;
+    pybind11::gil_scoped_acquire gil;
+    try {
+      pybind11::module_::import("torch._inductor");
+    } catch (const pybind11::error_already_set&) {
+      // Without inductor the kernels import what they need themselves.
+    }
+  });
   const auto& schema = op.schema();
   torch::jit::Stack ms;
   ms.reserve(args.size());

@@ -7,6 +7,7 @@
 
 #include <cstdio>
 #include <mutex>
+#include <thread>
 #include <unordered_map>
 
 #include "aten/op_plan.h"
@@ -46,10 +47,12 @@ struct ArgSignature {
   }
 };
 
-// The graph being recorded (one at a time, under the fusion mutex).
+// The graph being recorded (one at a time, by the thread that began it, under
+// the fusion mutex).
 struct CaptureState {
   std::vector<ArgSignature> signature;
   bool active = false;
+  std::thread::id owner;
   bool broken = false;  // an op ran on the CPU: the recording cannot be replayed
   int device = 0;
   bool was_fused = false;
@@ -113,14 +116,16 @@ std::optional<std::vector<int>> arrayGroups(const std::vector<at::Tensor>& input
 
 bool captureBegin(const std::vector<at::Tensor>& inputs) {
   auto& fusion = runtime::Fusion::get();
-  std::lock_guard<std::recursive_mutex> lock(fusion.mutex());
+  std::lock_guard<runtime::FusionMutex> lock(fusion.mutex());
   if (g_capture.active) return false;
   c10::DeviceIndex dev = -1;
   auto groups = arrayGroups(inputs, &dev);
   if (!groups) return false;
   if (dev < 0) dev = currentDevice();
+  if (!fusion.beginWholeGraph()) return false;  // another thread is recording
   g_capture = CaptureState{};
-  g_capture.was_fused = fusion.beginWholeGraph();
+  g_capture.was_fused = true;
+  g_capture.owner = std::this_thread::get_id();
   g_capture.active = true;
   g_capture.device = dev;
   g_capture.groups = *groups;
@@ -146,8 +151,8 @@ bool captureBegin(const std::vector<at::Tensor>& inputs) {
 
 void captureAbort() {
   auto& fusion = runtime::Fusion::get();
-  std::lock_guard<std::recursive_mutex> lock(fusion.mutex());
-  if (!g_capture.active) return;
+  std::lock_guard<runtime::FusionMutex> lock(fusion.mutex());
+  if (!g_capture.active || g_capture.owner != std::this_thread::get_id()) return;
   fusion.graph(g_capture.device).setCaptureInputs({});
   fusion.graph(g_capture.device).setBakeScalars(false);
   g_capture.active = false;
@@ -156,8 +161,8 @@ void captureAbort() {
 
 std::shared_ptr<CapturedGraph> captureEnd(const std::vector<at::Tensor>& outputs) {
   auto& fusion = runtime::Fusion::get();
-  std::lock_guard<std::recursive_mutex> lock(fusion.mutex());
-  if (!g_capture.active) return nullptr;
+  std::lock_guard<runtime::FusionMutex> lock(fusion.mutex());
+  if (!g_capture.active || g_capture.owner != std::this_thread::get_id()) return nullptr;
   auto& graph = fusion.graph(g_capture.device);
   auto cg = std::make_shared<CapturedGraph>();
   cg->device = g_capture.device;
@@ -247,7 +252,7 @@ std::optional<std::vector<at::Tensor>> replay(CapturedGraph& g, const std::vecto
   if (inputs.size() != g.signature.size()) return std::nullopt;
   for (size_t i = 0; i < inputs.size(); ++i)
     if (!g.signature[i].matches(inputs[i])) return std::nullopt;
-  std::lock_guard<std::recursive_mutex> lock(fusion.mutex());
+  std::lock_guard<runtime::FusionMutex> lock(fusion.mutex());
   c10::DeviceIndex dev = -1;
   auto groups = arrayGroups(inputs, &dev);
   if (!groups || *groups != g.array_group || (dev >= 0 && dev != g.device)) return std::nullopt;
@@ -337,12 +342,14 @@ std::optional<std::vector<at::Tensor>> replay(CapturedGraph& g, const std::vecto
 
 int capturedOps(const CapturedGraph& g) { return g.ops; }
 
+bool capturingHere() { return g_capture.active && g_capture.owner == std::this_thread::get_id(); }
+
 void noteCpuFallback() {
-  if (g_capture.active) g_capture.broken = true;
+  if (capturingHere()) g_capture.broken = true;
 }
 
 void noteCpuScalarInput(runtime::LazyGraph& graph, const at::Tensor& t) {
-  if (!g_capture.active) return;
+  if (!capturingHere()) return;
   auto it = g_capture.cpu_inputs.find(t.unsafeGetTensorImpl());
   if (it != g_capture.cpu_inputs.end())
     graph.tagLastInput({runtime::InputTag::Kind::CpuInput, it->second});

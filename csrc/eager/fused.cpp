@@ -112,7 +112,7 @@ std::shared_ptr<const Fragment> buildFragment(const PlannedOp& p, uint32_t trans
 // let go meanwhile: the GIL's holder may be waiting for it. Nothing of the
 // graph has been touched yet.
 std::shared_ptr<const Fragment> fragmentFor(const PlannedOp& p, const std::string& frag_key, uint32_t transposed,
-                                            uint32_t packed, std::unique_lock<std::recursive_mutex>& lock,
+                                            uint32_t packed, std::unique_lock<runtime::FusionMutex>& lock,
                                             std::string& location) {
   std::shared_ptr<const Fragment> frag;
   {
@@ -238,7 +238,7 @@ void bindCallResults(const PlannedOp& p, const Fragment& frag, runtime::LazyGrap
 
 std::optional<std::string> runFused(PlannedOp& p) {
   auto& fusion = runtime::Fusion::get();
-  std::unique_lock<std::recursive_mutex> lock(fusion.mutex());
+  std::unique_lock<runtime::FusionMutex> lock(fusion.mutex());
   const uint32_t transposed = transposedOperands(p.base, p.args);
   const uint32_t packed = packedAttentionOperands(p.base, p.args);
   std::string frag_key = p.key + transposedKey(transposed);

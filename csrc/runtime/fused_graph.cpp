@@ -288,6 +288,20 @@ std::vector<std::pair<int, int>> LazyGraph::donations(const std::vector<std::sha
 
 std::atomic<bool> Fusion::in_use_{false};
 
+namespace {
+void plainWait(const std::function<void()>& block) { block(); }
+std::atomic<FusionMutex::WaitHook> g_wait_hook{plainWait};
+}  // namespace
+
+void FusionMutex::setWaitHook(WaitHook hook) { g_wait_hook.store(hook ? hook : plainWait); }
+
+void FusionMutex::lock() {
+  if (mu_.try_lock()) return;
+  g_wait_hook.load()([this] { mu_.lock(); });
+}
+
+thread_local int Fusion::tl_whole_graph_ = 0;
+
 Fusion& Fusion::get() {
   // Never destroyed: arrays freed during exit (by autograd's device thread,
   // say) still take its mutex.
@@ -302,30 +316,33 @@ Fusion::Fusion() {
 }
 
 void Fusion::setEnabled(bool on) {
-  std::lock_guard<std::recursive_mutex> g(mu_);
+  std::lock_guard<FusionMutex> g(mu_);
   if (enabled_ && !on) flush(-1);
   enabled_ = on;
 }
 
 bool Fusion::beginWholeGraph() {
-  std::lock_guard<std::recursive_mutex> g(mu_);
-  bool was = enabled_;
-  if (whole_graph_ == 0) flush(-1);
-  enabled_ = true;
-  ++whole_graph_;
-  return was;
+  std::lock_guard<FusionMutex> g(mu_);
+  if (tl_whole_graph_ > 0) {
+    ++tl_whole_graph_;
+    return true;
+  }
+  if (whole_graph_threads_.load(std::memory_order_acquire) > 0) return false;  // another thread's
+  flush(-1);
+  tl_whole_graph_ = 1;
+  whole_graph_threads_.fetch_add(1, std::memory_order_acq_rel);
+  return true;
 }
 
-void Fusion::endWholeGraph(bool was_enabled) {
-  std::lock_guard<std::recursive_mutex> g(mu_);
-  if (whole_graph_ > 0) --whole_graph_;
-  if (whole_graph_ == 0) {
-    // Whatever happens to the program, the caller's mode comes back.
+void Fusion::endWholeGraph(bool entered) {
+  std::lock_guard<FusionMutex> g(mu_);
+  if (!entered || tl_whole_graph_ == 0) return;
+  if (--tl_whole_graph_ == 0) {
+    // Whatever happens to the program, this thread stops recording.
     struct Restore {
       Fusion& f;
-      bool on;
-      ~Restore() { f.enabled_ = on; }
-    } restore{*this, was_enabled};
+      ~Restore() { f.whole_graph_threads_.fetch_sub(1, std::memory_order_acq_rel); }
+    } restore{*this};
     flush(-1);
   }
 }
@@ -337,7 +354,7 @@ LazyGraph& Fusion::graph(int device) {
 }
 
 void Fusion::flush(int device) {
-  std::lock_guard<std::recursive_mutex> g(mu_);
+  std::lock_guard<FusionMutex> g(mu_);
   for (size_t i = 0; i < graphs_.size(); ++i)
     if (graphs_[i] && (device < 0 || static_cast<int>(i) == device)) graphs_[i]->materialize();
 }

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <atomic>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -138,36 +139,62 @@ class LazyGraph {
 };
 
 // The process-wide fused-eager state.
+// The fusion mutex. A thread that finds it taken waits through a hook the
+// Python layer sets (setWaitHook): a thread holding the GIL lets it go while
+// it waits, because the holder may need the GIL to finish (a Python meta
+// kernel); waiting here with the GIL held deadlocked a compiling thread
+// against an eager one.
+class FusionMutex {
+ public:
+  // Runs `block` (which waits for the mutex) the hook's way.
+  using WaitHook = void (*)(const std::function<void()>& block);
+  static void setWaitHook(WaitHook hook);
+  void lock();
+  void unlock() { mu_.unlock(); }
+  bool try_lock() { return mu_.try_lock(); }
+
+ private:
+  std::recursive_mutex mu_;
+};
+
 class Fusion {
  public:
   static Fusion& get();
-  bool enabled() const { return enabled_; }
+  // Whether this thread's ops are deferred: its own whole-graph recording, else
+  // the mode set, unless another thread is recording a whole graph (then ops run
+  // strict, so that they do not join that thread's program).
+  bool enabled() const {
+    if (tl_whole_graph_ > 0) return true;
+    return enabled_ && whole_graph_threads_.load(std::memory_order_acquire) == 0;
+  }
   // Turning it off materialises every pending graph.
   void setEnabled(bool on);
   LazyGraph& graph(int device);
   // Materialises the device's graph (all devices when device < 0).
   void flush(int device = -1);
-  std::recursive_mutex& mutex() { return mu_; }
+  FusionMutex& mutex() { return mu_; }
   // True once any array has been given a pending value. From then on a freed
   // array detaches from its value under mutex() (see ~DeviceArray).
   static bool inUse() { return in_use_.load(std::memory_order_acquire); }
   static void markInUse() { in_use_.store(true, std::memory_order_release); }
   int maxOps() const { return max_ops_; }
-  // A whole captured graph (torch.compile) is recording: no loop or size
-  // cuts, so the graph becomes one program when it ends.
-  bool wholeGraph() const { return whole_graph_ > 0; }
-  // Enters whole-graph recording: runs what is pending, turns fusion on.
-  // Returns the previous fusion state for endWholeGraph.
+  // This thread is recording a whole captured graph (torch.compile): no loop
+  // or size cuts, so the graph becomes one program when it ends.
+  bool wholeGraph() const { return tl_whole_graph_ > 0; }
+  // Enters whole-graph recording on this thread: runs what is pending; this
+  // thread's ops are deferred until endWholeGraph. One thread records at a
+  // time: false (not entered; this thread's ops run strict) while another does.
   bool beginWholeGraph();
-  // Runs the recorded graph as one program and restores the fusion state.
-  void endWholeGraph(bool was_enabled);
+  // Runs the recorded graph as one program; `entered`: what beginWholeGraph said.
+  void endWholeGraph(bool entered);
 
  private:
   Fusion();
   bool enabled_ = false;
-  int whole_graph_ = 0;
+  static thread_local int tl_whole_graph_;
+  std::atomic<int> whole_graph_threads_{0};  // threads recording a whole graph
   int max_ops_;
-  std::recursive_mutex mu_;
+  FusionMutex mu_;
   std::vector<std::unique_ptr<LazyGraph>> graphs_;
   static std::atomic<bool> in_use_;
 };

@@ -380,7 +380,7 @@ DeviceArray::~DeviceArray() {
   // the main thread replays a compiled graph): detach under the graph's lock,
   // so the materialisation either finishes first or no longer sees this array.
   if (Fusion::inUse()) {
-    std::lock_guard<std::recursive_mutex> lock(Fusion::get().mutex());
+    std::lock_guard<FusionMutex> lock(Fusion::get().mutex());
     if (lazy_ && lazy_->owner == this) lazy_->owner = nullptr;
     lazy_.reset();
   }

@@ -29,7 +29,7 @@ TEST(LazyGraph, ArraysFreedOnAnotherThreadWhileTheGraphMaterializes) {
   for (int round = 0; round < 30; ++round) {
     std::vector<std::unique_ptr<runtime::DeviceArray>> doomed, kept;
     {
-      std::lock_guard<std::recursive_mutex> lock(fusion.mutex());
+      std::lock_guard<runtime::FusionMutex> lock(fusion.mutex());
       auto& graph = fusion.graph(0);
       ir::Builder& b = graph.builder();
       ir::Value x = graph.storage(src, ir::DType::F32);
