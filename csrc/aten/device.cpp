@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <mutex>
 #include <unordered_set>
 
@@ -636,6 +637,53 @@ struct TpuGuardImpl final : public c10::impl::DeviceGuardImplInterface {
   void recordDataPtrOnStream(const c10::DataPtr&, const c10::Stream&) const override {}
 };
 
+// Pinned host memory for tpu (Tensor.pin_memory(), DataLoader(pin_memory=True)):
+// page-aligned host allocations the hooks recognise, interior pointers
+// included, as cudaHostAlloc'd memory is recognised. On the CPU plugin a host
+// buffer is what a transfer reads anyway; a GPU or TPU plugin's own pinned
+// host memory space is not wired to it yet.
+class PinnedAllocator final : public c10::Allocator {
+ public:
+  c10::DataPtr allocate(size_t n) override {
+    void* p = nullptr;
+    if (n > 0 && posix_memalign(&p, kAlign, n) != 0)
+      TORCH_CHECK_WITH(OutOfMemoryError, false, "pinned host memory: cannot allocate ", n, " bytes");
+    if (p) {
+      std::lock_guard<std::mutex> g(mu_);
+      blocks_[reinterpret_cast<uintptr_t>(p)] = n;
+    }
+    return {p, p, &PinnedAllocator::release, c10::Device(c10::kCPU)};
+  }
+  c10::DeleterFnPtr raw_deleter() const override { return &PinnedAllocator::release; }
+  void copy_data(void* dst, const void* src, std::size_t n) const override { std::memcpy(dst, src, n); }
+  bool owns(const void* ptr) {
+    const auto at = reinterpret_cast<uintptr_t>(ptr);
+    std::lock_guard<std::mutex> g(mu_);
+    auto it = blocks_.upper_bound(at);
+    if (it == blocks_.begin()) return false;
+    --it;
+    return at < it->first + it->second;
+  }
+  static PinnedAllocator& get() {
+    static PinnedAllocator* a = new PinnedAllocator();  // outlives tensors freed at exit
+    return *a;
+  }
+
+ private:
+  static constexpr size_t kAlign = 4096;
+  static void release(void* p) {
+    if (!p) return;
+    {
+      auto& self = get();
+      std::lock_guard<std::mutex> g(self.mu_);
+      self.blocks_.erase(reinterpret_cast<uintptr_t>(p));
+    }
+    std::free(p);
+  }
+  std::mutex mu_;
+  std::map<uintptr_t, size_t> blocks_;
+};
+
 struct TpuHooks final : public at::PrivateUse1HooksInterface {
   bool isBuilt() const override { return true; }
   bool isAvailable() const override {
@@ -653,8 +701,8 @@ struct TpuHooks final : public at::PrivateUse1HooksInterface {
     auto* a = static_cast<runtime::DeviceArray*>(data);
     return at::Device(kTpu, a ? a->device() : 0);
   }
-  bool isPinnedPtr(const void*) const override { return false; }
-  c10::Allocator* getPinnedMemoryAllocator() const override { return at::getCPUAllocator(); }
+  bool isPinnedPtr(const void* p) const override { return p && PinnedAllocator::get().owns(p); }
+  c10::Allocator* getPinnedMemoryAllocator() const override { return &PinnedAllocator::get(); }
   bool hasPrimaryContext(c10::DeviceIndex) const override { return true; }
   c10::DeviceIndex deviceCount() const override {
     try {

@@ -669,3 +669,20 @@ def test_param_data_moves_between_cpu_and_tpu_as_on_cuda():
     assert m.weight.device.type == "tpu"
     with pytest.raises(RuntimeError, match="incompatible tensor type"):
         p.data = torch.ones(3, device="meta")
+
+
+def test_pin_memory_is_pinned_for_tpu():
+    """Tensor.pin_memory() gives host memory the tpu hooks recognise (issue 3/7, finding 6):
+    views into it too, other host tensors not; DataLoader(pin_memory=True) pins its batches,
+    and a non_blocking copy from pinned memory arrives whole."""
+    import torch.utils.data as data
+
+    t = torch.arange(6.0)
+    p = t.pin_memory()
+    assert p.is_pinned() and p.device.type == "cpu" and p[2:].is_pinned()
+    assert not t.is_pinned() and not torch.ones(3).is_pinned()
+    assert p.data_ptr() % 4096 == 0
+    q = p.to("tpu", non_blocking=True)
+    assert q.cpu().tolist() == t.tolist()
+    loader = data.DataLoader(data.TensorDataset(torch.randn(8, 3)), batch_size=4, pin_memory=True)
+    assert all(batch[0].is_pinned() for batch in loader)
