@@ -17,6 +17,12 @@ the CPU and a tpu device is available, it returns ``tpu``. An explicit
 ``cpu=True``, ``ACCELERATE_TORCH_DEVICE`` and every built-in accelerator keep
 their meaning. ``TORCH_TPU_ACCELERATE=0`` turns this off.
 
+``device_map="auto"`` asks ``accelerate.utils.get_max_memory`` which devices there are; for
+an accelerator named ``tpu`` it lists only the current device (it assumes a runtime where a
+process drives one chip). torch_tpu drives every device of the process, so the same hook makes
+it list each tpu device with its free memory, then the CPU, and take ``max_memory`` for any of
+them: big models are split over the tpu devices and spill to the CPU and disk as on CUDA.
+
 Accelerate also checks ``torch.compile`` backend names against a fixed enum
 (``DynamoBackend``), so ``TrainingArguments(torch_compile=True,
 torch_compile_backend="tpu")`` would be refused; the same hook adds ``TPU`` to it.
@@ -31,6 +37,7 @@ import sys
 import torch
 
 _TARGET = "accelerate.state"
+_MODELING = "accelerate.utils.modeling"  # imported by accelerate.utils, after or before accelerate.state
 
 
 def _tpu_available() -> bool:
@@ -58,10 +65,53 @@ def _register_dynamo_backend() -> None:
     type.__setattr__(enum_cls, "TPU", member)
 
 
+def _patch_max_memory() -> None:
+    """accelerate's get_max_memory, listing every tpu device (see the module's doc)."""
+    modeling = sys.modules.get("accelerate.utils.modeling")
+    original = getattr(modeling, "get_max_memory", None)
+    if original is None or getattr(original, "_torch_tpu", False):
+        return
+
+    def get_max_memory(max_memory=None):
+        accelerator = torch.accelerator.current_accelerator() if _tpu_available() else None
+        if accelerator is None or accelerator.type != "tpu":
+            return original(max_memory)
+        devices = list(range(torch.tpu.device_count()))
+        if max_memory is None:
+            import psutil
+
+            found = {i: torch.accelerator.get_memory_info(i)[0] for i in devices}
+            found["cpu"] = psutil.virtual_memory().available
+            return found
+        from accelerate.utils import convert_file_size_to_int
+
+        # Converted in the caller's dict, as accelerate does (transformers reads it back).
+        for k, v in max_memory.items():
+            if isinstance(v, str):
+                max_memory[k] = convert_file_size_to_int(v)
+        given = max_memory
+        for k in given:
+            if not (k in devices or k in ("cpu", "disk")):
+                raise ValueError(f"Device {k!r} is not recognized: tpu devices are {devices}; also 'cpu' and 'disk'")
+        order = sorted(k for k in given if isinstance(k, int)) + [k for k in ("cpu", "disk") if k in given]
+        return {k: given[k] for k in order}
+
+    get_max_memory._torch_tpu = True
+    get_max_memory.__doc__ = original.__doc__
+    modeling.get_max_memory = get_max_memory
+    utils = sys.modules.get("accelerate.utils")
+    if getattr(utils, "get_max_memory", None) is original:
+        utils.get_max_memory = get_max_memory
+
+
 def _patch_state_module(module) -> None:
     try:
         _register_dynamo_backend()
     except Exception:  # a changed Enum layout must not break Accelerate's import
+        pass
+    try:
+        _patch_max_memory()
+    except Exception:  # a changed accelerate must not break its import
         pass
     cls = getattr(module, "PartialState", None)
     prop = getattr(cls, "default_device", None) if cls is not None else None
@@ -89,12 +139,18 @@ class _Loader(importlib.abc.Loader):
 
     def exec_module(self, module):
         self._inner.exec_module(module)
-        _patch_state_module(module)
+        if module.__name__ == _MODELING:
+            try:
+                _patch_max_memory()
+            except Exception:  # a changed accelerate must not break its import
+                pass
+        else:
+            _patch_state_module(module)
 
 
 class _Finder(importlib.abc.MetaPathFinder):
     def find_spec(self, fullname, path, target=None):
-        if fullname != _TARGET:
+        if fullname not in (_TARGET, _MODELING):
             return None
         # Find the real spec with every other finder, then wrap its loader.
         for finder in sys.meta_path:
@@ -113,6 +169,8 @@ def install() -> None:
 
     if _env.get("TORCH_TPU_ACCELERATE", "1") == "0":
         return
+    if _MODELING in sys.modules:
+        _patch_max_memory()
     if _TARGET in sys.modules:
         _patch_state_module(sys.modules[_TARGET])
     elif not any(isinstance(f, _Finder) for f in sys.meta_path):

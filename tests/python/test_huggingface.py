@@ -304,3 +304,22 @@ def test_trainer_trains_on_tpu(compiled, tmp_path, _no_fallback, _tpu_over_cuda)
     assert len(losses) == 3 and all(torch.isfinite(torch.tensor(losses)))
     assert {p.device.type for p in model.parameters()} == {"tpu"}
     assert any(not torch.equal(p.detach().cpu(), q) for p, q in zip(model.parameters(), before))
+
+
+def test_device_map_auto_splits_over_tpu_devices_cpu_and_disk(tmp_path):
+    """device_map="auto" (issue 3/7, finding 9): with 2 tpu devices of 250 KB each, a 4-layer
+    Llama is placed on tpu:0, tpu:1 and the CPU (and disk when the CPU budget is small), and
+    its logits and greedy generation equal the CPU model's. In a process of its own: the device
+    count and memory limit are read at start."""
+    import os
+    import subprocess
+    import sys
+
+    worker = os.path.join(os.path.dirname(os.path.abspath(__file__)), "hf_workers", "device_map_auto.py")
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = dict(os.environ, TORCH_TPU_CPU_DEVICES="2", TORCH_TPU_MEMORY_LIMIT="250K", HF_HUB_OFFLINE="1",
+               PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    r = subprocess.run([sys.executable, worker, str(tmp_path)], capture_output=True, text=True, env=env, timeout=300)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
+    for line in ("ok tpu:0, tpu:1 and cpu", "ok disk", "ok unknown device"):
+        assert line in r.stdout, r.stdout
