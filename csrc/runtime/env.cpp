@@ -34,6 +34,9 @@ const std::vector<Var>& all() {
        "the on-disk compilation cache; `off` or `0` turns it off"},
       {"TORCH_TPU_CACHE_MAX_BYTES", "integer", "2147483648", "runtime", "size bound of the on-disk cache"},
       {"TORCH_TPU_LOG_RECOMPILES", "0/1", "0", "runtime", "1: print the reason of every compile"},
+      {"TORCH_TPU_SLOW_COMPILE_S", "seconds", "20", "runtime",
+       "a compile running longer than this is named on stderr (the program, its op count and size), again at each "
+       "multiple, and its time when done; 0: never"},
       {"TORCH_TPU_DIST_CHECK", "0/1", "1", "distributed",
        "0: skip tpu_dist's check that all ranks pass the same dtypes and shapes (one small all_gather per collective)"},
       {"TORCH_TPU_DIST_TRANSPORT", "text", "auto", "distributed",

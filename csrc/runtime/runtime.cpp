@@ -11,6 +11,7 @@
 #include "ops/lowering.h"
 #include "runtime/env.h"
 #include "runtime/fused_graph.h"
+#include "runtime/slow_watch.h"
 #include "runtime/views.h"
 
 namespace tpu::runtime {
@@ -251,6 +252,8 @@ std::shared_ptr<Program> Runtime::compile(const ir::Builder& b, const std::strin
   if (!prog->exe) {
     auto t0 = std::chrono::steady_clock::now();
     try {
+      SlowWatch watch("the program for " + what + " (" + std::to_string(prog->op_count) + " ops, " +
+                      std::to_string(text.size() / 1024) + " KB of StableHLO)");
       prog->exe = client_->compile(text, options_);
     } catch (const pjrt::Error& e) {
       throw std::runtime_error(std::string("torch_tpu: compiling the program for ") + what + " failed: " + e.what());
@@ -259,10 +262,19 @@ std::shared_ptr<Program> Runtime::compile(const ir::Builder& b, const std::strin
     prog->compile_seconds = ns / 1e9;
     metrics().compiles++;
     metrics().compile_ns += ns;
+    int64_t compiles_of_op = 0;
     {
       std::lock_guard<std::mutex> g(metrics().mu);
-      metrics().compiles_by_op[what]++;
+      compiles_of_op = ++metrics().compiles_by_op[what];
     }
+    // Many programs for one op: its shapes change call after call (a loop over a
+    // growing sequence), and each new one costs a compile. Said once at 100 and at 1000.
+    if (compiles_of_op == 100 || compiles_of_op == 1000)
+      std::fprintf(stderr,
+                   "torch_tpu: %s has been compiled for %lld different shapes or arguments; a loop whose sizes "
+                   "change each step compiles a program per step (pad to fixed sizes, or see "
+                   "TORCH_TPU_LOG_RECOMPILES=1)\n",
+                   what.c_str(), static_cast<long long>(compiles_of_op));
     if (disk_->enabled()) {
       try {
         disk_->store(key, prog->exe->serialize());
