@@ -157,30 +157,38 @@ def probe(op, dtype):
     return refusals, ok
 
 
-def write_table(path, ops=None):
+def _units(ops=None):
+    """(variant, OpInfo, dtype name, dtype, CPU dtypes, CUDA dtypes) for every OpInfo
+    variant (or those named in ops) and every tpu dtype."""
     import torch
 
-    candidates, beyond, ok_keys = {}, {}, set()
-    n_units = 0
     for op in load_op_db():
         v = variant_name(op)
         if ops and v not in ops and op.name not in ops:
             continue
         cpu, cuda = op.supported_dtypes("cpu"), op.supported_dtypes("cuda")
         for d in DTYPES:
-            dtype = getattr(torch, d)
-            refusals, ok = probe(op, dtype)
-            # Evidence that an op computes a dtype comes from dtypes an OpInfo declares; where
-            # neither the CPU nor CUDA declares it, CUDA refuses every sample, so a sample the CPU
-            # happens to compute (a non-dilated int16 convolution) does not clear the refusal.
-            if dtype in cpu or dtype in cuda:
-                ok_keys |= ok
-            if dtype in cpu:
-                continue
-            n_units += 1
-            for key, etype, msg, _ in refusals:
-                target = beyond if dtype in cuda else candidates
-                target.setdefault(key, {"type": etype, "message": msg, "variants": set()})["variants"].add(v)
+            yield v, op, d, getattr(torch, d), cpu, cuda
+
+
+def write_table(path, ops=None):
+    import torch
+
+    candidates, beyond, ok_keys = {}, {}, set()
+    n_units = 0
+    for v, op, _, dtype, cpu, cuda in _units(ops):
+        refusals, ok = probe(op, dtype)
+        # Evidence that an op computes a dtype comes from dtypes an OpInfo declares; where
+        # neither the CPU nor CUDA declares it, CUDA refuses every sample, so a sample the CPU
+        # happens to compute (a non-dilated int16 convolution) does not clear the refusal.
+        if dtype in cpu or dtype in cuda:
+            ok_keys |= ok
+        if dtype in cpu:
+            continue
+        n_units += 1
+        for key, etype, msg, _ in refusals:
+            target = beyond if dtype in cuda else candidates
+            target.setdefault(key, {"type": etype, "message": msg, "variants": set()})["variants"].add(v)
     ok_general = {general(k) for k in ok_keys}
     beyond_general = {general(k) for k in beyond}
     rows, seen_general = [], set()
@@ -279,18 +287,8 @@ def worker_main(fd_out):
 
 
 def check(out_path, workers, ops=None, timeout=120.0, without_table=False):
-    import torch
-
-    units = []
-    for op in load_op_db():
-        v = variant_name(op)
-        if ops and v not in ops and op.name not in ops:
-            continue
-        cpu, cuda = op.supported_dtypes("cpu"), op.supported_dtypes("cuda")
-        for d in DTYPES:
-            dtype = getattr(torch, d)
-            if dtype not in cpu and dtype not in cuda:
-                units.append({"variant": v, "dtype": d, "without_table": without_table})
+    units = [{"variant": v, "dtype": d, "without_table": without_table}
+             for v, _, d, dtype, cpu, cuda in _units(ops) if dtype not in cpu and dtype not in cuda]
     t0 = time.time()
     results, digest = run_units(
         units, os.path.abspath(__file__),

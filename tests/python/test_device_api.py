@@ -688,43 +688,43 @@ def test_pin_memory_is_pinned_for_tpu():
     assert all(batch[0].is_pinned() for batch in loader)
 
 
-def test_a_slow_compile_says_what_it_compiles():
-    """A compile longer than TORCH_TPU_SLOW_COMPILE_S names the program, its op count and
-    size on stderr, and its time once done (issue 3/7, finding 8); a bad value is an error."""
+def _python(code, **env):
+    """Runs code in a fresh process with env added; returns (exit status, stdout, stderr)."""
     import subprocess
     import sys
 
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=dict(os.environ, **env),
+                       timeout=300)
+    return r.returncode, r.stdout, r.stderr
+
+
+def test_a_slow_compile_says_what_it_compiles():
+    """A compile longer than TORCH_TPU_SLOW_COMPILE_S names the program, its op count and
+    size on stderr, and its time once done (issue 3/7, finding 8); a bad value is an error."""
     code = ("import torch, torch_tpu\n"
             "x = torch.randn(64, 64, device='tpu')\n"
             "f = torch.compile(lambda x: torch.stack([(x @ x).sin().cumsum(0) * i for i in range(40)]).sum(),"
             " backend='tpu')\n"
             "print(f(x).item())\n")
-    env = dict(os.environ, TORCH_TPU_CACHE_DIR="off", TORCH_TPU_SLOW_COMPILE_S="0.01")
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
-    assert r.returncode == 0, r.stderr[-3000:]
-    assert "torch_tpu: still compiling the program for " in r.stderr and " ops, " in r.stderr, r.stderr[-3000:]
-    assert "torch_tpu: compiled the program for " in r.stderr, r.stderr[-3000:]
-    env["TORCH_TPU_SLOW_COMPILE_S"] = "0"
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
-    assert r.returncode == 0 and "still compiling" not in r.stderr, r.stderr[-3000:]
-    env["TORCH_TPU_SLOW_COMPILE_S"] = "soon"
-    r = subprocess.run([sys.executable, "-c", "import torch, torch_tpu\nprint((torch.ones(2, device='tpu') + 1).cpu())"],
-                       capture_output=True, text=True, env=env, timeout=300)
-    assert r.returncode != 0 and "TORCH_TPU_SLOW_COMPILE_S must be a number of seconds" in r.stderr, r.stderr[-3000:]
+    rc, _, err = _python(code, TORCH_TPU_CACHE_DIR="off", TORCH_TPU_SLOW_COMPILE_S="0.01")
+    assert rc == 0, err[-3000:]
+    assert "torch_tpu: still compiling the program for " in err and " ops, " in err, err[-3000:]
+    assert "torch_tpu: compiled the program for " in err, err[-3000:]
+    rc, _, err = _python(code, TORCH_TPU_CACHE_DIR="off", TORCH_TPU_SLOW_COMPILE_S="0")
+    assert rc == 0 and "still compiling" not in err, err[-3000:]
+    rc, _, err = _python("import torch, torch_tpu\nprint((torch.ones(2, device='tpu') + 1).cpu())",
+                         TORCH_TPU_CACHE_DIR="off", TORCH_TPU_SLOW_COMPILE_S="soon")
+    assert rc != 0 and "TORCH_TPU_SLOW_COMPILE_S must be a number of seconds" in err, err[-3000:]
 
 
 def test_an_op_compiled_for_many_shapes_is_named():
     """A loop whose sizes grow each step compiles a program per step (the model zoo's slanext
     decoder: 1,566 compiles, 149 of its 153 s); at 100 programs for one op, stderr says so."""
-    import subprocess
-    import sys
-
     code = ("import torch, torch_tpu\n"
             "x = torch.zeros(0, device='tpu')\n"
             "for i in range(101):\n"
             "    x = torch.cat([x, torch.ones(1, device='tpu')])\n"
             "print(x.sum().item())\n")
-    env = dict(os.environ, TORCH_TPU_CACHE_DIR="off", TORCH_TPU_DEFER_AND_FUSE="0")
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
-    assert r.returncode == 0 and r.stdout.strip().endswith("101.0"), r.stderr[-3000:]
-    assert "aten::cat has been compiled for 100 different shapes" in r.stderr, r.stderr[-3000:]
+    rc, out, err = _python(code, TORCH_TPU_CACHE_DIR="off", TORCH_TPU_DEFER_AND_FUSE="0")
+    assert rc == 0 and out.strip().endswith("101.0"), err[-3000:]
+    assert "aten::cat has been compiled for 100 different shapes" in err, err[-3000:]
