@@ -82,3 +82,37 @@ def test_cache_can_be_disabled(tmp_path):
     env_dir = "off"
     r = run(env_dir)
     assert r["disk"]["dir"] == "" and r["disk_hits"] == 0
+
+
+GPT_STEPS = """
+import json, torch, torch_tpu
+torch_tpu.set_mode("fused")
+from torch_tpu.models import GPT
+torch.manual_seed(0)
+m = GPT(96, block_size=64, n_layer=2, n_head=4, n_embd=64, dropout=0.0).to("tpu")
+opt = torch.optim.AdamW(m.parameters(), lr=1e-3)
+losses = []
+for _ in range(3):
+    x = torch.randint(0, 96, (16, 64), device="tpu")
+    _, loss = m(x, x)
+    opt.zero_grad(); loss.backward(); opt.step(); losses.append(loss.item())
+m = torch_tpu.metrics()
+print(json.dumps({"losses": losses, "compiles": m["compiles"], "disk_hits": m["disk_hits"]}))
+"""
+
+
+def test_fused_training_restarts_from_the_disk_cache(tmp_path):
+    # The warm start of docs/benchmarks.md: a second process's fused GPT steps load every
+    # graph (forward, backward, AdamW, clipping) from disk and compute the same losses.
+    env = dict(os.environ, TORCH_TPU_CACHE_DIR=str(tmp_path))
+    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
+
+    def once():
+        r = subprocess.run([sys.executable, "-c", GPT_STEPS], capture_output=True, text=True, env=env, timeout=300)
+        assert r.returncode == 0, r.stderr[-3000:]
+        return json.loads(r.stdout.strip().splitlines()[-1])
+
+    cold, warm = once(), once()
+    assert cold["compiles"] >= 3 and warm["compiles"] == 0
+    assert warm["disk_hits"] == cold["compiles"]
+    assert warm["losses"] == cold["losses"]
