@@ -42,6 +42,11 @@ if ! "$PY" -c "import torchtitan, triton" 2>/dev/null; then
     "triton==3.9.0" >/dev/null 2>&1 ||
     echo "setup: could not install torchtitan; the TorchTitan test will be skipped"
 fi
+# sarif-pydantic: the SARIF 2.1.0 object model the doctor's SARIF output is validated with.
+if ! "$PY" -c "import sarif_pydantic" 2>/dev/null; then
+  "$PY" -m pip install -q "sarif-pydantic==0.6.2" >/dev/null 2>&1 ||
+    echo "setup: could not install sarif-pydantic; the doctor's SARIF test will fail"
+fi
 export PATH="$VENV/bin:$PATH"
 
 # Configure once, then build incrementally.
@@ -49,9 +54,9 @@ if [ ! -f build/build.ninja ]; then
   cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DPython3_EXECUTABLE="$PY" >/dev/null
 fi
 cmake --build build
-# Editable install: the package (and its torch.backends autoload entry point)
-# points at this checkout.
-if ! "$PY" -m pip show -q torch_tpu >/dev/null 2>&1; then
+# Editable install: the package (its torch.backends autoload entry point, and the
+# torch-tpu command) points at this checkout.
+if ! "$PY" -m pip show -q torch_tpu >/dev/null 2>&1 || [ ! -x "$VENV/bin/torch-tpu" ]; then
   "$PY" -m pip install -q --no-build-isolation --no-deps -e . >/dev/null
 fi
 echo "setup: done ($("$PY" -c 'import torch; print("torch", torch.__version__)'))"

@@ -1,5 +1,8 @@
-"""``python -m torch_tpu env [--markdown]``: the environment variables torch_tpu
-reads, with the values in force (``--markdown``: README's table)."""
+"""``torch-tpu`` (or ``python -m torch_tpu``), the command line:
+
+- ``env [--markdown]``: the environment variables torch_tpu reads, with the values in force
+  (``--markdown``: README's table);
+- ``doctor PATH...``: what keeps a codebase on CUDA (``torch-tpu doctor --help``)."""
 
 from __future__ import annotations
 
@@ -8,10 +11,16 @@ import sys
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m torch_tpu")
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["doctor"]:  # its own parser, so that --help shows its options
+        from . import doctor
+
+        return doctor.main(argv[1:])
+    parser = argparse.ArgumentParser(prog="torch-tpu")
     sub = parser.add_subparsers(dest="command", required=True)
     env = sub.add_parser("env", help="list the environment variables with the values in force")
     env.add_argument("--markdown", action="store_true", help="print README's table instead")
+    sub.add_parser("doctor", help="find what keeps a codebase on CUDA (torch-tpu doctor --help)")
     args = parser.parse_args(argv)
     from . import _env
 

@@ -1,0 +1,558 @@
+"""``torch-tpu doctor``: what keeps a codebase on CUDA, found by reading its Python.
+
+    torch-tpu doctor PATH...                  # files or folders; text to standard output
+    torch-tpu doctor src --format sarif --output doctor.sarif
+    torch-tpu doctor src --diff               # the safe rewrites as a unified diff
+    torch-tpu doctor src --fix                # ... applied in place
+
+Every file is parsed with ``ast`` (never matched with regular expressions), so a "cuda" in a
+comment or a docstring is not a finding, and each finding carries the exact span it is about.
+The rewrites keep the code running on CUDA: a device string becomes an expression that names the
+machine's accelerator (``--device``), ``torch.cuda.synchronize()`` becomes
+``torch.accelerator.synchronize()``, and so on; only calls whose portable form takes the same
+arguments are rewritten.
+
+Exit status: 0 when nothing was found (or with ``--exit-zero``), 1 when something was, 2 when
+a path cannot be read or parsed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import difflib
+import json
+import os
+import sys
+from dataclasses import asdict, dataclass, field
+
+# What the rewrites put where a device string was: on a CUDA machine this is "cuda", on a tpu
+# machine "tpu", so the rewritten code runs on both.
+DEFAULT_DEVICE_EXPR = "torch.accelerator.current_accelerator().type"
+
+# The rules: id -> (name, default severity, what it means). Severities are SARIF's levels.
+RULES = {
+    "TPU001": ("hard-coded-cuda-device", "warning",
+               "A device string names CUDA; on another accelerator the tensors go nowhere useful."),
+    "TPU002": ("cuda-method", "warning", "`.cuda()` moves to CUDA only; `.to(device)` moves to any accelerator."),
+    "TPU003": ("torch-cuda-api", "warning",
+               "A `torch.cuda` call with a device-generic equivalent in `torch.accelerator` or "
+               "`torch.get_device_module()`."),
+    "TPU004": ("cuda-only-library", "error",
+               "A library that ships CUDA kernels only: its ops do not run on a TPU."),
+    "TPU005": ("cuda-extension", "error",
+               "A C++/CUDA extension built from .cu sources: a CUDA kernel needs a port (an XLA FFI handler, "
+               "or a JAX/Pallas kernel) or a PyTorch reference."),
+    "TPU006": ("nccl-backend", "warning",
+               "`nccl` named as the process group backend; without a name PyTorch picks the backend of "
+               "each device (gloo for the CPU, nccl for CUDA, tpu_dist for tpu)."),
+    "TPU007": ("cuda-numerics-flag", "note",
+               "A cuDNN or TF32 switch: it changes nothing off CUDA; the portable knob is "
+               "`torch.set_float32_matmul_precision`."),
+    "TPU008": ("cuda-graphs-streams", "warning",
+               "CUDA graphs or CUDA streams: `torch.compile` replays a whole graph as one program, and "
+               "`torch.Stream`/`torch.Event` are the device-generic streams."),
+    "TPU009": ("matrix-unit-padding", "note",
+               "A layer width that is not a multiple of 128: a TPU's matrix units work on 128x128 tiles, "
+               "so the remainder is padded and computed for nothing."),
+}
+LEVELS = ("note", "warning", "error")
+
+# Top-level packages whose kernels are CUDA only, and what to use instead.
+CUDA_ONLY_LIBRARIES = {
+    "flash_attn": "torch.nn.functional.scaled_dot_product_attention (runs natively on tpu)",
+    "xformers": "torch.nn.functional.scaled_dot_product_attention",
+    "bitsandbytes": "bf16 weights, or an XLA-side quantisation",
+    "apex": "torch.amp and torch.optim (fused AdamW is native on tpu)",
+    "triton": "a JAX/Pallas kernel, or the PyTorch ops the Triton kernel fuses",
+    "cupy": "torch tensor ops",
+    "pycuda": "torch tensor ops",
+    "transformer_engine": "torch.autocast with bfloat16",
+    "mamba_ssm": "its PyTorch reference implementation",
+    "causal_conv1d": "its PyTorch reference implementation",
+    "flashinfer": "torch.nn.functional.scaled_dot_product_attention",
+    "liger_kernel": "the PyTorch modules it patches (leave them unpatched)",
+}
+# deepspeed is portable except its compiled ops.
+CUDA_ONLY_SUBMODULES = {"deepspeed.ops": "torch.optim and torch.distributed"}
+
+# torch.cuda.X -> the portable call, where it takes the same arguments (rewritten by --fix).
+SAME_ARGUMENTS = {
+    "synchronize": "torch.accelerator.synchronize",
+    "is_available": "torch.accelerator.is_available",
+    "device_count": "torch.accelerator.device_count",
+    "current_device": "torch.accelerator.current_device_index",
+    "set_device": "torch.accelerator.set_device_index",
+    "current_stream": "torch.accelerator.current_stream",
+    "set_stream": "torch.accelerator.set_stream",
+    "empty_cache": "torch.accelerator.empty_cache",
+    "memory_allocated": "torch.accelerator.memory_allocated",
+    "max_memory_allocated": "torch.accelerator.max_memory_allocated",
+    "memory_reserved": "torch.accelerator.memory_reserved",
+    "max_memory_reserved": "torch.accelerator.max_memory_reserved",
+    "memory_stats": "torch.accelerator.memory_stats",
+    "reset_peak_memory_stats": "torch.accelerator.reset_peak_memory_stats",
+    "mem_get_info": "torch.accelerator.get_memory_info",
+}
+# torch.cuda.X -> advice only (the portable form takes other arguments or lives elsewhere).
+ADVICE = {
+    "manual_seed": "torch.manual_seed (seeds every device), or torch.get_device_module().manual_seed",
+    "manual_seed_all": "torch.manual_seed, or torch.get_device_module().manual_seed_all",
+    "get_device_name": "torch.get_device_module().get_device_name",
+    "get_device_properties": "torch.get_device_module().get_device_properties",
+    "get_device_capability": "torch.accelerator.get_device_capability",
+    "is_bf16_supported": "torch.get_device_module().is_bf16_supported",
+    "get_rng_state": "torch.get_device_module().get_rng_state",
+    "set_rng_state": "torch.get_device_module().set_rng_state",
+    "device": "torch.get_device_module().device, or torch.accelerator.device_index",
+    "amp.autocast": "torch.autocast(device_type, ...)",
+    "amp.GradScaler": "torch.amp.GradScaler(device_type)",
+    "nvtx": "torch.profiler.record_function",
+}
+GRAPHS_STREAMS = {
+    "CUDAGraph": "torch.compile (a compiled graph replays as one program)",
+    "graph": "torch.compile",
+    "make_graphed_callables": "torch.compile",
+    "Stream": "torch.Stream(device)",
+    "stream": "torch.accelerator.set_stream / a torch.Stream context",
+    "Event": "torch.Event(device)",
+    "ExternalStream": "torch.Stream",
+}
+PORT_KERNEL = ("give the op a PyTorch reference that runs on every device, and port the kernel itself "
+               "(an XLA FFI handler keeps CUDA code as it is; Pallas for a TPU)")
+LAYERS_IN_OUT = {"Linear": (0, 1), "Conv1d": (0, 1), "Conv2d": (0, 1), "Conv3d": (0, 1), "Embedding": (None, 1),
+                 "Bilinear": (0, 2)}
+TILE = 128
+
+
+@dataclass
+class Finding:
+    rule: str
+    path: str
+    line: int
+    column: int  # 1-based, as editors and SARIF count
+    end_line: int
+    end_column: int
+    level: str
+    message: str
+    advice: str
+    # The replacement of [line:column, end_line:end_column) that --fix makes, if it is safe.
+    fix: str | None = None
+
+    @property
+    def name(self) -> str:
+        return RULES[self.rule][0]
+
+
+@dataclass
+class Report:
+    findings: list[Finding] = field(default_factory=list)
+    files: int = 0
+    errors: list[str] = field(default_factory=list)  # unreadable or unparsable files
+
+
+def _dotted(node: ast.AST) -> str | None:
+    """'torch.cuda.synchronize' for that attribute chain, else None."""
+    parts = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    if isinstance(node, ast.Name):
+        parts.append(node.id)
+        return ".".join(reversed(parts))
+    return None
+
+
+def _cuda_string(node: ast.AST) -> bool:
+    if not (isinstance(node, ast.Constant) and isinstance(node.value, str)):
+        return False
+    v = node.value
+    return v == "cuda" or (v.startswith("cuda:") and v[5:].isdigit())
+
+
+def _int_literal(node: ast.AST | None) -> int | None:
+    return node.value if isinstance(node, ast.Constant) and type(node.value) is int else None
+
+
+class _Scanner(ast.NodeVisitor):
+    def __init__(self, path: str, source: str, device_expr: str):
+        self.path = path
+        self.lines = source.splitlines(keepends=True)
+        self.device_expr = device_expr
+        self.findings: list[Finding] = []
+        self.torch_cuda_aliases = {"torch.cuda"}  # names bound to the torch.cuda module
+        self.docstrings: set[int] = set()
+        self.seen: set[tuple[int, int, str]] = set()
+        self.cpp_extension_names: set[str] = set()  # names bound by `from torch.utils.cpp_extension import`
+        self.parents: dict[int, ast.AST] = {}
+
+    # -- helpers
+    def add(self, rule, node, message, advice, fix=None, level=None):
+        key = (node.lineno, node.col_offset, rule)
+        if key in self.seen:
+            return
+        self.seen.add(key)
+        self.findings.append(Finding(rule, self.path, node.lineno, self.column(node.lineno, node.col_offset),
+                                     node.end_lineno, self.column(node.end_lineno, node.end_col_offset),
+                                     level or RULES[rule][1], message, advice, fix))
+
+    def column(self, line: int, byte_offset: int) -> int:
+        """ast counts UTF-8 bytes; editors, SARIF and the rewrites count characters (1-based)."""
+        text = self.lines[line - 1] if 0 < line <= len(self.lines) else ""
+        return len(text.encode("utf-8")[:byte_offset].decode("utf-8", errors="replace")) + 1
+
+    def device_fix(self, node: ast.Constant) -> str:
+        index = node.value[5:] if ":" in node.value else ""
+        return f'f"{{{self.device_expr}}}:{index}"' if index else self.device_expr
+
+    def cuda_member(self, node: ast.AST) -> str | None:
+        """'synchronize' for torch.cuda.synchronize (or an alias of torch.cuda), else None."""
+        name = _dotted(node)
+        if not name:
+            return None
+        for alias in self.torch_cuda_aliases:
+            if name.startswith(alias + "."):
+                return name[len(alias) + 1:]
+        return None
+
+    # -- the visitors
+    def visit_Module(self, node):
+        for parent in ast.walk(node):
+            for child in ast.iter_child_nodes(parent):
+                self.parents[id(child)] = parent
+        self._note_docstrings(node)
+        self.generic_visit(node)
+
+    def _note_docstrings(self, node):
+        body = getattr(node, "body", None)
+        if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+            self.docstrings.add(id(body[0].value))
+
+    def visit_FunctionDef(self, node):
+        self._note_docstrings(node)
+        self.generic_visit(node)
+
+    visit_AsyncFunctionDef = visit_FunctionDef
+
+    def visit_ClassDef(self, node):
+        self._note_docstrings(node)
+        self.generic_visit(node)
+
+    def visit_Import(self, node):
+        for a in node.names:
+            self._library(node, a.name)
+            if a.name == "torch.cuda" and a.asname:
+                self.torch_cuda_aliases.add(a.asname)
+        self.generic_visit(node)
+
+    def visit_ImportFrom(self, node):
+        if node.module and node.level == 0:
+            self._library(node, node.module)
+            if node.module == "torch":
+                for a in node.names:
+                    if a.name == "cuda":
+                        self.torch_cuda_aliases.add(a.asname or "cuda")
+            if node.module == "torch.utils.cpp_extension":
+                self.cpp_extension_names |= {a.asname or a.name for a in node.names}
+                for a in node.names:
+                    if a.name == "CUDAExtension":
+                        self.add("TPU005", node, "imports torch.utils.cpp_extension.CUDAExtension", PORT_KERNEL)
+        self.generic_visit(node)
+
+    def _library(self, node, module: str):
+        top = module.split(".")[0]
+        if top in CUDA_ONLY_LIBRARIES:
+            self.add("TPU004", node, f"imports {module}, whose kernels run on CUDA only",
+                     f"use {CUDA_ONLY_LIBRARIES[top]}")
+        for sub, advice in CUDA_ONLY_SUBMODULES.items():
+            if module == sub or module.startswith(sub + "."):
+                self.add("TPU004", node, f"imports {module}, whose kernels run on CUDA only", f"use {advice}")
+
+    def visit_Constant(self, node):
+        if _cuda_string(node) and id(node) not in self.docstrings:
+            # Rewritten only where an expression may stand: a call's argument or a comparison
+            # (not a Literal["cuda"] annotation, a match pattern or a dict key).
+            parent = self.parents.get(id(node))
+            in_call = isinstance(parent, ast.Call) and node in parent.args
+            in_keyword = isinstance(parent, ast.keyword) and isinstance(self.parents.get(id(parent)), ast.Call)
+            if isinstance(parent, ast.Compare) and not any(_names_device(o) for o in [parent.left, *parent.comparators]):
+                return  # a string compared with "cuda", not a device
+            fixable = in_call or in_keyword or isinstance(parent, ast.Compare)
+            self.add("TPU001", node, f'the device string "{node.value}"',
+                     f"use a device chosen at run time ({self.device_expr}, or a --device option)",
+                     fix=self.device_fix(node) if fixable else None)
+
+    def visit_Attribute(self, node):
+        member = self.cuda_member(node)
+        if member and isinstance(node.ctx, ast.Load):
+            head = member.split(".")[0]
+            if head in GRAPHS_STREAMS:
+                self.add("TPU008", node, f"torch.cuda.{head}", f"use {GRAPHS_STREAMS[head]}")
+        name = _dotted(node)
+        if name and (name.startswith("torch.backends.cudnn.") or name.startswith("torch.backends.cuda.matmul.")):
+            self.add("TPU007", node, name, "torch.set_float32_matmul_precision('high') for TF32-like matmuls; "
+                     "cuDNN switches have no effect off CUDA")
+        self.generic_visit(node)
+
+    def visit_Call(self, node):
+        func = node.func
+        # x.cuda() / x.cuda(n)
+        if isinstance(func, ast.Attribute) and func.attr == "cuda" and _dotted(func) not in ("torch.cuda",):
+            if not node.args and not node.keywords:
+                self.add("TPU002", node, "`.cuda()`", f"use .to({self.device_expr})", fix=f".to({self.device_expr})")
+                # The finding (and its fix) is the ".cuda()" after the receiver.
+                self.findings[-1].line = func.value.end_lineno
+                self.findings[-1].column = self.column(func.value.end_lineno, func.value.end_col_offset)
+            else:
+                self.add("TPU002", node, "`.cuda(...)` with arguments", "use .to(device, non_blocking=...)")
+        member = self.cuda_member(func)
+        if member is not None:
+            if member in SAME_ARGUMENTS:
+                target = SAME_ARGUMENTS[member]
+                self.add("TPU003", func, f"torch.cuda.{member}", f"use {target}", fix=target)
+            elif member in ADVICE:
+                self.add("TPU003", func, f"torch.cuda.{member}", f"use {ADVICE[member]}")
+        name = _dotted(func) or ""
+        tail = name.rsplit(".", 1)[-1]
+        if tail in ("init_process_group", "new_group"):
+            backend = node.args[0] if tail == "init_process_group" and node.args else None
+            for k in node.keywords:
+                if k.arg == "backend":
+                    backend = k.value
+            if isinstance(backend, ast.Constant) and isinstance(backend.value, str) and "nccl" in backend.value:
+                self.add("TPU006", backend, f'backend "{backend.value}"',
+                         "leave the backend out (PyTorch then picks one per device) or name it from the device")
+        if tail == "CUDAExtension":
+            self.add("TPU005", node, "a CUDAExtension", PORT_KERNEL)
+        if tail in ("load", "load_inline") and ("cpp_extension" in name or name in self.cpp_extension_names):
+            for k in node.keywords:
+                if tail == "load_inline" and k.arg == "cuda_sources":
+                    self.add("TPU005", node, "load_inline with cuda_sources", PORT_KERNEL)
+                if tail == "load" and k.arg == "sources" and _mentions_cu(k.value):
+                    self.add("TPU005", node, "cpp_extension.load of .cu sources", PORT_KERNEL)
+            if tail == "load" and node.args[1:2] and _mentions_cu(node.args[1]):
+                self.add("TPU005", node, "cpp_extension.load of .cu sources", PORT_KERNEL)
+        if tail in LAYERS_IN_OUT and (name.startswith("nn.") or name.startswith("torch.nn.") or name == tail):
+            self._padding(node, tail)
+        self.generic_visit(node)
+
+    def _padding(self, node, layer):
+        i_in, i_out = LAYERS_IN_OUT[layer]
+        dims = []
+        for i in (i_in, i_out):
+            if i is not None and i < len(node.args):
+                v = _int_literal(node.args[i])
+                if v is not None and v > 0:
+                    dims.append(v)
+        if len(dims) == 0:
+            return
+        bad = [d for d in dims if d % TILE]
+        if not bad:
+            return
+        padded = 1
+        real = 1
+        for d in dims:
+            padded *= -(-d // TILE) * TILE
+            real *= d
+        waste = padded / real - 1
+        # A layer smaller than one tile costs nothing worth a finding; a remainder under 5% neither.
+        if real < TILE * TILE or waste < 0.05:
+            return
+        self.add("TPU009", node, f"nn.{layer} with width {', '.join(map(str, dims))}: about {waste:.0%} of its "
+                 f"matrix work is padding on 128x128 tiles",
+                 f"round {' and '.join(map(str, bad))} up to a multiple of {TILE} where the model allows")
+
+
+def _names_device(node) -> bool:
+    """x.device, device, x.device.type, args.device: an operand that holds a device or its type."""
+    name = _dotted(node) or ""
+    return "device" in name.lower() or name.endswith(".type")
+
+
+def _mentions_cu(node) -> bool:
+    for n in ast.walk(node):
+        if isinstance(n, ast.Constant) and isinstance(n.value, str) and n.value.endswith((".cu", ".cuh")):
+            return True
+    return False
+
+
+def scan_source(source: str, path: str = "<string>", device_expr: str = DEFAULT_DEVICE_EXPR) -> list[Finding]:
+    """The findings of one file's source; raises SyntaxError where it does not parse."""
+    tree = ast.parse(source, filename=path)
+    s = _Scanner(path, source, device_expr)
+    s.visit(tree)
+    return sorted(s.findings, key=lambda f: (f.line, f.column, f.rule))
+
+
+def python_files(paths: list[str]) -> list[str]:
+    out = []
+    for p in paths:
+        if os.path.isdir(p):
+            for root, dirs, files in os.walk(p):
+                dirs[:] = sorted(d for d in dirs if not d.startswith(".") and d not in ("__pycache__", "node_modules"))
+                out += [os.path.join(root, f) for f in sorted(files) if f.endswith(".py")]
+        elif os.path.isfile(p):
+            out.append(p)
+        else:
+            raise FileNotFoundError(f"torch-tpu doctor: {p}: no such file or folder")
+    return out
+
+
+def scan(paths: list[str], device_expr: str = DEFAULT_DEVICE_EXPR) -> Report:
+    report = Report()
+    for f in python_files(paths):
+        report.files += 1
+        try:
+            with open(f, encoding="utf-8") as fh:
+                src = fh.read()
+            report.findings += scan_source(src, f, device_expr)
+        except (SyntaxError, UnicodeDecodeError, OSError) as e:
+            report.errors.append(f"{f}: {type(e).__name__}: {e}")
+    return report
+
+
+def apply_fixes(source: str, findings: list[Finding]) -> str:
+    """The source with every fixable finding's span replaced (spans never overlap: a device string
+    inside a rewritten call is its own span, and edits go from the end of the file backwards)."""
+    lines = source.splitlines(keepends=True)
+    starts = [0]
+    for ln in lines:
+        starts.append(starts[-1] + len(ln))
+
+    def offset(line, col):  # col is 1-based, in characters
+        return starts[line - 1] + col - 1
+
+    edits = sorted(((offset(f.line, f.column), offset(f.end_line, f.end_column), f.fix) for f in findings
+                    if f.fix is not None), reverse=True)
+    out = source
+    last_start = len(source) + 1
+    for a, b, text in edits:
+        if b > last_start:  # overlapping: keep the later edit only
+            continue
+        out = out[:a] + text + out[b:]
+        last_start = a
+    if out != source and "torch.accelerator" in out and not _imports_torch(out):
+        out = "import torch\n" + out
+    return out
+
+
+def _imports_torch(source: str) -> bool:
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return True
+    for n in ast.walk(tree):
+        if isinstance(n, ast.Import) and any(a.name == "torch" and not a.asname for a in n.names):
+            return True
+    return False
+
+
+# -- output
+
+
+def to_text(report: Report) -> str:
+    out = []
+    for f in report.findings:
+        out.append(f"{f.path}:{f.line}:{f.column}: {f.level} {f.rule} {f.name}: {f.message} -- {f.advice}"
+                   + (" [fixable]" if f.fix is not None else ""))
+    for e in report.errors:
+        out.append(f"error: {e}")
+    by_rule = {}
+    for f in report.findings:
+        by_rule[f.rule] = by_rule.get(f.rule, 0) + 1
+    summary = ", ".join(f"{r} {RULES[r][0]}: {n}" for r, n in sorted(by_rule.items()))
+    fixable = sum(f.fix is not None for f in report.findings)
+    out.append(f"{len(report.findings)} findings in {report.files} files ({fixable} fixable with --fix)"
+               + (f"; {summary}" if summary else ""))
+    return "\n".join(out) + "\n"
+
+
+def to_json(report: Report) -> str:
+    return json.dumps({"files": report.files, "errors": report.errors,
+                       "findings": [dict(asdict(f), name=f.name) for f in report.findings]}, indent=1) + "\n"
+
+
+def to_sarif(report: Report) -> str:
+    from importlib import metadata
+
+    try:
+        version = metadata.version("torch_tpu")
+    except metadata.PackageNotFoundError:
+        version = "0"
+    rule_ids = sorted(RULES)
+    rules = [{"id": r, "name": RULES[r][0], "shortDescription": {"text": RULES[r][2]},
+              "defaultConfiguration": {"level": RULES[r][1]}} for r in rule_ids]
+    results = []
+    for f in report.findings:
+        results.append({
+            "ruleId": f.rule,
+            "ruleIndex": rule_ids.index(f.rule),
+            "level": f.level,
+            "message": {"text": f"{f.message}: {f.advice}"},
+            "locations": [{"physicalLocation": {
+                "artifactLocation": {"uri": _uri(f.path)},
+                "region": {"startLine": f.line, "startColumn": f.column, "endLine": f.end_line,
+                           "endColumn": f.end_column}}}],
+        })
+    notifications = [{"level": "error", "message": {"text": e}} for e in report.errors]
+    run = {"tool": {"driver": {"name": "torch-tpu doctor", "version": version,
+                               "informationUri": "https://github.com/torch-tpu/torch_tpu", "rules": rules}},
+           "results": results,
+           "invocations": [{"executionSuccessful": not report.errors, "toolExecutionNotifications": notifications}]}
+    doc = {"$schema": "https://json.schemastore.org/sarif-2.1.0.json", "version": "2.1.0", "runs": [run]}
+    return json.dumps(doc, indent=1) + "\n"
+
+
+def _uri(path: str) -> str:
+    return path.replace(os.sep, "/") if not os.path.isabs(path) else "file://" + path.replace(os.sep, "/")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="torch-tpu doctor", description=__doc__.split("\n\n")[0])
+    ap.add_argument("paths", nargs="+", help="Python files or folders (every .py file under them)")
+    ap.add_argument("--format", choices=("text", "json", "sarif"), default="text")
+    ap.add_argument("--output", help="write the report here instead of standard output")
+    ap.add_argument("--fix", action="store_true", help="apply the safe rewrites in place")
+    ap.add_argument("--diff", action="store_true", help="print the safe rewrites as a unified diff, change nothing")
+    ap.add_argument("--device", default=DEFAULT_DEVICE_EXPR,
+                    help="the Python expression the rewrites use for the device (default: %(default)s)")
+    ap.add_argument("--exit-zero", action="store_true", help="exit 0 even when something was found")
+    args = ap.parse_args(argv)
+    try:
+        report = scan(args.paths, args.device)
+    except FileNotFoundError as e:
+        print(e, file=sys.stderr)
+        return 2
+    if args.fix or args.diff:
+        by_file: dict[str, list[Finding]] = {}
+        for f in report.findings:
+            by_file.setdefault(f.path, []).append(f)
+        for path, fs in by_file.items():
+            with open(path, encoding="utf-8") as fh:
+                src = fh.read()
+            new = apply_fixes(src, fs)
+            if new == src:
+                continue
+            if args.diff:
+                sys.stdout.writelines(difflib.unified_diff(src.splitlines(keepends=True),
+                                                           new.splitlines(keepends=True), path, path))
+            if args.fix:
+                with open(path, "w", encoding="utf-8") as fh:
+                    fh.write(new)
+        if args.diff and not args.output:
+            return 0 if args.exit_zero or not report.findings else 1
+    text = {"text": to_text, "json": to_json, "sarif": to_sarif}[args.format](report)
+    if args.output:
+        with open(args.output, "w", encoding="utf-8") as fh:
+            fh.write(text)
+    elif not args.diff:
+        sys.stdout.write(text)
+    if report.errors:
+        for e in report.errors:
+            print(f"torch-tpu doctor: {e}", file=sys.stderr)
+        return 2
+    return 0 if args.exit_zero or not report.findings else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
