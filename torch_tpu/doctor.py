@@ -4,6 +4,7 @@
     torch-tpu doctor src --format sarif --output doctor.sarif
     torch-tpu doctor src --diff               # the safe rewrites as a unified diff
     torch-tpu doctor src --fix                # ... applied in place
+    torch-tpu doctor --run train.py --steps 10  # run it on tpu: fallbacks, compiles, syncs
 
 Every file is parsed with ``ast`` (never matched with regular expressions), so a "cuda" in a
 comment or a docstring is not a finding, and each finding carries the exact span it is about.
@@ -507,9 +508,68 @@ def _uri(path: str) -> str:
     return path.replace(os.sep, "/") if not os.path.isabs(path) else "file://" + path.replace(os.sep, "/")
 
 
+def run_script(command: list[str], timeout: float | None = None) -> tuple[dict, int]:
+    """Runs `script args...` on tpu in a child process; its report and exit status. The report
+    is kept when the script raises or exits non-zero."""
+    import subprocess
+    import tempfile
+
+    script = command[0]
+    if not os.path.isfile(script):
+        raise FileNotFoundError(f"torch-tpu doctor: {script}: no such script")
+    with tempfile.TemporaryDirectory() as d:
+        out = os.path.join(d, "report.json")
+        r = subprocess.run([sys.executable, "-m", "torch_tpu._doctor_run", out, *command], timeout=timeout)
+        if not os.path.exists(out):
+            return {"script": script, "exit": r.returncode, "error": {
+                "type": "crash", "message": f"the process ended with status {r.returncode} before its report",
+                "at": None}}, r.returncode
+        with open(out) as f:
+            return json.load(f), r.returncode
+
+
+def run_to_text(rep: dict) -> str:
+    lines = [f"torch-tpu doctor --run {rep['script']}: exit status {rep['exit']}"
+             + (f", {rep['seconds']:.1f} s" if "seconds" in rep else "")]
+    if rep.get("error"):
+        e = rep["error"]
+        lines.append(f"  the script raised {e['type']}: {e['message']}" + (f" (at {e['at']})" if e["at"] else ""))
+    if "fallbacks" not in rep:
+        return "\n".join(lines) + "\n"
+    fb = rep["fallbacks"]
+    lines.append(f"CPU fallbacks: {len(fb)} ops" + (" (each copies its inputs to the host and back)" if fb else ""))
+    for f in fb:
+        lines.append(f"  {f['op']}: {f['calls']} calls, first from {f['first_call'] or 'inside torch'}")
+    c = rep["compiles"]
+    lines.append(f"compiles: {c['count']} ({c['seconds']:.1f} s); programs loaded from the disk cache: "
+                 f"{c['from_disk_cache']}")
+    for op, n in list(c["by_op"].items())[:10]:
+        lines.append(f"  {op}: {n}")
+    for reason in c["reasons"][-5:]:
+        lines.append(f"  recompiled: {reason}")
+    h = rep["host_reads"]
+    lines.append(f"host reads (each waits for the device): {h['count']} ({h['bytes']} bytes)")
+    lines.append(f"graph breaks (torch.compile): {sum(b['count'] for b in rep['graph_breaks'])}")
+    for b in rep["graph_breaks"][:10]:
+        lines.append(f"  {b['count']}x {b['reason']}")
+    if rep["top_ops"]:
+        lines.append("ops by time (host side, self):")
+        for o in rep["top_ops"][:10]:
+            lines.append(f"  {o['op']}: {o['self_ms']:.1f} ms in {o['calls']} calls")
+    return "\n".join(lines) + "\n"
+
+
 def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    command = None
+    if "--run" in argv:  # everything after --run is the script and its arguments
+        i = argv.index("--run")
+        argv, command = argv[:i], argv[i + 1:]
     ap = argparse.ArgumentParser(prog="torch-tpu doctor", description=__doc__.split("\n\n")[0])
-    ap.add_argument("paths", nargs="+", help="Python files or folders (every .py file under them)")
+    ap.add_argument("paths", nargs="*" if command is not None else "+",
+                    help="Python files or folders (every .py file under them)")
+    ap.add_argument("--run", dest="_run", metavar="SCRIPT ARGS", help="run the script on tpu and report what a port "
+                    "needs to know (CPU fallbacks, compiles, host reads, graph breaks, slowest ops)")
     ap.add_argument("--format", choices=("text", "json", "sarif"), default="text")
     ap.add_argument("--output", help="write the report here instead of standard output")
     ap.add_argument("--fix", action="store_true", help="apply the safe rewrites in place")
@@ -518,6 +578,23 @@ def main(argv=None) -> int:
                     help="the Python expression the rewrites use for the device (default: %(default)s)")
     ap.add_argument("--exit-zero", action="store_true", help="exit 0 even when something was found")
     args = ap.parse_args(argv)
+    if command is not None:
+        if not command:
+            ap.error("--run needs a script")
+        if args.format == "sarif":
+            ap.error("--run reports as text or json; SARIF is for the scan of files")
+        try:
+            rep, status = run_script(command)
+        except FileNotFoundError as e:
+            print(e, file=sys.stderr)
+            return 2
+        text = run_to_text(rep) if args.format == "text" else json.dumps(rep, indent=1) + "\n"
+        if args.output:
+            with open(args.output, "w", encoding="utf-8") as fh:
+                fh.write(text)
+        else:
+            sys.stdout.write(text)
+        return status
     try:
         report = scan(args.paths, args.device)
     except FileNotFoundError as e:

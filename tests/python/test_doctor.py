@@ -16,8 +16,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 FIXTURE = os.path.join(ROOT, "tests", "python", "doctor_fixture")
 
 
-def cli(*args, cwd=None):
-    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+def cli(*args, cwd=None, **extra_env):
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), **extra_env)
     return subprocess.run([sys.executable, "-m", "torch_tpu", "doctor", *args], capture_output=True, text=True,
                           env=env, cwd=cwd, timeout=300)
 
@@ -128,3 +128,42 @@ def test_bad_input_gives_clear_messages_and_keeps_partial_results(tmp_path):
     report = json.loads(r.stdout)
     assert report["files"] == 2 and [f["rule"] for f in report["findings"]] == ["TPU001"]
     assert cli(str(tmp_path / "good.py"), "--exit-zero").returncode == 0
+
+
+RUN_SCRIPT = """
+import sys, torch
+x = torch.randn(8, 8, device="tpu")
+for n in (8, 7, 6):
+    v = torch.linalg.eigvals(x[:n, :n])  # no tpu lowering: runs on the CPU
+    s = (x[:n] @ x[:, :n]).sum()
+    print(float(s))
+if sys.argv[1] == "raise":
+    raise ValueError("the script's own bug")
+"""
+
+
+def test_run_reports_fallbacks_compiles_and_host_reads_and_keeps_them_when_the_script_raises(tmp_path):
+    script = tmp_path / "user.py"
+    script.write_text(RUN_SCRIPT)
+    for arg, status in (("ok", 0), ("raise", 1)):
+        out = tmp_path / f"{arg}.json"
+        r = cli("--format", "json", "--output", str(out), "--run", str(script), arg, TORCH_TPU_CACHE_DIR="off")
+        assert r.returncode == status, r.stderr[-2000:]
+        rep = json.loads(out.read_text())
+        (fb,) = rep["fallbacks"]
+        assert fb["op"] == "aten::_linalg_eigvals" and fb["calls"] == 3
+        assert fb["first_call"] == f"{script}:5"
+        assert rep["compiles"]["count"] >= 3  # three shapes of the product
+        assert rep["host_reads"]["count"] >= 3  # the three float(s)
+        assert any(o["op"] == "aten::mm" for o in rep["top_ops"])
+        if arg == "raise":
+            assert rep["error"] == {"type": "ValueError", "message": "the script's own bug", "at": f"{script}:9"}
+    text = cli("--run", str(script), "ok")
+    assert text.returncode == 0 and "aten::_linalg_eigvals: 3 calls, first from" in text.stdout
+
+
+def test_run_bad_input(tmp_path):
+    r = cli("--run", str(tmp_path / "missing.py"))
+    assert r.returncode == 2 and "no such script" in r.stderr
+    r = cli("--run")
+    assert r.returncode == 2 and "needs a script" in r.stderr
