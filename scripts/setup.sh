@@ -42,10 +42,11 @@ if ! "$PY" -c "import torchtitan, triton" 2>/dev/null; then
     "triton==3.9.0" >/dev/null 2>&1 ||
     echo "setup: could not install torchtitan; the TorchTitan test will be skipped"
 fi
-# sarif-pydantic: the SARIF 2.1.0 object model the doctor's SARIF output is validated with.
-if ! "$PY" -c "import sarif_pydantic" 2>/dev/null; then
-  "$PY" -m pip install -q "sarif-pydantic==0.6.2" >/dev/null 2>&1 ||
-    echo "setup: could not install sarif-pydantic; the doctor's SARIF test will fail"
+# torch-tpu bench draws with matplotlib and reads YAML sweeps with PyYAML; sarif-pydantic is the
+# SARIF 2.1.0 object model the doctor's SARIF output is validated with in the tests.
+if ! "$PY" -c "import matplotlib, yaml, tqdm, sarif_pydantic" 2>/dev/null; then
+  "$PY" -m pip install -q "torch==2.13.0" "matplotlib>=3.8" pyyaml tqdm "sarif-pydantic==0.6.2" >/dev/null 2>&1 ||
+    echo "setup: could not install matplotlib/pyyaml/tqdm/sarif-pydantic; the bench and doctor tests will fail"
 fi
 export PATH="$VENV/bin:$PATH"
 

@@ -2,7 +2,8 @@
 
 - ``env [--markdown]``: the environment variables torch_tpu reads, with the values in force
   (``--markdown``: README's table);
-- ``doctor PATH...``: what keeps a codebase on CUDA (``torch-tpu doctor --help``)."""
+- ``doctor PATH...``: what keeps a codebase on CUDA (``torch-tpu doctor --help``);
+- ``bench``: a workload on each target side by side (``torch-tpu bench --help``)."""
 
 from __future__ import annotations
 
@@ -16,11 +17,16 @@ def main(argv=None) -> int:
         from . import doctor
 
         return doctor.main(argv[1:])
+    if argv[:1] == ["bench"]:
+        from . import bench
+
+        return bench.main(argv[1:])
     parser = argparse.ArgumentParser(prog="torch-tpu")
     sub = parser.add_subparsers(dest="command", required=True)
     env = sub.add_parser("env", help="list the environment variables with the values in force")
     env.add_argument("--markdown", action="store_true", help="print README's table instead")
     sub.add_parser("doctor", help="find what keeps a codebase on CUDA (torch-tpu doctor --help)")
+    sub.add_parser("bench", help="your workload on each target, in cost per 1M tokens (torch-tpu bench --help)")
     args = parser.parse_args(argv)
     from . import _env
 
