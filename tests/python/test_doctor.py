@@ -167,3 +167,20 @@ def test_run_bad_input(tmp_path):
     assert r.returncode == 2 and "no such script" in r.stderr
     r = cli("--run")
     assert r.returncode == 2 and "needs a script" in r.stderr
+
+
+def test_run_reports_graph_breaks(tmp_path):
+    script = tmp_path / "compiled.py"
+    script.write_text("import torch\n"
+                      "@torch.compile(backend='tpu')\n"
+                      "def f(x):\n"
+                      "    y = x.sin()\n"
+                      "    if y.sum().item() > 0:  # a data-dependent branch: Dynamo breaks the graph here\n"
+                      "        return y * 2\n"
+                      "    return y\n"
+                      "print(f(torch.ones(4, device='tpu')).cpu())\n")
+    out = tmp_path / "r.json"
+    r = cli("--format", "json", "--output", str(out), "--run", str(script))
+    assert r.returncode == 0, r.stderr[-2000:]
+    breaks = json.loads(out.read_text())["graph_breaks"]
+    assert breaks and sum(b["count"] for b in breaks) >= 1
