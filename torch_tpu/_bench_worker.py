@@ -95,7 +95,7 @@ class Target:
         b = point["batch"]
         if task == "train":
             model.train()
-            opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+            opt = make_optimizer(point.get("optimizer", "adamw"), model.parameters())
             s = point["seq_len"]
             x = torch.randint(0, vocab, (b, s + 1), generator=gen).to(self.device)
 
@@ -141,6 +141,17 @@ class Target:
         self.sync()
         r["latency"] = time.perf_counter() - t0
         return r
+
+
+OPTIMIZERS = {"adamw": lambda ps: torch.optim.AdamW(ps, lr=1e-4), "adam": lambda ps: torch.optim.Adam(ps, lr=1e-4),
+              "sgd": lambda ps: torch.optim.SGD(ps, lr=1e-3, momentum=0.9),
+              "adafactor": lambda ps: torch.optim.Adafactor(ps, lr=1e-3)}
+
+
+def make_optimizer(name: str, params):
+    if name not in OPTIMIZERS:
+        raise ValueError(f"optimizer {name!r}: one of {', '.join(OPTIMIZERS)}")
+    return OPTIMIZERS[name](params)
 
 
 def load_model(spec: str, max_len: int):

@@ -145,6 +145,8 @@ def points_of(cfg) -> list[dict]:
         else:
             for s in cfg["seq_len"]:
                 pts.append({"model": cfg["model"], "task": task, "batch": b, "seq_len": s})
+                if task == "train":
+                    pts[-1]["optimizer"] = cfg["optimizer"]
     return pts
 
 
@@ -378,13 +380,18 @@ def write_outputs(result, out_dir) -> dict:
     os.makedirs(out_dir, exist_ok=True)
     with open(os.path.join(out_dir, "bench.json"), "w") as f:
         json.dump(result, f, indent=1)
+    # Each CSV row carries where it was measured, so that rows pasted together stay attributable.
+    env = result["environment"]
+    flat_env = {} if result["rows"] and result["rows"][0].get("run") else \
+        {f"env_{k}": env.get(k) for k in ("date", "host", "cpu", "torch", "tpu_device", "plugin", "commit")}
+    rows = [{**r, **flat_env} for r in result["rows"]]
     keys = []
-    for r in result["rows"]:
+    for r in rows:
         keys += [k for k in r if k not in keys]
     with open(os.path.join(out_dir, "bench.csv"), "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=keys)
         w.writeheader()
-        for r in result["rows"]:
+        for r in rows:
             w.writerow(r)
     shown = plots(result, out_dir)
     env = result["environment"]
@@ -493,7 +500,7 @@ def compare(paths, out_dir=None) -> dict:
 
 def build_config(args) -> dict:
     cfg = {"model": "gpt", "task": "generate", "batch": [1], "prompt_len": [16], "new_tokens": [16], "seq_len": [64],
-           "devices": ["tpu", "cpu"], "modes": ["strict", "fused"], "dtypes": ["float32"], "rounds": 3, "calls": 5, "warmup": 2,
+           "devices": ["tpu", "cpu"], "modes": ["strict", "fused"], "dtypes": ["float32"], "rounds": 3, "calls": 5, "warmup": 2, "optimizer": "adamw",
            "prices": {}, "peaks": {}, "max_latency_ms": None}
     if args.config:
         file_cfg = load_config(args.config)
@@ -511,7 +518,7 @@ def build_config(args) -> dict:
                 cfg["peaks"] = {str(a): float(b) for a, b in v.items()}
             else:
                 cfg[k] = v
-    for k in ("model", "task", "rounds", "calls", "warmup", "max_latency_ms"):
+    for k in ("model", "task", "rounds", "calls", "warmup", "optimizer", "max_latency_ms"):
         if getattr(args, k) is not None:
             cfg[k] = getattr(args, k)
     for k in ("batch", "prompt_len", "new_tokens", "seq_len"):
@@ -524,6 +531,8 @@ def build_config(args) -> dict:
         cfg["prices"] = parse_prices(args.price)
     if args.peak:
         cfg["peaks"] = {k: v for k, v in parse_prices(args.peak).items()}
+    if cfg["optimizer"] not in ("adamw", "adam", "sgd", "adafactor"):
+        raise BenchError(f"--optimizer {cfg['optimizer']!r}: adamw, adam, sgd or adafactor")
     if cfg["task"] not in ("generate", "forward", "train"):
         raise BenchError(f"--task {cfg['task']!r}: generate, forward or train")
     for m in cfg["modes"]:
@@ -551,6 +560,7 @@ def main(argv=None) -> int:
     ap.add_argument("--prompt-len", dest="prompt_len", help="prompt lengths (generate)")
     ap.add_argument("--new-tokens", dest="new_tokens", help="output lengths (generate)")
     ap.add_argument("--seq-len", dest="seq_len", help="sequence lengths (forward, train)")
+    ap.add_argument("--optimizer", help="train: adamw (default), adam, sgd or adafactor")
     ap.add_argument("--devices", help="e.g. tpu,cpu (cuda where present)")
     ap.add_argument("--modes", help="strict,fused,compile (off tpu: strict is eager, compile is inductor)")
     ap.add_argument("--dtypes", help="float32,bfloat16")

@@ -49,7 +49,8 @@ def test_sweep_writes_json_csv_and_plots(sweep):
         assert 0 < r["mfu"] < 1 and r["params"] > 0
     assert result["config"]["rounds"] == 2 and result["environment"]["torch"]
     with open(out / "bench.csv") as f:
-        assert len(list(csv.DictReader(f))) == len(rows)
+        table = list(csv.DictReader(f))
+    assert len(table) == len(rows) and {t["env_torch"] for t in table} == {result["environment"]["torch"]}
     assert "cheapest per 1M tokens within the latency limit" in stdout
     for png in ("throughput.png", "cost_latency.png"):
         data = (out / png).read_bytes()
@@ -107,6 +108,7 @@ def test_bad_input(tmp_path):
     r = cli("--price", str(prices))
     assert r.returncode == 2 and "prices file" in r.stderr
     assert cli("--price", "tpu=cheap").returncode == 2
+    assert cli("--task", "train", "--optimizer", "lion").returncode == 2
     assert cli("--compare", str(prices)).returncode == 2
     # A workload that fails in the worker: the row says why, the results are still written.
     r = cli("--model", "hf:no_such_architecture", "--devices", "cpu", "--modes", "strict", "--rounds", "1",
@@ -114,3 +116,12 @@ def test_bad_input(tmp_path):
     assert r.returncode == 1
     (row,) = json.loads((tmp_path / "partial" / "bench.json").read_text())["rows"]
     assert "no_such_architecture" in row["error"]
+
+
+def test_training_step_with_a_chosen_optimizer(tmp_path):
+    r = cli("--model", "hf:llama:tiny", "--task", "train", "--optimizer", "sgd", "--batch", "2", "--seq-len", "8",
+            "--devices", "tpu", "--modes", "strict", "--rounds", "1", "--calls", "2", "--warmup", "0",
+            "--out", str(tmp_path))
+    assert r.returncode == 0, r.stderr[-3000:]
+    (row,) = json.loads((tmp_path / "bench.json").read_text())["rows"]
+    assert row["optimizer"] == "sgd" and row["tokens_per_s"] > 0 and row["ttft_p50_ms"] is None
