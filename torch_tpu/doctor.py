@@ -244,6 +244,8 @@ class _Scanner(ast.NodeVisitor):
             self._library(node, a.name)
             if a.name == "torch.cuda" and a.asname:
                 self.torch_cuda_aliases.add(a.asname)
+            if a.name == "torch" and a.asname:  # import torch as th: th.cuda is torch.cuda
+                self.torch_cuda_aliases.add(a.asname + ".cuda")
         self.generic_visit(node)
 
     def visit_ImportFrom(self, node):
@@ -433,8 +435,25 @@ def apply_fixes(source: str, findings: list[Finding]) -> str:
         out = out[:a] + text + out[b:]
         last_start = a
     if out != source and "torch.accelerator" in out and not _imports_torch(out):
-        out = "import torch\n" + out
+        out = _insert_import(out)
     return out
+
+
+def _insert_import(source: str) -> str:
+    """`import torch` after the module docstring and `from __future__` imports, which must come first."""
+    tree = ast.parse(source)
+    after = 0
+    for i, node in enumerate(tree.body):
+        docstring = i == 0 and isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant) and \
+            isinstance(node.value.value, str)
+        if docstring or (isinstance(node, ast.ImportFrom) and node.module == "__future__"):
+            after = node.end_lineno
+        else:
+            break
+    lines = source.splitlines(keepends=True)
+    if after and not lines[after - 1].endswith("\n"):
+        lines[after - 1] += "\n"
+    return "".join(lines[:after] + ["import torch\n"] + lines[after:])
 
 
 def _imports_torch(source: str) -> bool:

@@ -48,6 +48,15 @@ def test_comments_docstrings_and_plain_comparisons_are_not_findings():
     assert [f.rule for f in doctor.scan_source('same = x.device.type == "cuda"\n')] == ["TPU001"]
 
 
+def test_fix_adds_import_torch_after_docstring_and_future_imports():
+    src = '"""Doc."""\nfrom __future__ import annotations\nimport os\nx = t.to("cuda")\n'
+    fixed = doctor.apply_fixes(src, doctor.scan_source(src))
+    assert fixed.splitlines()[:3] == ['"""Doc."""', "from __future__ import annotations", "import torch"]
+    compile(fixed, "<fixed>", "exec")
+    src = "import torch as th\nth.cuda.synchronize()\n"
+    assert doctor.apply_fixes(src, doctor.scan_source(src)).startswith("import torch\nimport torch as th\n")
+
+
 def test_padding_estimate():
     (f,) = doctor.scan_source("import torch.nn as nn\nnn.Linear(1000, 300)\n")
     # 1024 x 384 tiles for 1000 x 300 of work
