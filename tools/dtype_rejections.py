@@ -73,8 +73,8 @@ def _tensor_dtypes(func, args, kwargs):
 
     for i, a in enumerate(func._schema.arguments):
         v = args[i] if i < len(args) else kwargs.get(a.name)
-        if isinstance(v, torch.dtype):  # a dtype argument (factories, sum(dtype=)) counts as one
-            out.append(str(v).replace("torch.", ""))
+        if isinstance(v, torch.dtype):  # a dtype argument (factories, sum(dtype=)), told apart from tensors
+            out.append("dtype=" + str(v).replace("torch.", ""))
         else:
             add(v)
     return out

@@ -64,9 +64,14 @@ void forEachTensor(const std::vector<IValue>& args, F&& f) {
 // raises there ("... not implemented for 'Bool'"), and CUDA's does too, so tpu
 // raises the same instead of computing something (torch_tpu/_dtype_rejections.json,
 // written by tools/dtype_rejections.py, handed over at import).
+// A dtype argument (cumsum(t, 0, dtype=torch.bool)) is told apart from a tensor of that dtype:
+// the CPU computes a bool tensor's cumsum (in int64) but refuses dtype=torch.bool.
+constexpr int kDtypeArgument = 1000;
+
 struct Refusal {
-  std::vector<at::ScalarType> dtypes;  // of the tensor arguments in order; for a whole op, as a sorted set
-  bool not_implemented;                // NotImplementedError, else RuntimeError
+  std::vector<int> dtypes;  // ScalarType codes (+kDtypeArgument for a dtype argument) in schema order;
+                            // for a whole op, as a sorted set
+  bool not_implemented;     // NotImplementedError, else RuntimeError
   std::string message;
 };
 
@@ -85,7 +90,7 @@ void raise(const Refusal& r) {
   TORCH_CHECK(false, r.message);
 }
 
-std::vector<at::ScalarType> asSet(std::vector<at::ScalarType> dtypes) {
+std::vector<int> asSet(std::vector<int> dtypes) {
   std::sort(dtypes.begin(), dtypes.end());
   dtypes.erase(std::unique(dtypes.begin(), dtypes.end()), dtypes.end());
   return dtypes;
@@ -99,23 +104,23 @@ void refuseLikeCpu(const c10::OperatorHandle& op, const std::string& base, const
   // The tensors' dtypes and dtype arguments, in schema order (as the table's writer lists them).
   // `unwrapped` leaves out Python numbers made tensors (torch.floor_divide(t, 2)):
   // the kernel computes them in the other operands' dtype.
-  std::vector<at::ScalarType> dtypes, unwrapped;
+  std::vector<int> dtypes, unwrapped;
   const auto& formals = op.schema().arguments();
   for (size_t i = 0; i < args.size(); ++i) {
     const IValue& v = args[i];
-    if (v.isInt() && i < formals.size() && baseType(formals[i].type())->kind() == c10::TypeKind::ScalarTypeType) {
-      dtypes.push_back(static_cast<at::ScalarType>(v.toInt()));
+    if (v.isInt() && i < formals.size() && baseType(formals[i].real_type())->kind() == c10::TypeKind::ScalarTypeType) {
+      dtypes.push_back(static_cast<int>(v.toInt()) + kDtypeArgument);
       unwrapped.push_back(dtypes.back());
     } else {
       forEachTensor({v}, [&](const at::Tensor& t) {
         if (!t.defined()) return;
-        dtypes.push_back(t.scalar_type());
-        if (!t.unsafeGetTensorImpl()->is_wrapped_number()) unwrapped.push_back(t.scalar_type());
+        dtypes.push_back(static_cast<int>(t.scalar_type()));
+        if (!t.unsafeGetTensorImpl()->is_wrapped_number()) unwrapped.push_back(dtypes.back());
       });
     }
   }
   const auto set = asSet(dtypes), unwrapped_set = asSet(unwrapped);
-  const auto matches = [&](const std::vector<at::ScalarType>& row) {
+  const auto matches = [&](const std::vector<int>& row) {
     return row == set || (!unwrapped_set.empty() && row == unwrapped_set);
   };
   if (exact != table.overloads.end())
@@ -383,13 +388,21 @@ void setDtypeRefusals(
     Refusal r{{}, type == "NotImplementedError", message};
     bool known = true;
     for (const auto& d : dtypes) {
-      auto it = names.find(d);
+      const bool argument = d.rfind("dtype=", 0) == 0;
+      auto it = names.find(argument ? d.substr(6) : d);
       known = known && it != names.end();
-      if (known) r.dtypes.push_back(it->second);
+      if (known) r.dtypes.push_back(static_cast<int>(it->second) + (argument ? kDtypeArgument : 0));
     }
     if (!known) continue;  // a dtype this build does not know: nothing to refuse
     if (whole_op) {
       r.dtypes = asSet(std::move(r.dtypes));
+      // A factory's dtype (arange(3, dtype=torch.bool)) reaches its out= overload as the
+      // dtype of the tensor written: the row holds for that too.
+      if (std::all_of(r.dtypes.begin(), r.dtypes.end(), [](int d) { return d >= kDtypeArgument; })) {
+        Refusal as_tensors = r;
+        for (int& d : as_tensors.dtypes) d -= kDtypeArgument;
+        table.ops[name].push_back(std::move(as_tensors));
+      }
       table.ops[name].push_back(std::move(r));
     } else {
       const auto dot = name.find('.');

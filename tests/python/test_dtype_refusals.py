@@ -131,3 +131,15 @@ def test_every_opinfo_dtype_both_cpu_and_cuda_refuse_is_refused_on_tpu(tmp_path)
            if v["status"] in ("silent", "crash", "raised_other") and KNOWN.get(k) != v["status"]}
     assert not bad, f"{len(bad)} units where tpu does not raise as the CPU does: {json.dumps(bad, indent=1)[:6000]}"
     assert report["counts"].get("raised", 0) > 1000, report["counts"]
+
+
+def test_a_dtype_argument_is_not_a_tensor_of_that_dtype():
+    # The CPU sums a bool tensor cumulatively in int64 (Hugging Face masks do) but has no bool
+    # kernel for dtype=torch.bool: the table must not merge the two.
+    x = torch.tensor([True, False, True])
+    t = x.to("tpu")
+    assert t.cumsum(0).cpu().tolist() == x.cumsum(0).tolist() and t.cumsum(0).dtype == torch.int64
+    with pytest.raises(NotImplementedError, match="cumsum_out_cpu"):
+        x.cumsum(0, dtype=torch.bool)
+    with pytest.raises(NotImplementedError, match="cumsum_out_cpu"):
+        t.cumsum(0, dtype=torch.bool)
