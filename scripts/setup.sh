@@ -48,6 +48,11 @@ if ! "$PY" -c "import matplotlib, yaml, tqdm, sarif_pydantic" 2>/dev/null; then
   "$PY" -m pip install -q "torch==2.13.0" "matplotlib>=3.8" pyyaml tqdm "sarif-pydantic==0.6.2" >/dev/null 2>&1 ||
     echo "setup: could not install matplotlib/pyyaml/tqdm/sarif-pydantic; the bench and doctor tests will fail"
 fi
+# JAX lowers JAX and Pallas kernels to StableHLO (torch_tpu.kernels); optional for users.
+if ! "$PY" -c "import jax" 2>/dev/null; then
+  "$PY" -m pip install -q "torch==2.13.0" "jax>=0.8" >/dev/null 2>&1 ||
+    echo "setup: could not install jax; the JAX kernel tests will fail"
+fi
 export PATH="$VENV/bin:$PATH"
 
 # Configure once, then build incrementally.
@@ -60,4 +65,7 @@ cmake --build build
 if ! "$PY" -m pip show -q torch_tpu >/dev/null 2>&1 || [ ! -x "$VENV/bin/torch-tpu" ]; then
   "$PY" -m pip install -q --no-build-isolation --no-deps -e . >/dev/null
 fi
+# The XLA FFI headers the CPU plugin's handlers are built against (the FFI kernel tests).
+"$PY" -c "import torch_tpu.kernels as k; k.fetch_ffi_headers()" >/dev/null 2>&1 ||
+  echo "setup: could not fetch the XLA FFI headers; the FFI kernel tests will fail"
 echo "setup: done ($("$PY" -c 'import torch; print("torch", torch.__version__)'))"

@@ -183,7 +183,10 @@ class Metrics(dict):
 
 
 def metrics() -> Metrics:
-    return Metrics(_C._metrics())
+    m = Metrics(_C._metrics())
+    kernels = sys.modules.get(__name__ + ".kernels")
+    m["kernels"] = kernels.counts() if kernels else {}  # calls per custom kernel and implementation
+    return m
 
 
 def metrics_report() -> str:
@@ -192,6 +195,9 @@ def metrics_report() -> str:
 
 def reset_metrics() -> None:
     _C._reset_metrics()
+    kernels = sys.modules.get(__name__ + ".kernels")
+    if kernels:
+        kernels._counts.clear()
 
 
 def compiled_graphs():

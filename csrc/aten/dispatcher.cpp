@@ -254,9 +254,10 @@ void resolveMathBits(const c10::FunctionSchema& schema, std::vector<IValue>& arg
   }
 }
 
-// The ATen base name of an op: "add" for aten::add and aten::add_.
+// The base name of an op: "add" for aten::add and aten::add_,
+// "stablehlo_call" for tpu::stablehlo_call.
 std::string baseName(const std::string& full) {
-  std::string base = full.substr(6);
+  std::string base = full.substr(full.find("::") + 2);
   if (base.size() > 1 && base.back() == '_' && base.rfind("__", 0) != 0) base.pop_back();
   return base;
 }
@@ -288,7 +289,9 @@ std::string unsupportedArguments(const std::string& base, const std::vector<IVal
 
 void boxedKernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const auto& schema = op.schema();
-  if (schema.name().rfind("aten::", 0) != 0) return cpuFallback(op, stack, "");
+  // ATen's ops, and the device's own (tpu::, user kernels); others' ops have
+  // no lowering here.
+  if (schema.name().rfind("aten::", 0) != 0 && schema.name().rfind("tpu::", 0) != 0) return cpuFallback(op, stack, "");
   const std::string base = baseName(schema.name());
   bool foreach_expand = false;
   const ops::Lowering* low = loweringFor(base, schema.overload_name(), foreach_expand);

@@ -556,6 +556,7 @@ std::shared_ptr<const Function> Builder::asFunction() const {
   for (size_t i = 0; i < params_.size(); ++i) f->call_types += (i ? ", " : "") + params_[i].str();
   f->call_types += ") -> (" + types(outputs_) + ")";
   f->op_count = op_count_;
+  for (const auto& [name, callee] : functions_) f->callees.push_back(callee);
   return f;
 }
 
@@ -581,6 +582,7 @@ std::vector<Value> Builder::call(const std::shared_ptr<const Function>& f, const
     emitMulti(results, rhs);
   op_count_ += f->op_count - 1;  // count the ops the call stands for
   functions_.try_emplace(f->name, f);
+  for (const auto& c : f->callees) functions_.try_emplace(c->name, c);  // already closed over theirs
   return results;
 }
 

@@ -82,6 +82,8 @@ struct Function {
   std::vector<Type> params, results;
   std::string call_types;  // " : (params) -> (results)", printed at every call
   int op_count = 0;
+  // The functions this one calls (they join every module that calls it).
+  std::vector<std::shared_ptr<const Function>> callees;
 };
 
 // Formulations chosen for XLA:CPU where its code for the portable form is

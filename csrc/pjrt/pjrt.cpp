@@ -119,6 +119,74 @@ void Api::destroyError(PJRT_Error* err) const {
   api_->PJRT_Error_Destroy(&args);
 }
 
+namespace {
+// PJRT's FFI extension (pjrt_c_api_ffi_extension.h, not shipped with the
+// plugin wheels): the documented C layout up to the handler registration.
+struct FfiRegisterArgs {
+  size_t struct_size;
+  const char* target_name;
+  size_t target_name_size;
+  void* handler;
+  const char* platform_name;
+  size_t platform_name_size;
+  int traits;
+};
+struct FfiExtension {
+  PJRT_Extension_Base base;
+  void* type_id_register;
+  void* user_data_add;
+  PJRT_Error* (*register_handler)(FfiRegisterArgs*);
+};
+}  // namespace
+
+std::vector<std::pair<std::string, std::string>> Api::attributes() const {
+  std::vector<std::pair<std::string, std::string>> out;
+  if (!TPU_PJRT_HAS(*this, PJRT_Plugin_Attributes) || !api_->PJRT_Plugin_Attributes) return out;
+  auto args = makeArgs<PJRT_Plugin_Attributes_Args>();
+  check(api_->PJRT_Plugin_Attributes(&args), "PJRT_Plugin_Attributes");
+  for (size_t i = 0; i < args.num_attributes; ++i) {
+    const PJRT_NamedValue& v = args.attributes[i];
+    std::string text;
+    switch (v.type) {
+      case PJRT_NamedValue_kString:
+        text.assign(v.string_value, v.value_size);
+        break;
+      case PJRT_NamedValue_kInt64:
+        text = std::to_string(v.int64_value);
+        break;
+      case PJRT_NamedValue_kInt64List:
+        for (size_t j = 0; j < v.value_size; ++j) text += (j ? "." : "") + std::to_string(v.int64_array_value[j]);
+        break;
+      case PJRT_NamedValue_kFloat:
+        text = std::to_string(v.float_value);
+        break;
+      case PJRT_NamedValue_kBool:
+        text = v.bool_value ? "true" : "false";
+        break;
+      default:
+        continue;
+    }
+    out.emplace_back(std::string(v.name, v.name_size), std::move(text));
+  }
+  return out;
+}
+
+void Api::registerFfiHandler(const std::string& target, const std::string& platform, void* handler) const {
+  const FfiExtension* ffi = nullptr;
+  for (auto* e = api_->extension_start; e; e = e->next)
+    if (e->type == PJRT_Extension_Type_FFI && e->struct_size >= sizeof(FfiExtension))
+      ffi = reinterpret_cast<const FfiExtension*>(e);
+  if (!ffi || !ffi->register_handler)
+    throw PluginError("the PJRT plugin '" + path_ + "' has no FFI extension: it cannot take custom-call handlers");
+  FfiRegisterArgs a{
+      sizeof(FfiRegisterArgs), target.data(), target.size(), handler, platform.data(), platform.size(), 0};
+  if (PJRT_Error* err = ffi->register_handler(&a)) {
+    std::string msg = message(err);
+    destroyError(err);
+    throw PluginError("registering the FFI handler '" + target + "' for platform " + platform + ": " + msg);
+  }
+}
+
 void Api::check(PJRT_Error* err, const char* what) const {
   if (!err) return;
   std::string msg = message(err);

@@ -10,6 +10,7 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "pjrt_c_api.h"
@@ -60,6 +61,16 @@ class Api {
   void check(PJRT_Error* err, const char* what) const;
   std::string message(const PJRT_Error* err) const;
   void destroyError(PJRT_Error* err) const;
+
+  // The plugin's attributes (PJRT_Plugin_Attributes) as text: integers in
+  // decimal, integer lists joined by '.' ("stablehlo_current_version" ->
+  // "1.13.0"); empty when the plugin has none.
+  std::vector<std::pair<std::string, std::string>> attributes() const;
+  // Registers a typed XLA FFI handler (custom-call api_version 4) under
+  // `target` for `platform` ("Host", "CUDA", ...) through the plugin's FFI
+  // extension. Throws PluginError when the plugin has no such extension or
+  // refuses the handler.
+  void registerFfiHandler(const std::string& target, const std::string& platform, void* handler) const;
 
  private:
   Api() = default;

@@ -3,6 +3,7 @@
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/extension.h>
 
+#include "aten/kernels.h"
 #include "aten/tpu.h"
 #include "compile/capture.h"
 #include "distributed/tpu_dist.h"
@@ -224,6 +225,32 @@ PYBIND11_MODULE(_C, m) {
         [](std::vector<std::string> names) { aten::setDisabledLowerings(std::move(names)); });
   m.def("_disabled_lowerings", [] { return aten::disabledLowerings(); });
   m.def("_fallback_is_error", []() { return aten::fallbackIsError(); });
+  // User kernels (torch_tpu.kernels): types as (dtype name, shape) pairs.
+  using TypeList = std::vector<std::pair<std::string, std::vector<int64_t>>>;
+  auto irTypes = [](const TypeList& ts) {
+    std::vector<ir::Type> out;
+    for (const auto& [d, s] : ts) out.push_back(aten::kernelType(d, s));
+    return out;
+  };
+  m.def("_register_stablehlo_kernel",
+        [irTypes](const std::string& key, const std::string& name, const std::string& entry, const std::string& funcs,
+                  const TypeList& params, const TypeList& results) {
+          rt();
+          py::gil_scoped_release no_gil;  // the compile may take a while
+          aten::registerStablehloKernel(key, name, entry, funcs, irTypes(params), irTypes(results));
+        });
+  m.def("_register_ffi_kernel", [irTypes](const std::string& key, const std::string& name, const std::string& target,
+                                          const TypeList& params, const TypeList& results) {
+    rt();
+    py::gil_scoped_release no_gil;
+    aten::registerFfiKernel(key, name, target, irTypes(params), irTypes(results));
+  });
+  m.def("_register_ffi_handler", [](const std::string& target, const std::string& platform, const std::string& library,
+                                    const std::string& symbol) {
+    rt();
+    aten::registerFfiHandler(target, platform, library, symbol);
+  });
+  m.def("_plugin_attributes", []() { return rt().client().api()->attributes(); });
   m.def("_metrics", &metricsDict);
   m.def("_metrics_report", []() { return runtime::metrics().report(); });
   m.def("_reset_metrics", []() { runtime::metrics().reset(); });

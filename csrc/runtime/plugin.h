@@ -47,6 +47,10 @@ class PluginSupport {
   // aborted after XLA's 40 s rendezvous limit).
   virtual bool collectivesOneAtATime() const { return false; }
   virtual int spinnerThreads() const { return 0; }
+  // The newest XLA FFI API minor version whose handlers the plugin runs; it
+  // drops a newer handler at registration without an error, so torch_tpu
+  // checks first. -1: not known.
+  virtual int ffiApiMinor() const { return -1; }
 };
 
 // One launch between launchBegin and launchEnd: until destruction, or until

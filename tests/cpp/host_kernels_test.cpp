@@ -19,7 +19,7 @@
 #include <utility>
 
 #include "ir/ir.h"
-#include "plugins/cpu/xla_ffi.h"
+#include "pjrt/xla_ffi.h"
 
 using namespace tpu;
 
@@ -667,7 +667,7 @@ TEST(GemmKernel, ABiasOfTheWrongSizeIsAnError) {
 // context pointer is the FakeFfi itself.
 struct FakeFfi {
   enum class Schedule { kThread, kQueue, kRefuse };
-  plugins::cpu::FfiApi api{};
+  xla_ffi::FfiApi api{};
   int64_t threads = 2;
   bool refuse_threads = false;
   Schedule schedule = Schedule::kThread;
@@ -681,14 +681,14 @@ struct FakeFfi {
     api.struct_size = sizeof(api);
     api.error_destroy = [](void*) { ++errors_destroyed; };
     api.thread_pool_num_threads = [](void* a) -> void* {
-      auto* args = static_cast<plugins::cpu::FfiThreadPoolNumThreadsArgs*>(a);
+      auto* args = static_cast<xla_ffi::FfiThreadPoolNumThreadsArgs*>(a);
       auto* self = static_cast<FakeFfi*>(args->ctx);
       if (self->refuse_threads) return &error_token;
       *args->num_threads = self->threads;
       return nullptr;
     };
     api.thread_pool_schedule = [](void* a) -> void* {
-      auto* args = static_cast<plugins::cpu::FfiThreadPoolScheduleArgs*>(a);
+      auto* args = static_cast<xla_ffi::FfiThreadPoolScheduleArgs*>(a);
       auto* self = static_cast<FakeFfi*>(args->ctx);
       if (self->schedule == Schedule::kRefuse) return &error_token;
       ++self->scheduled;
@@ -724,7 +724,7 @@ TEST(XlaPool, ReadsTheThreadCountFromTheCallsApi) {
 TEST(XlaPool, AnFfiWithoutAThreadPoolGivesNone) {
   FakeFfi fake;
   // An older plugin's API table ends before the thread-pool functions.
-  fake.api.struct_size = offsetof(plugins::cpu::FfiApi, thread_pool_schedule);
+  fake.api.struct_size = offsetof(xla_ffi::FfiApi, thread_pool_schedule);
   EXPECT_EQ(fake.pool().threads, 0);
   EXPECT_EQ(plugins::cpu::xlaPoolOf(nullptr, nullptr).threads, 0);
   // A plugin that has the functions but no pool for this call answers with an error.

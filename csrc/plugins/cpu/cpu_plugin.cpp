@@ -85,6 +85,9 @@ class CpuSupport final : public runtime::PluginSupport {
   }
   bool mallocTuned() const override { return malloc_tuned_; }
   bool collectivesOneAtATime() const override { return true; }
+  // xla-cpu-pjrt 0.0.1 takes handlers built against FFI API 0.2 headers
+  // (jaxlib 0.8.x); 0.3 ones (jaxlib 0.10) it drops (checked).
+  int ffiApiMinor() const override { return 2; }
   int spinnerThreads() const override { return spinner_ ? spinner_->activeThreads() : 0; }
   // Its spinner threads are joined at exit, as before.
   bool destroyAtExit() const override { return true; }

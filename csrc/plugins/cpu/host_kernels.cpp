@@ -18,9 +18,10 @@
 #include <thread>
 #include <vector>
 
-#include "plugins/cpu/xla_ffi.h"
+#include "pjrt/xla_ffi.h"
 
 namespace tpu::plugins::cpu {
+using namespace xla_ffi;  // NOLINT(google-build-using-namespace): the FFI C structs
 namespace {
 
 // ------------------------------------------------------------- threads
@@ -1114,24 +1115,16 @@ void softmaxForward(const float* x, float* y, int64_t M, int64_t N, bool log) {
 
 bool registerHostKernels(const pjrt::Api& api) {
   if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma")) return false;
-  const PjrtFfiExtension* ffi = nullptr;
-  for (auto* e = api.raw()->extension_start; e; e = e->next)
-    if (e->type == PJRT_Extension_Type_FFI && e->struct_size >= sizeof(PjrtFfiExtension))
-      ffi = reinterpret_cast<const PjrtFfiExtension*>(e);
-  if (!ffi || !ffi->register_handler) return false;
   std::vector<std::pair<const char*, void* (*)(FfiCallFrame*)>> handlers{{kAttentionForward, attentionForwardHandler},
                                                                          {kAttentionBackward, attentionBackwardHandler},
                                                                          {kLayerNormForward, layerNormForwardHandler},
                                                                          {kLayerNormBackward, layerNormBackwardHandler},
                                                                          {kSoftmaxForward, softmaxForwardHandler}};
   if (hostBlas().available()) handlers.emplace_back(kGemm, gemmHandler);
-  for (auto [name, fn] : handlers) {
-    PjrtFfiRegisterArgs a{
-        sizeof(PjrtFfiRegisterArgs), name, std::strlen(name), reinterpret_cast<void*>(fn), "Host", 4, 0};
-    if (PJRT_Error* err = ffi->register_handler(&a)) {
-      api.destroyError(err);
-      return false;
-    }
+  try {
+    for (auto [name, fn] : handlers) api.registerFfiHandler(name, "Host", reinterpret_cast<void*>(fn));
+  } catch (const pjrt::PluginError&) {
+    return false;  // no FFI extension, or a refusal: the StableHLO forms run
   }
   return true;
 }

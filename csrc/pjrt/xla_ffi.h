@@ -1,5 +1,5 @@
-// The parts of XLA's FFI C ABI (xla/ffi/api/c_api.h, API 0.2) and PJRT's FFI
-// extension (pjrt_c_api_ffi_extension.h) that the host kernels use. Neither
+// The parts of XLA's FFI C ABI (xla/ffi/api/c_api.h, API 0.2) that the host
+// kernels and user kernels use (PJRT's FFI extension: pjrt.h). Neither
 // header ships with the plugin wheels; the layouts are the documented C
 // structs. No torch headers here.
 #pragma once
@@ -9,7 +9,7 @@
 
 #include "pjrt/pjrt.h"
 
-namespace tpu::plugins::cpu {
+namespace tpu::xla_ffi {
 
 struct FfiExtensionBase {
   size_t struct_size;
@@ -47,7 +47,15 @@ struct FfiList {  // XLA_FFI_Args and XLA_FFI_Rets
   int* types;
   void** items;
 };
-struct FfiCallFrame {  // attributes and the future follow; not read here
+struct FfiAttrs {
+  size_t struct_size;
+  FfiExtensionBase* extension_start;
+  int64_t size;
+  int* types;
+  void** names;
+  void** attrs;
+};
+struct FfiCallFrame {
   size_t struct_size;
   FfiExtensionBase* extension_start;
   const void* api;
@@ -55,7 +63,12 @@ struct FfiCallFrame {  // attributes and the future follow; not read here
   int stage;
   FfiList args;
   FfiList rets;
+  FfiAttrs attrs;
 };
+// A handler checks a call frame's struct_size for equality with this (the
+// size up to `attrs`, API 0.1 to 0.3).
+constexpr size_t kFfiCallFrameSize = offsetof(FfiCallFrame, attrs) + sizeof(FfiAttrs);
+static_assert(kFfiCallFrameSize == 168, "XLA_FFI_CallFrame is 168 bytes");
 struct FfiErrorCreateArgs {
   size_t struct_size;
   FfiExtensionBase* extension_start;
@@ -107,20 +120,4 @@ constexpr int kStageExecute = 3;
 constexpr int kDTypeS32 = 4, kDTypeS64 = 5, kDTypeF32 = 11;
 constexpr int kErrorInvalidArgument = 3;
 
-struct PjrtFfiRegisterArgs {
-  size_t struct_size;
-  const char* target_name;
-  size_t target_name_size;
-  void* handler;
-  const char* platform_name;
-  size_t platform_name_size;
-  int traits;
-};
-struct PjrtFfiExtension {
-  PJRT_Extension_Base base;
-  void* type_id_register;
-  void* user_data_add;
-  PJRT_Error* (*register_handler)(PjrtFfiRegisterArgs*);
-};
-
-}  // namespace tpu::plugins::cpu
+}  // namespace tpu::xla_ffi
