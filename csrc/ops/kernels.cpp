@@ -1,6 +1,7 @@
 // User kernels (see kernels.h): the registry and the two lowerings.
 #include "ops/kernels.h"
 
+#include <algorithm>
 #include <mutex>
 #include <shared_mutex>
 #include <stdexcept>
@@ -38,35 +39,36 @@ std::vector<Value> lowerCall(Ctx& ctx) {
 Registrar stablehlo_call("stablehlo_call", lowerCall);
 Registrar ffi_call("ffi_call", lowerCall);
 
+std::shared_ptr<Kernel> newKernel(std::string name, std::vector<ir::Type> params, std::vector<ir::Type> results) {
+  if (results.empty()) throw std::invalid_argument("kernel '" + name + "' returns nothing");
+  auto k = std::make_shared<Kernel>();
+  k->name = std::move(name);
+  k->params = std::move(params);
+  k->results = std::move(results);
+  return k;
+}
+
 }  // namespace
 
 std::shared_ptr<const Kernel> stablehloKernel(std::string name, std::string entry, std::string funcs,
                                               std::vector<ir::Type> params, std::vector<ir::Type> results) {
-  if (results.empty()) throw std::invalid_argument("kernel '" + name + "' returns nothing");
+  auto k = newKernel(std::move(name), std::move(params), std::move(results));
   auto f = std::make_shared<ir::Function>();
   f->name = std::move(entry);
   f->op_count = countOps(funcs);
   f->text = std::move(funcs);
   if (!f->text.empty() && f->text.back() != '\n') f->text += '\n';
-  f->params = params;
-  f->results = results;
-  f->call_types = " : (" + typeList(params) + ") -> (" + typeList(results) + ")";
-  auto k = std::make_shared<Kernel>();
-  k->name = std::move(name);
-  k->params = std::move(params);
-  k->results = std::move(results);
+  f->params = k->params;
+  f->results = k->results;
+  f->call_types = " : (" + typeList(k->params) + ") -> (" + typeList(k->results) + ")";
   k->function = std::move(f);
   return k;
 }
 
 std::shared_ptr<const Kernel> ffiKernel(std::string name, std::string target, std::vector<ir::Type> params,
                                         std::vector<ir::Type> results) {
-  if (results.empty()) throw std::invalid_argument("kernel '" + name + "' returns nothing");
-  auto k = std::make_shared<Kernel>();
-  k->name = std::move(name);
+  auto k = newKernel(std::move(name), std::move(params), std::move(results));
   k->ffi_target = std::move(target);
-  k->params = std::move(params);
-  k->results = std::move(results);
   return k;
 }
 
@@ -92,6 +94,7 @@ std::vector<Value> callKernel(ir::Builder& b, const Kernel& k, const std::vector
   for (size_t i = 0; match && i < args.size(); ++i) match = args[i].type == k.params[i];
   if (!match) {
     std::vector<ir::Type> got;
+    got.reserve(args.size());
     for (const auto& v : args) got.push_back(v.type);
     throw std::invalid_argument("kernel '" + k.name + "' takes (" + typeList(k.params) + "), called with (" +
                                 typeList(got) + ")");
