@@ -452,9 +452,13 @@ def _lower_jax(kernel, fn, tensors, kw):
     against the StableHLO versions the plugin accepts."""
     import jax
 
+    # For the running plugin's platform, which need not be JAX's own: on this CPU-only host a
+    # Pallas kernel lowers for "tpu" to a Mosaic custom call, for "cuda" to a Mosaic GPU one.
+    platform = {"cpu": "cpu", "cuda": "cuda", "rocm": "rocm", "tpu": "tpu"}.get(_platform(), _platform())
     with jax.enable_x64(_wide(tensors)):
         try:
-            lowered = jax.jit(_bind(fn, kw), keep_unused=True).lower(*_jax_specs(tensors))
+            traced = jax.jit(_bind(fn, kw), keep_unused=True).trace(*_jax_specs(tensors))
+            lowered = traced.lower(lowering_platforms=(platform,))
         except Exception as e:
             raise RuntimeError(f"torch_tpu kernel '{kernel}': JAX could not lower it: {e}") from e
     module = lowered.compiler_ir("stablehlo")

@@ -345,3 +345,18 @@ def test_a_jax_kernel_without_jax_installed():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=REPO)
     assert "raised: torch_tpu kernel 'needs_jax' is a JAX kernel, and JAX is not installed" in out.stdout, out.stderr
     assert "device: 6.0" in out.stdout
+
+
+def test_pallas_lowers_for_the_plugins_platform(monkeypatch):
+    """On a TPU plugin the same Pallas source becomes a Mosaic custom call (lowered here, not run)."""
+    from jax.experimental import pallas as pl
+
+    def double(x_ref, o_ref):
+        o_ref[...] = x_ref[...] * 2
+
+    def kernel(x):
+        return pl.pallas_call(double, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype))(x)
+
+    monkeypatch.setattr(kernels, "_platform", lambda: "tpu")
+    text, results = kernels._lower_jax("test_mosaic", kernel, [torch.ones(8, 128)], {})
+    assert "tpu_custom_call" in text and results == [("float32", [8, 128])]
