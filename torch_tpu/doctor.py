@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import ast
 import difflib
+import io
 import json
 import os
 import sys
@@ -175,10 +176,16 @@ def _int_literal(node: ast.AST | None) -> int | None:
     return node.value if isinstance(node, ast.Constant) and type(node.value) is int else None
 
 
+def _source_lines(source: str) -> list:
+    """The source's lines as ast numbers them: split at line feeds and carriage returns only
+    (str.splitlines also splits at form feeds and other separators, shifting every later line)."""
+    return io.StringIO(source, newline="").readlines()
+
+
 class _Scanner(ast.NodeVisitor):
     def __init__(self, path: str, source: str, device_expr: str):
         self.path = path
-        self.lines = source.splitlines(keepends=True)
+        self.lines = _source_lines(source)
         self.device_expr = device_expr
         self.findings: list[Finding] = []
         self.torch_cuda_aliases = {"torch.cuda"}  # names bound to the torch.cuda module
@@ -417,7 +424,7 @@ def scan(paths: list[str], device_expr: str = DEFAULT_DEVICE_EXPR) -> Report:
 def apply_fixes(source: str, findings: list[Finding]) -> str:
     """The source with every fixable finding's span replaced (spans never overlap: a device string
     inside a rewritten call is its own span, and edits go from the end of the file backwards)."""
-    lines = source.splitlines(keepends=True)
+    lines = _source_lines(source)
     starts = [0]
     for ln in lines:
         starts.append(starts[-1] + len(ln))
@@ -450,7 +457,7 @@ def _insert_import(source: str) -> str:
             after = node.end_lineno
         else:
             break
-    lines = source.splitlines(keepends=True)
+    lines = _source_lines(source)
     if after and not lines[after - 1].endswith("\n"):
         lines[after - 1] += "\n"
     return "".join(lines[:after] + ["import torch\n"] + lines[after:])

@@ -57,6 +57,16 @@ def test_fix_adds_import_torch_after_docstring_and_future_imports():
     assert doctor.apply_fixes(src, doctor.scan_source(src)).startswith("import torch\nimport torch as th\n")
 
 
+def test_fix_keeps_lines_after_a_form_feed_in_place():
+    # Python numbers lines at line feeds only; a form feed (a page break in old sources) is not
+    # a line break for ast, so the fix must not count it as one.
+    src = "import torch\n# page\x0cbreak\nx = torch.zeros(3).cuda()\ny = 1\n"
+    findings = doctor.scan_source(src)
+    assert [(f.rule, f.line) for f in findings] == [("TPU002", 3)]
+    fixed = doctor.apply_fixes(src, findings)
+    assert fixed == src.replace(".cuda()", ".to(torch.accelerator.current_accelerator().type)")
+
+
 def test_padding_estimate():
     (f,) = doctor.scan_source("import torch.nn as nn\nnn.Linear(1000, 300)\n")
     # 1024 x 384 tiles for 1000 x 300 of work
