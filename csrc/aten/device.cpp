@@ -1,5 +1,6 @@
 // The tpu device in PyTorch: allocator, device guard, hooks, generator, and
 // the tensor <-> device-array helpers every other aten/ file uses.
+#include <ATen/core/CachingHostAllocator.h>
 #include <ATen/detail/PrivateUse1HooksInterface.h>
 #include <ATen/native/Resize.h>
 #include <c10/core/CachingDeviceAllocator.h>
@@ -641,8 +642,11 @@ struct TpuGuardImpl final : public c10::impl::DeviceGuardImplInterface {
 // page-aligned host allocations the hooks recognise, interior pointers
 // included, as cudaHostAlloc'd memory is recognised. On the CPU plugin a host
 // buffer is what a transfer reads anyway; a GPU or TPU plugin's own pinned
-// host memory space is not wired to it yet.
-class PinnedAllocator final : public c10::Allocator {
+// host memory space is not wired to it yet. It is the device type's host
+// allocator too (torch.accelerator.empty_host_cache() and the host memory
+// stats ask that one; without it PyTorch dereferenced null). It caches
+// nothing: freed blocks go back to the system at once.
+class PinnedAllocator final : public at::HostAllocator {
  public:
   c10::DataPtr allocate(size_t n) override {
     void* p = nullptr;
@@ -651,8 +655,29 @@ class PinnedAllocator final : public c10::Allocator {
     if (p) {
       std::lock_guard<std::mutex> g(mu_);
       blocks_[reinterpret_cast<uintptr_t>(p)] = n;
+      for (auto* s : {&stats_.active_requests, &stats_.allocations}) s->increase(1);
+      for (auto* s : {&stats_.active_bytes, &stats_.allocated_bytes}) s->increase(n);
+      stats_.num_host_alloc++;
     }
     return {p, p, &PinnedAllocator::release, c10::Device(c10::kCPU)};
+  }
+  // Transfers from pinned memory complete before the host sees them done.
+  bool record_event(void*, void*, c10::Stream) override { return true; }
+  void empty_cache() override {}  // nothing cached
+  at::HostStats get_stats() override {
+    std::lock_guard<std::mutex> g(mu_);
+    return stats_;
+  }
+  void reset_accumulated_stats() override {
+    std::lock_guard<std::mutex> g(mu_);
+    for (auto* s : {&stats_.active_requests, &stats_.active_bytes, &stats_.allocations, &stats_.allocated_bytes})
+      s->reset_accumulated();
+    stats_.num_host_alloc = stats_.num_host_free = 0;
+  }
+  void reset_peak_stats() override {
+    std::lock_guard<std::mutex> g(mu_);
+    for (auto* s : {&stats_.active_requests, &stats_.active_bytes, &stats_.allocations, &stats_.allocated_bytes})
+      s->reset_peak();
   }
   c10::DeleterFnPtr raw_deleter() const override { return &PinnedAllocator::release; }
   void copy_data(void* dst, const void* src, std::size_t n) const override { std::memcpy(dst, src, n); }
@@ -676,12 +701,19 @@ class PinnedAllocator final : public c10::Allocator {
     {
       auto& self = get();
       std::lock_guard<std::mutex> g(self.mu_);
-      self.blocks_.erase(reinterpret_cast<uintptr_t>(p));
+      auto it = self.blocks_.find(reinterpret_cast<uintptr_t>(p));
+      if (it != self.blocks_.end()) {
+        for (auto* st : {&self.stats_.active_requests, &self.stats_.allocations}) st->decrease(1);
+        for (auto* st : {&self.stats_.active_bytes, &self.stats_.allocated_bytes}) st->decrease(it->second);
+        self.stats_.num_host_free++;
+        self.blocks_.erase(it);
+      }
     }
     std::free(p);
   }
   std::mutex mu_;
   std::map<uintptr_t, size_t> blocks_;
+  at::HostStats stats_;
 };
 
 struct TpuHooks final : public at::PrivateUse1HooksInterface {
@@ -737,6 +769,7 @@ struct Registration {
     c10::register_privateuse1_backend("tpu");
     c10::SetAllocator(kTpu, &g_allocator);
     at::RegisterPrivateUse1HooksInterface(&g_hooks);
+    at::setHostAllocator(kTpu, &PinnedAllocator::get());
   }
 };
 static Registration g_registration;

@@ -688,6 +688,41 @@ def test_pin_memory_is_pinned_for_tpu():
     assert all(batch[0].is_pinned() for batch in loader)
 
 
+def test_empty_host_cache_and_host_allocator():
+    """torch.accelerator.empty_host_cache() (vLLM calls it at shutdown) dereferenced a missing
+    host allocator and killed the process; pinned memory is the tpu host allocator's now."""
+    code = (
+        "import torch, torch_tpu\n"
+        "p = torch.ones(1000).pin_memory()\n"
+        "torch.accelerator.empty_host_cache()\n"
+        "del p\n"
+        "torch.accelerator.empty_host_cache()\n"
+        "print('ok', torch.ones(2, device='tpu').sum().item())\n"
+    )
+    rc, out, err = _python(code)
+    assert rc == 0 and "ok 2.0" in out, err[-2000:]
+
+
+@pytest.mark.parametrize("fill, args, check", [
+    ("exponential_", (), lambda a: abs(a.mean() - 1) < 0.02),
+    ("cauchy_", (), lambda a: abs(a.median()) < 0.02),
+    ("log_normal_", (), lambda a: abs(a.log().mean() - 1) < 0.03),  # mean 1, std 2 of the log
+    ("geometric_", (0.3,), lambda a: abs(a.mean() - 1 / 0.3) < 0.05),
+])
+def test_random_fills_take_a_tpu_generator(fill, args, check, fallback_error):
+    """exponential_, cauchy_, log_normal_ and geometric_ with generator= (vLLM's seeded sampling
+    calls exponential_ so): PyTorch's meta kernels of these refuse any generator, and the CPU
+    mirror of the input checks took it for a CPU one."""
+    g = torch.Generator(device="tpu")
+    draws = []
+    for _ in range(2):
+        g.manual_seed(11)
+        draws.append(getattr(torch.empty(100_000, device="tpu"), fill)(*args, generator=g).cpu())
+    again = getattr(torch.empty(100_000, device="tpu"), fill)(*args, generator=g).cpu()
+    assert torch.equal(draws[0], draws[1]) and not torch.equal(draws[1], again)
+    assert check(draws[0].double())
+
+
 def _python(code, **env):
     """Runs code in a fresh process with env added; returns (exit status, stdout, stderr)."""
     import subprocess
