@@ -110,8 +110,9 @@ def _platform() -> str:
     return _C._platform()
 
 
-def _type_of(t: torch.Tensor):
-    return (str(t.dtype).removeprefix("torch."), list(t.shape))
+def _type_of(shape, dtype: torch.dtype) -> tuple:
+    """(dtype name, shape): how the C++ core takes a type."""
+    return (str(dtype).removeprefix("torch."), list(shape))
 
 
 # ----------------------------------------------------------------------------- StableHLO text
@@ -296,32 +297,31 @@ class Kernel:
             key = self._keys.get(sig)
             if key is not None:
                 return key
-            params = [_type_of(t) for t in args]
+            params = [_type_of(t.shape, t.dtype) for t in args]
             specs = self._specs(args, kw) if (self.out_shape is not None or kind == "ffi") else None
+            if kind == "ffi":
+                if kw:
+                    raise TypeError(f"torch_tpu kernel '{self.name}': FFI kernels take no attributes here; "
+                                    "pass values as tensors")
+                key = f"{self.name}/ffi:{impl}/{len(self._keys)}"
+                _C._register_ffi_kernel(key, self.name, impl, params, [_type_of(s, d) for s, d in specs])
+                self._keys[sig] = key
+                return key
             if kind == "jax":
                 text, results = _lower_jax(self.name, impl, args, kw)
                 if specs is not None:
                     _check_rule(self.name, specs, results)
                 funcs, entry = _embeddable(text, self.name)
-                key = f"{self.name}/{entry}/{len(self._keys)}"
-                _C._register_stablehlo_kernel(key, self.name, entry, funcs, params, results)
-            elif kind == "stablehlo":
+            else:  # StableHLO text
                 text, entry = impl
                 if callable(text):
                     text = text(*args, **kw)
                 if specs is None:
                     raise ValueError(f"torch_tpu kernel '{self.name}': a StableHLO kernel needs out_shape")
-                results = [(str(d).removeprefix("torch."), list(s)) for s, d in specs]
+                results = [_type_of(s, d) for s, d in specs]
                 funcs, entry = _embeddable(text, self.name, entry)
-                key = f"{self.name}/{entry}/{len(self._keys)}"
-                _C._register_stablehlo_kernel(key, self.name, entry, funcs, params, results)
-            else:
-                if kw:
-                    raise TypeError(f"torch_tpu kernel '{self.name}': FFI kernels take no attributes here; "
-                                    "pass values as tensors")
-                results = [(str(d).removeprefix("torch."), list(s)) for s, d in specs]
-                key = f"{self.name}/ffi:{impl}/{len(self._keys)}"
-                _C._register_ffi_kernel(key, self.name, impl, params, results)
+            key = f"{self.name}/{entry}/{len(self._keys)}"
+            _C._register_stablehlo_kernel(key, self.name, entry, funcs, params, results)
             self._keys[sig] = key
             return key
 
@@ -361,19 +361,17 @@ class Kernel:
             if name in _kernels:
                 return _kernels[name]
             kind, fn = self._backward
-            has_jax = any(k == "jax" for _, k, _ in self._impls)
+            jax_impls = [(plats, impl) for plats, k, impl in self._impls if k == "jax"]
             if kind == "vjp":
-                jax_fns = [(p, impl) for p, k, impl in self._impls if k == "jax"]
-                if not jax_fns:
+                if not jax_impls:
                     raise RuntimeError(f"torch_tpu kernel '{self.name}': vjp needs a JAX implementation")
                 g = Kernel(name)
-                for plats, impl in jax_fns:
+                for plats, impl in jax_impls:
                     g.add_jax(_vjp_of(impl), platforms=plats)
                 return g
-            if has_jax:
+            if jax_impls:
                 return Kernel(name).add_jax(fn)
-            ref = fn
-            return Kernel(name, out_shape=lambda *a, **kw: [(tuple(t.shape), t.dtype) for t in ref(*a, **kw)],
+            return Kernel(name, out_shape=lambda *a, **kw: [(tuple(t.shape), t.dtype) for t in fn(*a, **kw)],
                           reference=fn)
 
 
@@ -454,7 +452,7 @@ def _lower_jax(kernel, fn, tensors, kw):
 
     # For the running plugin's platform, which need not be JAX's own: on this CPU-only host a
     # Pallas kernel lowers for "tpu" to a Mosaic custom call, for "cuda" to a Mosaic GPU one.
-    platform = {"cpu": "cpu", "cuda": "cuda", "rocm": "rocm", "tpu": "tpu"}.get(_platform(), _platform())
+    platform = _platform()  # PJRT and JAX name platforms alike: cpu, cuda, rocm, tpu
     with jax.enable_x64(_wide(tensors)):
         try:
             traced = jax.jit(_bind(fn, kw), keep_unused=True).trace(*_jax_specs(tensors))
@@ -462,7 +460,7 @@ def _lower_jax(kernel, fn, tensors, kw):
         except Exception as e:
             raise RuntimeError(f"torch_tpu kernel '{kernel}': JAX could not lower it: {e}") from e
     module = lowered.compiler_ir("stablehlo")
-    results = [(str(_torch_dtype(a.dtype)).removeprefix("torch."), list(a.shape)) for a in _flat(lowered.out_info)]
+    results = [_type_of(a.shape, _torch_dtype(a.dtype)) for a in _flat(lowered.out_info)]
     _check_version(kernel, module)
     text = module.operation.get_asm(print_generic_op_form=True, enable_debug_info=False)
     return text, results
@@ -483,7 +481,7 @@ def _check_version(kernel, module):
 
 
 def _check_rule(kernel, specs, results):
-    want = [(str(d).removeprefix("torch."), list(s)) for s, d in specs]
+    want = [_type_of(s, d) for s, d in specs]
     if want != [(d, list(s)) for d, s in results]:
         show = lambda ts: ", ".join(f"{d}{list(s)}" for d, s in ts)  # noqa: E731
         raise ValueError(f"torch_tpu kernel '{kernel}': the JAX function returns {show(results)}, its out_shape "
