@@ -26,6 +26,8 @@ struct Entry {
   bool bounds_check = false;  // an output (before the length) says all indices were in range
   uint32_t transposed = 0;    // operands passed as their stored matrix (transposedOperands)
   std::string op_name;
+  // Params aliased to a result that overwrites their argument (donateWrites).
+  std::vector<int> written_params;
   // The results of a program that reads no tensor and draws no random
   // numbers (a fill: zeros, ones_like, full), by device and scalar values.
   // Null for any other program. See ConstantResults.
@@ -77,6 +79,42 @@ struct ConstantResults {
 
 std::mutex g_cache_mu;
 std::unordered_map<std::string, std::shared_ptr<Entry>> g_cache;
+
+// An in-place op writes a big argument's buffer in place (input-output
+// aliasing, and the buffer donated at the launch) instead of into a new
+// buffer: without it, index_put_ of a few rows into a 256 MiB KV cache took
+// 104-197 ms, a copy of the whole cache per call (docs/vllm_probe.md).
+// The program's results [0, bound) are entry.outputs' first ones.
+void donateWrites(ir::Builder& b, Entry& e) {
+  const auto& policy = runtime::donationPolicy();
+  std::vector<std::pair<int, ir::Value>> pairs;
+  std::vector<int> results;
+  for (size_t o = 0; o < e.outputs.size() && o < b.outputs().size(); ++o) {
+    const OutputBinding& ob = e.outputs[o];
+    if (ob.kind != OutputBinding::Kind::WriteArg) continue;
+    for (size_t p = 0; p < e.inputs.size(); ++p) {
+      const InputSource& is = e.inputs[p];
+      const bool same = is.arg == ob.index && ((is.kind == InputSource::Kind::Tensor && ob.elem < 0) ||
+                                               (is.kind == InputSource::Kind::ListElem && is.elem == ob.elem));
+      if (!same || arrivesTransposed(e.transposed, is)) continue;
+      const ir::Type& param = b.paramTypes()[p];
+      const ir::Value& v = b.outputs()[o];
+      if (param.dtype == v.dtype() && param.numel() == v.type.numel() &&
+          policy.allows(static_cast<size_t>(param.numel()) * ir::itemSize(param.dtype))) {
+        pairs.emplace_back(static_cast<int>(p), v);
+        results.push_back(static_cast<int>(o));
+      }
+      break;
+    }
+  }
+  if (pairs.empty()) return;
+  const std::vector<bool> safe = b.inPlaceSafe(pairs, b.outputs());
+  for (size_t k = 0; k < pairs.size(); ++k) {
+    if (!safe[k]) continue;
+    b.alias(pairs[k].first, results[k]);
+    e.written_params.push_back(pairs[k].first);
+  }
+}
 
 size_t resultBytes(const runtime::Program& p) {
   size_t n = 0;
@@ -144,6 +182,7 @@ std::shared_ptr<Entry> build(const PlannedOp& p, uint32_t transposed) {
     }
     entry->dynamic_results = l.dynamic_results;
     entry->op_name = p.name();
+    if (!entry->data_dependent) donateWrites(b, *entry);
     entry->prog = runtime::Runtime::get().compile(b, schema.name());
     const bool fill = std::all_of(entry->inputs.begin(), entry->inputs.end(), [](const InputSource& is) {
       return is.kind == InputSource::Kind::Scalar || is.kind == InputSource::Kind::ScalarListElem;
@@ -222,7 +261,17 @@ std::vector<runtime::BufferPtr> runProgram(const Entry& e, const std::vector<IVa
       }
     }
   }
-  return runtime::execute(*e.prog, inputs, dev);
+  // A written argument's own buffer may go to the program: its array is
+  // replaced by the result right after. Gathered copies of views are
+  // donated anyway (nobody else holds them).
+  std::vector<int> overwritten;
+  for (int param : e.written_params) {
+    const InputSource& src = e.inputs[param];
+    const at::Tensor& t =
+        src.kind == InputSource::Kind::Tensor ? args[src.arg].toTensor() : listElem(args, src.arg, src.elem);
+    if (arrayOf(t).buffer() == inputs[param]) overwritten.push_back(param);
+  }
+  return runtime::execute(*e.prog, inputs, dev, overwritten);
 }
 
 void runEntry(const Entry& e, const PlannedOp& p) {

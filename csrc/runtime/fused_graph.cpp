@@ -7,12 +7,8 @@
 namespace tpu::runtime {
 
 LazyGraph::LazyGraph(int device) : device_(device) {
-  donate_ = env::notDisabled("TORCH_TPU_DONATE");
-  // Donation saves memory; for small buffers that is nothing, while the
-  // copies XLA may insert for an aliased param cost time (MLP fused step,
-  // buffers of at most 256 KB: 1.62 -> 1.75 ms with all of them donated).
-  const char* m = env::get("TORCH_TPU_DONATE_MIN_BYTES");
-  donate_min_bytes_ = m && *m ? std::strtoull(m, nullptr, 10) : size_t{1} << 20;
+  donate_ = donationPolicy().enabled;
+  donate_min_bytes_ = donationPolicy().min_bytes;
   reset();
 }
 

@@ -38,6 +38,16 @@ ir::Value buildWrite(ir::Builder& b, const ir::Value& flat, const ir::Value& val
 // with the program's result right after.
 std::vector<BufferPtr> execute(const Program& p, const std::vector<BufferPtr>& inputs, int device,
                                const std::vector<int>& overwritten = {});
+// Which overwritten arguments give their buffers to the program that
+// overwrites them (TORCH_TPU_DONATE, TORCH_TPU_DONATE_MIN_BYTES): never when
+// donation is off; otherwise buffers of at least min_bytes (eager modes;
+// compiled graphs donate at any size).
+struct DonationPolicy {
+  bool enabled = true;
+  size_t min_bytes = size_t{1} << 20;
+  bool allows(size_t bytes) const { return enabled && bytes >= min_bytes; }
+};
+const DonationPolicy& donationPolicy();
 void setLaunchBlocking(bool on);
 // Waits for every program launched on `device` so far; rethrows the first
 // failure. Events record the same set.
