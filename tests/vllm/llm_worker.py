@@ -1,0 +1,51 @@
+"""Runs vLLM's offline engine on one model in this process and prints what
+the tests compare, as JSON on the last line: greedy tokens per pass,
+seeded-sampling tokens, the platform vLLM chose, torch_tpu's metrics.
+Usage: python llm_worker.py MODEL JSON_PROMPTS NEW_TOKENS [PASSES [greedy]]
+("greedy": no sampling runs; vLLM's own CPU backend raises "CPU Generator
+does not use offset" for a seeded request whose prompt is prefilled in chunks.)"""
+import json
+import os
+import sys
+
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+
+
+def main():
+    model, prompts, n = sys.argv[1], json.loads(sys.argv[2]), int(sys.argv[3])
+    passes = int(sys.argv[4]) if len(sys.argv) > 4 else 2
+    from vllm import LLM, SamplingParams
+    from vllm.platforms import current_platform
+
+    llm = LLM(
+        model=model,
+        dtype="float32",
+        max_model_len=256,
+        max_num_seqs=4,
+        # Small token budget: long prompts are prefilled in chunks, mixed with decodes.
+        max_num_batched_tokens=32,
+        enable_prefix_caching=True,
+        enforce_eager=True,
+    )
+    greedy = SamplingParams(temperature=0, max_tokens=n, ignore_eos=True)
+    runs = [[list(o.outputs[0].token_ids) for o in llm.generate(prompts, greedy)] for _ in range(passes)]
+    sampled, top_k1 = [], []
+    greedy_only = len(sys.argv) > 5 and sys.argv[5] == "greedy"
+    for _ in range(0 if greedy_only else 2):
+        sp = SamplingParams(temperature=0.8, top_p=0.9, top_k=20, max_tokens=8, seed=1234, ignore_eos=True)
+        sampled.append([list(o.outputs[0].token_ids) for o in llm.generate(prompts[:2], sp)])
+    if not greedy_only:
+        top1 = SamplingParams(temperature=1.0, top_k=1, max_tokens=n, ignore_eos=True, seed=7)
+        top_k1 = [list(o.outputs[0].token_ids) for o in llm.generate(prompts[:2], top1)]
+    metrics = {}
+    if current_platform.device_type == "tpu":
+        import torch_tpu
+
+        m = torch_tpu.metrics()
+        metrics = {"fallbacks": dict(m["fallbacks"]) if "fallbacks" in m else {}, "compiles": m["compiles"]}
+    print(json.dumps({"platform": current_platform.device_type, "greedy": runs, "sampled": sampled,
+                      "top_k1": top_k1, "metrics": metrics}))
+
+
+if __name__ == "__main__":
+    main()

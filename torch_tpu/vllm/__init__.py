@@ -1,0 +1,22 @@
+"""vLLM platform plugin: serves models on tpu with vLLM's own engine.
+
+Installed with the `vllm` extra; vLLM finds it through the entry point
+`tpu` of group `vllm.platform_plugins` and then runs on the "tpu" device:
+the platform (`platform.py`), a worker and model runner (`worker.py`), paged
+attention as one native op (`attention.py`, `torch.ops.tpu.paged_attention`)
+and torch versions of vLLM's Triton helpers (`kernels.py`).
+"""
+import os
+
+
+def register() -> str | None:
+    """The entry point: the Platform class path, or None to leave the choice
+    to vLLM (torch_tpu not importable, or VLLM_TORCH_TPU=0). An out-of-tree
+    platform wins over vLLM's built-in CPU one unless VLLM_TARGET_DEVICE=cpu."""
+    if os.environ.get("VLLM_TORCH_TPU", "1") == "0":
+        return None
+    try:
+        import torch_tpu  # noqa: F401
+    except Exception:  # a broken install must not stop vLLM from choosing another platform
+        return None
+    return "torch_tpu.vllm.platform.TpuPlatform"

@@ -1,0 +1,192 @@
+"""vLLM attention backend for tpu: paged attention as one native op.
+
+A layer's KV cache is one tensor [num_blocks, num_kv_heads, block_size,
+2 * head_size] (vLLM's LBHNC layout: keys in [..., :head_size], values after
+them). New keys and values are written with one scatter per step
+(`index_put_` on the cache's rows, in place: strict eager donates the
+cache's buffer); attention is `torch.ops.tpu.paged_attention`, whose one
+lowering (csrc/ops/paged_attention.cpp) gathers each request's blocks and
+runs prefill and decode requests of a mixed batch together.
+
+Shapes reach the op in buckets: requests, blocks per request and query
+length are padded to powers of two, so a serving run reuses a few programs.
+"""
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+
+import torch_tpu  # noqa: F401  (registers the device and torch.ops.tpu)
+from vllm.v1.attention.backend import (
+    AttentionBackend,
+    AttentionImpl,
+    AttentionLayer,
+    AttentionMetadataBuilder,
+    AttentionType,
+    CommonAttentionMetadata,
+    MultipleOf,
+)
+from vllm.v1.kv_cache_interface import AttentionSpec, KVCacheLayout
+
+
+def bucket(n: int, limit: int | None = None) -> int:
+    """The power of two at or above n (at least 1), capped at limit."""
+    b = 1 << max(0, int(n) - 1).bit_length()
+    return min(b, limit) if limit else b
+
+
+class TpuAttentionBackend(AttentionBackend):
+    forward_includes_kv_cache_update: bool = False
+    supported_dtypes: ClassVar[list[torch.dtype]] = [torch.float16, torch.bfloat16, torch.float32]
+    supported_kv_cache_dtypes: ClassVar[list] = ["auto", "float16", "bfloat16", "float32"]
+
+    @staticmethod
+    def get_supported_kernel_block_sizes(kv_cache_spec=None):
+        return [MultipleOf(1)]
+
+    @classmethod
+    def get_supported_head_sizes(cls) -> list[int]:
+        return []  # any
+
+    @classmethod
+    def supported_kv_cache_layouts(cls):
+        return (KVCacheLayout.LBHNC,)
+
+    @staticmethod
+    def get_name() -> str:
+        return "CUSTOM"
+
+    @classmethod
+    def supports_attn_type(cls, attn_type: str) -> bool:
+        return attn_type == AttentionType.DECODER
+
+    @staticmethod
+    def get_impl_cls():
+        return TpuAttentionImpl
+
+    @staticmethod
+    def get_builder_cls():
+        return TpuAttentionMetadataBuilder
+
+
+@dataclass
+class TpuAttentionMetadata:
+    num_actual_tokens: int
+    max_query_len: int  # bucketed
+    query_start_loc: torch.Tensor  # [R + 1], R bucketed; non-decreasing past the real requests
+    seq_lens: torch.Tensor  # [R], 0 past the real requests
+    block_table: torch.Tensor  # [R, blocks], blocks bucketed
+    slot_mapping: torch.Tensor  # [num_tokens], -1 for padding tokens
+
+
+def _rows(t: torch.Tensor, n: int, cols: int | None = None) -> torch.Tensor:
+    """The first n rows (and cols columns) of the persistent buffer t is a
+    slice of: vLLM keeps query_start_loc non-decreasing and seq_lens zero past
+    the real requests, so the padding rows are requests without tokens."""
+    base = t._base if t._base is not None and t._base.dim() == t.dim() else t
+    n = min(n, base.shape[0])
+    out = base[:n]
+    return out if cols is None else out[:, : min(cols, base.shape[1])]
+
+
+class TpuAttentionMetadataBuilder(AttentionMetadataBuilder[TpuAttentionMetadata]):
+    reorder_batch_threshold = None
+
+    def __init__(self, kv_cache_spec: AttentionSpec, layer_names, vllm_config, device):
+        super().__init__(kv_cache_spec, layer_names, vllm_config, device)
+        self.block_size = kv_cache_spec.block_size
+
+    def build(self, common_prefix_len: int, cm: CommonAttentionMetadata, fast_build: bool = False):
+        if cm.causal is not True and not (isinstance(cm.causal, bool) and cm.causal):
+            raise NotImplementedError("torch_tpu's vLLM platform: non-causal attention")
+        reqs = bucket(cm.num_reqs)
+        blocks = bucket(-(-cm.max_seq_len // self.block_size))
+        return TpuAttentionMetadata(
+            num_actual_tokens=cm.num_actual_tokens,
+            max_query_len=bucket(cm.max_query_len),
+            query_start_loc=_rows(cm.query_start_loc, reqs + 1),
+            seq_lens=_rows(cm.seq_lens, reqs),
+            block_table=_rows(cm.block_table_tensor, reqs, blocks),
+            slot_mapping=cm.slot_mapping,
+        )
+
+
+class TpuAttentionImpl(AttentionImpl):
+    def __init__(
+        self,
+        num_heads,
+        head_size,
+        scale,
+        num_kv_heads=None,
+        alibi_slopes=None,
+        sliding_window=None,
+        kv_cache_dtype="auto",
+        logits_soft_cap=None,
+        attn_type=AttentionType.DECODER,
+        kv_sharing_target_layer_name=None,
+        sinks=None,
+        **kwargs,
+    ):
+        if alibi_slopes is not None:
+            raise NotImplementedError("torch_tpu's vLLM platform: ALiBi attention")
+        if sinks is not None:
+            raise NotImplementedError("torch_tpu's vLLM platform: attention sinks")
+        if attn_type != AttentionType.DECODER:
+            raise NotImplementedError(f"torch_tpu's vLLM platform: {attn_type} attention")
+        self.num_heads = num_heads
+        self.head_size = head_size
+        self.scale = float(scale)
+        self.num_kv_heads = num_kv_heads or num_heads
+        self.kv_cache_dtype = kv_cache_dtype
+        self.attn_type = attn_type
+        self.kv_sharing_target_layer_name = kv_sharing_target_layer_name
+        self.sliding_window = int(sliding_window) if sliding_window else -1
+        self.logits_soft_cap = float(logits_soft_cap or 0.0)
+
+    def do_kv_cache_update(self, layer, key, value, kv_cache, slot_mapping):
+        """Writes this step's keys and values into their slots (padding
+        tokens, slot -1, go to block 0, vLLM's null block that no request reads)."""
+        _, heads, block_size, _ = kv_cache.shape
+        tokens = slot_mapping.shape[0]
+        slot = slot_mapping.clamp(min=0)
+        block, offset = slot // block_size, slot % block_size
+        D = self.head_size
+        # Rows of the whole cache seen as [blocks * heads * block_size * 2, D]:
+        # row 2i is a key, 2i + 1 its value. One index_put_ for both.
+        rows = kv_cache.view(-1, D)
+        h = torch.arange(heads, device=slot.device, dtype=torch.int64)
+        key_rows = (((block[:, None] * heads + h[None, :]) * block_size + offset[:, None]) * 2).reshape(-1)
+        new = torch.stack([key[:tokens], value[:tokens]], dim=2).reshape(-1, D).to(kv_cache.dtype)
+        rows.index_put_((torch.stack([key_rows, key_rows + 1], dim=1).reshape(-1),), new)
+
+    def forward(
+        self,
+        layer: AttentionLayer,
+        query,
+        key,
+        value,
+        kv_cache,
+        attn_metadata: TpuAttentionMetadata,
+        output,
+        output_scale=None,
+        output_block_scale=None,
+    ):
+        if output_scale is not None or output_block_scale is not None:
+            raise NotImplementedError("torch_tpu's vLLM platform: fused output quantization")
+        if attn_metadata is None:  # the profiling run, without a KV cache
+            return output
+        md = attn_metadata
+        tokens = md.num_actual_tokens
+        out = torch.ops.tpu.paged_attention(
+            query[:tokens].view(tokens, self.num_heads, self.head_size),
+            kv_cache,
+            md.block_table,
+            md.seq_lens,
+            md.query_start_loc,
+            md.max_query_len,
+            self.scale,
+            self.sliding_window,
+            self.logits_soft_cap,
+        )
+        output[:tokens] = out.view(output[:tokens].shape)
+        return output

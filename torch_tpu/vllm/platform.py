@@ -1,0 +1,122 @@
+"""vLLM's Platform for the tpu device (PyTorch's PrivateUse1)."""
+import os
+from typing import TYPE_CHECKING
+
+import torch
+
+from vllm.logger import init_logger
+from vllm.platforms.cpu import CpuPlatform
+from vllm.platforms.interface import PlatformEnum
+from vllm.utils.mem_constants import GiB_bytes
+
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
+
+logger = init_logger(__name__)
+
+
+class TpuPlatform(CpuPlatform):
+    """CpuPlatform's host-side behaviour (explicit KV cache size, gloo between
+    workers) with the tpu device. Out of tree (OOT): vLLM's custom ops take
+    their forward_native path (torch ops, which run on tpu) and none of its
+    CPU-only C++ kernels."""
+
+    _enum = PlatformEnum.OOT
+    device_name: str = "tpu"
+    device_type: str = "tpu"
+    dispatch_key: str = "PrivateUse1"
+    dist_backend: str = "gloo"
+    ray_device_key: str = ""
+    simple_compile_backend: str = "eager"
+
+    @property
+    def supported_dtypes(self) -> list[torch.dtype]:
+        return [torch.bfloat16, torch.float32, torch.float16]
+
+    @classmethod
+    def get_device_name(cls, device_id: int = 0) -> str:
+        return "tpu"
+
+    @classmethod
+    def import_kernels(cls) -> None:
+        import torch_tpu  # noqa: F401  (registers the device)
+
+        super().import_kernels()  # vllm._C's CPU ops: used only on host tensors
+
+    @classmethod
+    def get_attn_backend_cls(cls, selected_backend, attn_selector_config, num_heads=None) -> str:
+        if attn_selector_config.use_mla or attn_selector_config.use_sparse:
+            raise NotImplementedError("torch_tpu's vLLM platform: MLA and sparse attention")
+        return "torch_tpu.vllm.attention.TpuAttentionBackend"
+
+    @classmethod
+    def set_device(cls, device: torch.device) -> None:
+        torch.tpu.set_device(device)
+
+    @classmethod
+    def manual_seed_all(cls, seed: int) -> None:
+        torch.tpu.manual_seed_all(seed)
+
+    @classmethod
+    def inference_mode(cls):
+        return torch.no_grad()
+
+    @classmethod
+    def is_pin_memory_available(cls) -> bool:
+        return False
+
+    @classmethod
+    def opaque_attention_op(cls) -> bool:
+        return False
+
+    @classmethod
+    def support_hybrid_kv_cache(cls) -> bool:
+        return False
+
+    @classmethod
+    def get_device_communicator_cls(cls) -> str:
+        return "vllm.distributed.device_communicators.cpu_communicator.CpuCommunicator"
+
+    @classmethod
+    def get_current_memory_usage(cls, device=None) -> float:
+        return float(torch.tpu.memory_allocated(device))
+
+    @classmethod
+    def check_and_update_config(cls, vllm_config: "VllmConfig") -> None:
+        from vllm.config import CompilationMode, CUDAGraphMode
+
+        cache_config = vllm_config.cache_config
+        if not cache_config.user_specified_block_size:
+            cache_config.block_size = 16
+        if cache_config.kv_cache_memory_bytes is None:
+            # As the CPU platform: the KV cache's size is asked, not measured
+            # (VLLM_TPU_KVCACHE_SPACE GiB, default 1).
+            gib = float(os.environ.get("VLLM_TPU_KVCACHE_SPACE", os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")))
+            cache_config.kv_cache_memory_bytes = int(gib * GiB_bytes)
+
+        vllm_config.scheduler_config.async_scheduling = False
+        pc = vllm_config.parallel_config
+        if pc.worker_cls == "auto":
+            pc.worker_cls = "torch_tpu.vllm.worker.TpuWorker"
+        pc.enable_dbo = False
+
+        cc = vllm_config.compilation_config
+        cc.cudagraph_capture_sizes = []
+        cc.cudagraph_mode = CUDAGraphMode.NONE
+        cc.mode = CompilationMode.NONE
+
+        if vllm_config.device_config.device_type != "tpu":
+            raise ValueError(f"torch_tpu's vLLM platform runs on device 'tpu', not {vllm_config.device_config.device_type!r}")
+        os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
+        os.environ["VLLM_DISABLE_SHARED_EXPERTS_STREAM"] = "1"
+
+    @classmethod
+    def register_triton_kernel_overrides(cls) -> None:
+        # Triton kernels do not run on tpu, installed or not.
+        from vllm.triton_utils.dispatcher import register_kernels
+
+        from torch_tpu.vllm import kernels
+
+        register_kernels(
+            {"vllm.v1.worker.block_table.ComputeSlotMappingKernel.kernel": kernels.compute_slot_mapping}
+        )
