@@ -71,7 +71,6 @@ class TpuAttentionBackend(AttentionBackend):
 
 @dataclass
 class TpuAttentionMetadata:
-    num_actual_tokens: int
     max_query_len: int  # bucketed
     query_start_loc: torch.Tensor  # [R + 1], R bucketed; non-decreasing past the real requests
     seq_lens: torch.Tensor  # [R], 0 past the real requests
@@ -79,14 +78,16 @@ class TpuAttentionMetadata:
     slot_mapping: torch.Tensor  # [num_tokens], -1 for padding tokens
 
 
-def _rows(t: torch.Tensor, n: int, cols: int | None = None) -> torch.Tensor:
-    """The first n rows (and cols columns) of the persistent buffer t is a
-    slice of: vLLM keeps query_start_loc non-decreasing and seq_lens zero past
-    the real requests, so the padding rows are requests without tokens."""
-    base = t._base if t._base is not None and t._base.dim() == t.dim() else t
-    n = min(n, base.shape[0])
-    out = base[:n]
-    return out if cols is None else out[:, : min(cols, base.shape[1])]
+def grown(t: torch.Tensor, rows: int, cols: int | None = None) -> torch.Tensor:
+    """The first `rows` rows (and `cols` columns) of the persistent buffer
+    that t, a leading slice of it, starts: vLLM slices its buffers to each
+    step's counts, and a bucket needs a few rows more. As many as the
+    buffer has. vLLM keeps query_start_loc non-decreasing and seq_lens zero
+    past the real requests, so padding rows are requests without tokens."""
+    elements = t.untyped_storage().nbytes() // t.element_size()
+    rows = min(rows, (elements - t.storage_offset()) // t.stride(0))
+    out = t.as_strided((rows, *t.shape[1:]), t.stride(), t.storage_offset())
+    return out if cols is None else out[:, : min(cols, t.shape[1])]
 
 
 class TpuAttentionMetadataBuilder(AttentionMetadataBuilder[TpuAttentionMetadata]):
@@ -102,11 +103,10 @@ class TpuAttentionMetadataBuilder(AttentionMetadataBuilder[TpuAttentionMetadata]
         reqs = bucket(cm.num_reqs)
         blocks = bucket(-(-cm.max_seq_len // self.block_size))
         return TpuAttentionMetadata(
-            num_actual_tokens=cm.num_actual_tokens,
             max_query_len=bucket(cm.max_query_len),
-            query_start_loc=_rows(cm.query_start_loc, reqs + 1),
-            seq_lens=_rows(cm.seq_lens, reqs),
-            block_table=_rows(cm.block_table_tensor, reqs, blocks),
+            query_start_loc=grown(cm.query_start_loc, reqs + 1),
+            seq_lens=grown(cm.seq_lens, reqs),
+            block_table=grown(cm.block_table_tensor, reqs, blocks),
             slot_mapping=cm.slot_mapping,
         )
 
@@ -176,7 +176,9 @@ class TpuAttentionImpl(AttentionImpl):
         if attn_metadata is None:  # the profiling run, without a KV cache
             return output
         md = attn_metadata
-        tokens = md.num_actual_tokens
+        # All of the step's tokens, padding included (the runner pads their
+        # count to a bucket): the padding's rows are computed and discarded.
+        tokens = query.shape[0]
         out = torch.ops.tpu.paged_attention(
             query[:tokens].view(tokens, self.num_heads, self.head_size),
             kv_cache,

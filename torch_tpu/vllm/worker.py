@@ -1,5 +1,6 @@
 """vLLM's worker and model runner for tpu: GPUModelRunner on the tpu device
 (CPUModelRunner's device-agnostic parts), CPUWorker's memory accounting."""
+import dataclasses
 from contextlib import contextmanager, nullcontext
 
 import torch
@@ -10,6 +11,8 @@ from vllm.v1.worker.cpu_model_runner import CPUModelRunner
 from vllm.v1.worker.cpu_worker import CPUWorker
 from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 from vllm.v1.worker.gpu_worker import init_worker_distributed_environment
+
+from torch_tpu.vllm.attention import bucket
 
 
 @contextmanager
@@ -77,6 +80,16 @@ class TpuModelRunner(GPUModelRunner):
             return super().initialize_kv_cache_tensors(kv_cache_config, kernel_block_sizes, kv_cache_allocation_context)
         finally:
             gmr.allocate_kv_cache = allocate
+
+    def _determine_batch_execution_and_padding(self, num_tokens, num_reqs, *args, **kwargs):
+        """Pads each step's token count to a power of two (vLLM pads input
+        ids, positions and slot mapping to it), so a serving run settles into
+        a few program shapes: each new token count compiled new programs."""
+        mode, batch, *rest = super()._determine_batch_execution_and_padding(num_tokens, num_reqs, *args, **kwargs)
+        padded = bucket(batch.num_tokens, self.max_num_tokens)
+        if padded != batch.num_tokens:
+            batch = dataclasses.replace(batch, num_tokens=padded)
+        return (mode, batch, *rest)
 
     def warming_up_model(self) -> None:
         return

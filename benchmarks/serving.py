@@ -1,0 +1,142 @@
+"""Serving benchmark: vLLM's own `vllm bench serve` against vLLM's OpenAI
+server on tpu (this plugin, CPU PJRT plugin underneath) and on vLLM's own CPU
+backend, side by side in one run, on the same model and requests. Writes a
+Markdown table (output tokens/s, time to first token, inter-token latency
+p50/p99) and the raw results.
+
+Run in the serving environment (scripts/setup_vllm.sh):
+    .venv-vllm/bin/python benchmarks/serving.py [--num-prompts 32] [--out docs/serving_benchmark.md]
+"""
+import argparse
+import datetime
+import json
+import os
+import platform
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+
+from vllm_models import make_model  # noqa: E402
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_server(model, port, env, log, args):
+    cmd = [sys.executable, "-m", "torch_tpu.vllm", "serve", model, "--served-model-name", "bench", "--host",
+           "127.0.0.1", "--port", str(port), "--dtype", "float32", "--max-model-len", str(args.max_model_len),
+           "--max-num-seqs", str(args.max_num_seqs), "--enforce-eager"]
+    proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    deadline = time.time() + 600
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode} (log: {log.name})")
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as r:
+                if r.status == 200:
+                    return proc
+        except OSError:
+            time.sleep(1)
+    stop(proc)
+    raise RuntimeError(f"server did not start in 600 s (log: {log.name})")
+
+
+def stop(proc):
+    try:
+        os.killpg(proc.pid, signal.SIGINT)
+        proc.wait(timeout=60)
+    except (ProcessLookupError, subprocess.TimeoutExpired):
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+def bench(model, port, result_dir, name, args, num_prompts, seed):
+    cmd = [sys.executable, "-m", "torch_tpu.vllm", "bench", "serve", "--backend", "vllm", "--base-url",
+           f"http://127.0.0.1:{port}", "--model", "bench", "--tokenizer", model, "--dataset-name", "random",
+           "--random-input-len", str(args.input_len), "--random-output-len", str(args.output_len), "--num-prompts",
+           str(num_prompts), "--request-rate", str(args.request_rate), "--ignore-eos", "--seed", str(seed),
+           "--percentile-metrics", "ttft,tpot,itl", "--metric-percentiles", "50,99", "--save-result", "--result-dir",
+           result_dir, "--result-filename", f"{name}.json", "--disable-tqdm"]
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    with open(os.path.join(result_dir, f"{name}.json")) as f:
+        return json.load(f)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--num-prompts", type=int, default=32)
+    ap.add_argument("--input-len", type=int, default=128)
+    ap.add_argument("--output-len", type=int, default=64)
+    ap.add_argument("--request-rate", default="inf")
+    ap.add_argument("--max-num-seqs", type=int, default=16)
+    ap.add_argument("--max-model-len", type=int, default=512)
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--out", default=os.path.join(ROOT, "docs", "serving_benchmark.md"))
+    args = ap.parse_args()
+
+    work = tempfile.mkdtemp(prefix="serving_bench_")
+    # Tiny but not a toy: 4 layers, width 512, 8 heads of 64 (2 per kv head).
+    model = make_model(os.path.join(work, "model"), "qwen3", layers=4, width=512, heads=8, kv_heads=4,
+                       max_len=args.max_model_len)
+    backends = {
+        "tpu": dict(os.environ, VLLM_TORCH_TPU="1"),
+        "cpu": dict(os.environ, VLLM_TARGET_DEVICE="cpu", VLLM_TORCH_TPU="0"),
+    }
+    results = {name: [] for name in backends}
+    for name, env in backends.items():
+        port = free_port()
+        with open(os.path.join(work, f"{name}.log"), "w") as log:
+            proc = start_server(model, port, env, log, args)
+            try:
+                bench(model, port, work, f"{name}_warmup", args, max(4, args.max_num_seqs), seed=99)
+                for r in range(args.rounds):
+                    results[name].append(bench(model, port, work, f"{name}_{r}", args, args.num_prompts, seed=r))
+            finally:
+                stop(proc)
+
+    commit = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True,
+                            text=True).stdout.strip()
+    rows = []
+    for name, runs in results.items():
+        for r, res in enumerate(runs):
+            rows.append(
+                f"| {name} | {r} | {res['output_throughput']:.1f} | {res['median_ttft_ms']:.0f} | "
+                f"{res['p99_ttft_ms']:.0f} | {res['median_itl_ms']:.1f} | {res['p99_itl_ms']:.1f} |")
+    ratios = [t["output_throughput"] / c["output_throughput"] for t, c in zip(results["tpu"], results["cpu"])]
+    text = f"""# Serving benchmark: vLLM on tpu against vLLM's CPU backend
+
+`benchmarks/serving.py`, {datetime.date.today()}, commit {commit}, {platform.machine()} with
+{os.cpu_count()} cores, no accelerator (tpu = the CPU PJRT plugin). vLLM's `vllm bench serve`
+(random dataset: {args.num_prompts} prompts of {args.input_len} tokens, {args.output_len} output
+tokens each, ignore_eos, request rate {args.request_rate}) against `python -m torch_tpu.vllm serve`
+with `--max-num-seqs {args.max_num_seqs} --enforce-eager --dtype float32`; model: Qwen3-type, 4
+layers, width 512, 8 query heads and 4 kv heads of 64, random weights. Each server warmed up with
+one run first; rounds alternate within one process per backend.
+
+| backend | round | output tok/s | TTFT p50 ms | TTFT p99 ms | ITL p50 ms | ITL p99 ms |
+| --- | ---: | ---: | ---: | ---: | ---: | ---: |
+""" + "\n".join(rows) + f"""
+
+tpu / cpu output throughput per round: {", ".join(f"{x:.2f}x" for x in ratios)}.
+"""
+    with open(args.out, "w") as f:
+        f.write(text)
+    with open(os.path.join(work, "results.json"), "w") as f:
+        json.dump(results, f)
+    print(text)
+    print(f"raw results and logs: {work}")
+
+
+if __name__ == "__main__":
+    main()
