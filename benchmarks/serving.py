@@ -36,7 +36,7 @@ def free_port():
 def start_server(model, port, env, log, args):
     cmd = [sys.executable, "-m", "torch_tpu.vllm", "serve", model, "--served-model-name", "bench", "--host",
            "127.0.0.1", "--port", str(port), "--dtype", "float32", "--max-model-len", str(args.max_model_len),
-           "--max-num-seqs", str(args.max_num_seqs), "--enforce-eager"]
+           "--max-num-seqs", str(args.max_num_seqs)] + (["--enforce-eager"] if args.eager else [])
     proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     deadline = time.time() + 600
     while time.time() < deadline:
@@ -82,6 +82,7 @@ def main():
     ap.add_argument("--max-num-seqs", type=int, default=16)
     ap.add_argument("--max-model-len", type=int, default=512)
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--eager", action="store_true", help="--enforce-eager: op by op (default: compiled)")
     ap.add_argument("--out", default=os.path.join(ROOT, "docs", "serving_benchmark.md"))
     args = ap.parse_args()
 
@@ -120,7 +121,8 @@ def main():
 {os.cpu_count()} cores, no accelerator (tpu = the CPU PJRT plugin). vLLM's `vllm bench serve`
 (random dataset: {args.num_prompts} prompts of {args.input_len} tokens, {args.output_len} output
 tokens each, ignore_eos, request rate {args.request_rate}) against `python -m torch_tpu.vllm serve`
-with `--max-num-seqs {args.max_num_seqs} --enforce-eager --dtype float32`; model: Qwen3-type, 4
+with `--max-num-seqs {args.max_num_seqs}{" --enforce-eager" if args.eager else ""} --dtype float32` (compiled
+unless --enforce-eager: torch_tpu's backend on tpu, Inductor on the CPU backend); model: Qwen3-type, 4
 layers, width 512, 8 query heads and 4 kv heads of 64, random weights. Each server warmed up with
 one run first; rounds alternate within one process per backend.
 

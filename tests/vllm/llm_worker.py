@@ -25,7 +25,7 @@ def main():
         # Small token budget: long prompts are prefilled in chunks, mixed with decodes.
         max_num_batched_tokens=32,
         enable_prefix_caching=True,
-        enforce_eager=True,
+        enforce_eager=os.environ.get("LLM_WORKER_EAGER", "0") == "1",
     )
     greedy = SamplingParams(temperature=0, max_tokens=n, ignore_eos=True)
     on_tpu = current_platform.device_type == "tpu"

@@ -24,11 +24,13 @@ def run_llm(model, extra_env=None, *extra_args):
     return json.loads(p.stdout.strip().splitlines()[-1])
 
 
-@pytest.mark.parametrize("kind", ["llama", "qwen3"])
-def test_greedy_equals_hugging_face(models, kind):
+@pytest.mark.parametrize("kind,eager", [("llama", False), ("qwen3", False), ("llama", True)])
+def test_greedy_equals_hugging_face(models, kind, eager):
+    # Compiled (vLLM's default: the model traced once by Dynamo, compiled by
+    # torch_tpu's backend) and op by op (enforce_eager, strict eager).
     path = models[kind]
     ref = hf_greedy(path, PROMPTS, NEW)
-    got = run_llm(path)
+    got = run_llm(path, {"LLM_WORKER_EAGER": "1" if eager else "0"})
     assert got["platform"] == "tpu"
     assert got["metrics"]["fallbacks"] == {}
     for run in got["greedy"]:  # later passes read the prefix cache
@@ -45,6 +47,7 @@ def test_greedy_equals_hugging_face(models, kind):
 def test_cpu_platform_still_chosen_when_asked(models):
     # VLLM_TARGET_DEVICE=cpu keeps vLLM's own CPU backend: the plugin does not
     # take over an install that asks for the CPU.
-    got = run_llm(models["llama"], {"VLLM_TARGET_DEVICE": "cpu", "TORCH_TPU_FALLBACK": "warn"}, "1", "greedy")
+    got = run_llm(models["llama"], {"VLLM_TARGET_DEVICE": "cpu", "TORCH_TPU_FALLBACK": "warn", "LLM_WORKER_EAGER": "1"},
+                  "1", "greedy")
     assert got["platform"] == "cpu"
     assert got["greedy"][0] == hf_greedy(models["llama"], PROMPTS, NEW)

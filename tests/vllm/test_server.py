@@ -1,8 +1,8 @@
 """vLLM's OpenAI server on tpu: /v1/completions and /v1/chat/completions,
 streamed or not, give Hugging Face's greedy tokens; 32 concurrent streams
 each equal their sequential result; bad requests get vLLM's errors and the
-server keeps serving. The engine runs in vLLM's own engine process, with
-TORCH_TPU_FALLBACK=error."""
+server keeps serving. The engine runs in vLLM's own engine process, the
+model compiled (torch.compile, backend "tpu"), with TORCH_TPU_FALLBACK=error."""
 import http.client
 import json
 import os
@@ -33,7 +33,7 @@ def server(models, tmp_path_factory):
     env = dict(os.environ, TORCH_TPU_FALLBACK="error")
     # The README's command: vLLM's `vllm serve` (through torch_tpu.vllm's shim).
     cmd = [sys.executable, "-m", "torch_tpu.vllm", "serve", models["llama"], "--served-model-name", "tiny", "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32",
-           "--max-model-len", "256", "--max-num-seqs", "8", "--enforce-eager"]
+           "--max-model-len", "256", "--max-num-seqs", "8"]
     with open(log, "w") as out:
         proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     try:

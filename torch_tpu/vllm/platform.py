@@ -67,7 +67,9 @@ class TpuPlatform(CpuPlatform):
 
     @classmethod
     def opaque_attention_op(cls) -> bool:
-        return False
+        # Attention stays one custom op (vllm::unified_attention_with_output)
+        # in the graph Dynamo traces; its tpu kernel is the backend's forward.
+        return True
 
     @classmethod
     def support_hybrid_kv_cache(cls) -> bool:
@@ -103,7 +105,17 @@ class TpuPlatform(CpuPlatform):
         cc = vllm_config.compilation_config
         cc.cudagraph_capture_sizes = []
         cc.cudagraph_mode = CUDAGraphMode.NONE
-        cc.mode = CompilationMode.NONE
+        if cc.mode != CompilationMode.NONE and os.environ.get("VLLM_TPU_COMPILE", "1") == "1":
+            # The model as one graph traced once by Dynamo and compiled by
+            # torch_tpu's backend: a step is a replayed program per token
+            # bucket instead of hundreds of op launches. --enforce-eager (or
+            # VLLM_TPU_COMPILE=0) runs op by op. vLLM's AOT cache stores
+            # Inductor's output, so it is off.
+            cc.mode = CompilationMode.DYNAMO_TRACE_ONCE
+            cc.backend = "tpu"
+            os.environ["VLLM_USE_AOT_COMPILE"] = "0"
+        else:
+            cc.mode = CompilationMode.NONE
 
         if vllm_config.device_config.device_type != "tpu":
             raise ValueError(f"torch_tpu's vLLM platform runs on device 'tpu', not {vllm_config.device_config.device_type!r}")

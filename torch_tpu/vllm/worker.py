@@ -5,6 +5,7 @@ from contextlib import contextmanager, nullcontext
 
 import torch
 
+from vllm.logger import init_logger
 from vllm.platforms import current_platform
 from vllm.utils.torch_utils import set_random_seed
 from vllm.v1.worker.cpu_model_runner import CPUModelRunner
@@ -13,6 +14,8 @@ from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 from vllm.v1.worker.gpu_worker import init_worker_distributed_environment
 
 from torch_tpu.vllm.attention import bucket
+
+logger = init_logger(__name__)
 
 
 @contextmanager
@@ -121,6 +124,33 @@ class TpuWorker(CPUWorker):
 
     def _should_warm_up_model(self) -> bool:
         return False
+
+    def compile_or_warm_up_model(self):
+        """Runs the model once per token bucket (and once per decode batch
+        size up to max_num_seqs) before serving, so that requests find their
+        programs compiled: a first use of a bucket during serving cost a
+        compile in the request's latency."""
+        import time
+
+        times = super().compile_or_warm_up_model()
+        runner = self.model_runner
+        if not runner.kv_caches:
+            return times
+        start = time.perf_counter()
+        sizes, n = [], 1
+        while n < runner.max_num_tokens:
+            sizes.append(n)
+            n *= 2
+        sizes.append(runner.max_num_tokens)
+        # Largest first: the first run is the one Dynamo traces (once, for
+        # every size), and a trace at 1 token would specialise that dim to 1.
+        for n in reversed(sizes):
+            runner._dummy_run(n, force_attention=True)
+            if n <= runner.max_num_reqs:
+                runner._dummy_run(n, force_attention=True, uniform_decode=True)
+        torch.tpu.synchronize()
+        logger.info("torch_tpu: warmed up %d token buckets in %.1f s", len(sizes), time.perf_counter() - start)
+        return times
 
     def _maybe_get_memory_pool_context(self, tag: str):
         # vLLM's sleep-mode allocator is CUDA's: tpu has none.
