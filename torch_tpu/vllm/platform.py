@@ -12,7 +12,7 @@ from vllm.utils.mem_constants import GiB_bytes
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
 
-logger = init_logger(__name__)
+logger = init_logger("vllm." + __name__)  # vLLM configures the "vllm" loggers only
 
 
 class TpuPlatform(CpuPlatform):

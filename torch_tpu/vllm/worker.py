@@ -15,7 +15,7 @@ from vllm.v1.worker.gpu_worker import init_worker_distributed_environment
 
 from torch_tpu.vllm.attention import bucket
 
-logger = init_logger(__name__)
+logger = init_logger("vllm." + __name__)  # vLLM configures the "vllm" loggers only
 
 
 @contextmanager
