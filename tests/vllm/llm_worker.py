@@ -48,7 +48,8 @@ def main():
         m = torch_tpu.metrics()
         # Programs compiled (or read from the disk cache) by the end of each greedy pass.
         metrics = {"fallbacks": dict(m["fallbacks"]), "programs_after_pass": compiles}
-    print(json.dumps({"platform": current_platform.device_type, "greedy": runs, "sampled": sampled,
+    kv_blocks = llm.llm_engine.vllm_config.cache_config.num_gpu_blocks
+    print(json.dumps({"platform": current_platform.device_type, "kv_blocks": kv_blocks, "greedy": runs, "sampled": sampled,
                       "top_k1": top_k1, "metrics": metrics}))
 
 

@@ -51,3 +51,22 @@ def test_cpu_platform_still_chosen_when_asked(models):
                   "1", "greedy")
     assert got["platform"] == "cpu"
     assert got["greedy"][0] == hf_greedy(models["llama"], PROMPTS, NEW)
+
+
+def test_a_full_kv_cache_preempts_and_loses_nothing(models):
+    # 17 blocks of 16 tokens: one 256-token context and vLLM's null block. Four sequences
+    # growing past 80 tokens each do not fit at once: vLLM preempts and
+    # recomputes, and every request still gets its greedy tokens.
+    path = models["llama"]
+    n = 80
+    ref = hf_greedy(path, PROMPTS, n)
+    argv = [WORKER, path, json.dumps(PROMPTS), str(n), "1", "greedy"]
+    code = f"import runpy, sys; sys.argv = {argv!r}; runpy.run_path(sys.argv[0], run_name='__main__')"
+    kv_bytes = 17 * 2 * 2 * 16 * 2 * 64 * 4  # blocks (one is vLLM's null block) x layers x kv heads x block x (k, v) x head x float32
+    p = run_script(code, {"TORCH_TPU_FALLBACK": "error", "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+                          "VLLM_TPU_KVCACHE_SPACE": str(kv_bytes / 2**30), "LLM_WORKER_EAGER": "1"})
+    assert p.returncode == 0, p.stderr[-4000:]
+    got = json.loads(p.stdout.strip().splitlines()[-1])
+    # The cache holds less than four running sequences need at their longest.
+    assert got["kv_blocks"] * 16 < 4 * (n + 1), got["kv_blocks"]
+    assert got["greedy"][0] == ref

@@ -180,3 +180,11 @@ def test_bad_requests_get_vllm_errors_and_the_server_keeps_serving(server):
     assert server["proc"].poll() is None
     status, out = request(port, "GET", "/v1/models")
     assert status == 200 and [m["id"] for m in out["data"]] == ["tiny"]
+
+
+def test_an_unknown_model_path_is_a_clear_error(tmp_path):
+    missing = str(tmp_path / "no-such-model")
+    p = subprocess.run([sys.executable, "-m", "torch_tpu.vllm", "serve", missing, "--port", str(free_port())],
+                       capture_output=True, text=True, timeout=300, env=dict(os.environ, HF_HUB_OFFLINE="1"))
+    assert p.returncode != 0
+    assert "no-such-model" in p.stdout + p.stderr
