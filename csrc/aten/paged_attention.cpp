@@ -1,6 +1,7 @@
 // The PyTorch side of paged attention (ops/paged_attention.cpp): its schema
-// and meta kernel (the result is shaped as the query). Its tpu kernel is the boxed dispatcher's, as for every
-// lowered op; the vLLM plugin (torch_tpu/vllm) calls it.
+// and meta kernel (the result is shaped as the query). Its tpu kernel is the
+// boxed dispatcher's, as for every lowered op; the vLLM plugin
+// (torch_tpu/vllm) calls it.
 #include <torch/library.h>
 
 #include "aten/tpu.h"
@@ -8,12 +9,11 @@
 namespace tpu::aten {
 namespace {
 
-at::Tensor pagedAttentionMeta(const at::Tensor& query, const at::Tensor& kv_cache, const at::Tensor& block_table,
-                              const at::Tensor& seq_lens, const at::Tensor& query_start_loc, int64_t max_query_len,
-                              double scale, int64_t sliding_window, double soft_cap) {
-  // The arguments are checked where the op is lowered (ops/paged_attention.cpp).
-  (void)kv_cache, (void)block_table, (void)seq_lens, (void)query_start_loc, (void)max_query_len;
-  (void)scale, (void)sliding_window, (void)soft_cap;
+// The arguments are checked where the op is lowered (ops/paged_attention.cpp).
+at::Tensor pagedAttentionMeta(const at::Tensor& query, const at::Tensor& /*kv_cache*/,
+                              const at::Tensor& /*block_table*/, const at::Tensor& /*seq_lens*/,
+                              const at::Tensor& /*query_start_loc*/, int64_t /*max_query_len*/, double /*scale*/,
+                              int64_t /*sliding_window*/, double /*soft_cap*/) {
   return at::empty_like(query);
 }
 

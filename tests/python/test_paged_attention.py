@@ -9,12 +9,7 @@ import torch
 
 import torch_tpu
 
-pytestmark = pytest.mark.usefixtures("fallback_error")
-
-
-@pytest.fixture
-def fallback_error(monkeypatch):
-    monkeypatch.setenv("TORCH_TPU_FALLBACK", "error")
+pytestmark = pytest.mark.usefixtures("fallback_error")  # conftest.py: CPU fallback raises
 
 
 def make_batch(q_lens, ctx_lens, Hq=4, Hk=2, D=64, bs=4, dtype=torch.float32, pad_reqs=0, pad_tokens=0, seed=0):

@@ -34,7 +34,8 @@ def main():
     runs, compiles = [], []
     for _ in range(passes):
         runs.append([list(o.outputs[0].token_ids) for o in llm.generate(prompts, greedy)])
-        compiles.append(torch_tpu.metrics()["compiles"] + torch_tpu.metrics()["disk_hits"] if on_tpu else 0)
+        m = torch_tpu.metrics() if on_tpu else {"compiles": 0, "disk_hits": 0}
+        compiles.append(m["compiles"] + m["disk_hits"])
     sampled, top_k1 = [], []
     greedy_only = len(sys.argv) > 5 and sys.argv[5] == "greedy"
     for _ in range(0 if greedy_only else 2):

@@ -98,7 +98,7 @@ class TpuAttentionMetadataBuilder(AttentionMetadataBuilder[TpuAttentionMetadata]
         self.block_size = kv_cache_spec.block_size
 
     def build(self, common_prefix_len: int, cm: CommonAttentionMetadata, fast_build: bool = False):
-        if cm.causal is not True and not (isinstance(cm.causal, bool) and cm.causal):
+        if cm.causal is not True:
             raise NotImplementedError("torch_tpu's vLLM platform: non-causal attention")
         reqs = bucket(cm.num_reqs)
         blocks = bucket(-(-cm.max_seq_len // self.block_size))
@@ -180,7 +180,7 @@ class TpuAttentionImpl(AttentionImpl):
         # count to a bucket): the padding's rows are computed and discarded.
         tokens = query.shape[0]
         out = torch.ops.tpu.paged_attention(
-            query[:tokens].view(tokens, self.num_heads, self.head_size),
+            query.view(tokens, self.num_heads, self.head_size),
             kv_cache,
             md.block_table,
             md.seq_lens,

@@ -3,6 +3,8 @@ registers replacements for a platform without Triton): plain ops, so they
 run on tpu like any other."""
 import torch
 
+from torch_tpu.vllm.attention import bucket, grown
+
 
 def compute_slot_mapping(
     num_tokens: int,
@@ -24,8 +26,6 @@ def compute_slot_mapping(
     tokens (its tail is PAD_ID too), so its programs see a few shapes."""
     if TOTAL_CP_WORLD_SIZE != 1:
         raise NotImplementedError("torch_tpu's vLLM platform: context parallelism")
-    from torch_tpu.vllm.attention import bucket, grown
-
     dev = slot_mapping.device
     n = bucket(num_tokens, max_num_tokens)
     num_reqs = query_start_loc.shape[0] - 1

@@ -4,15 +4,12 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from vllm.logger import init_logger
 from vllm.platforms.cpu import CpuPlatform
 from vllm.platforms.interface import PlatformEnum
 from vllm.utils.mem_constants import GiB_bytes
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
-
-logger = init_logger("vllm." + __name__)  # vLLM configures the "vllm" loggers only
 
 
 class TpuPlatform(CpuPlatform):
