@@ -347,6 +347,7 @@ runtime::BufferPtr convertBuffer(const runtime::BufferPtr& b, ir::DType from, co
     x = bl.broadcastTo(bl.convert(applyMathBits(bl, x, conj, neg), to), to_shape);
     bl.output(bl.reshape(x, {m}));
     p = runtime::Runtime::get().compile(bl, "copy_");
+    runtime::noteCompile("copy_", "first conversion " + key);
     std::lock_guard<std::mutex> g(mu);
     cache[key] = p;
   }

@@ -287,6 +287,42 @@ std::string unsupportedArguments(const std::string& base, const std::vector<IVal
   return "";
 }
 
+// fill_ with a value the tensor's dtype cannot hold raises, as on the CPU
+// (PyTorch's checked conversion), in every mode.
+void checkFillValue(const c10::OperatorHandle& op, const std::vector<IValue>& args) {
+  if (op.schema().overload_name() != "Scalar" || !args[0].isTensor() || !args[1].isScalar()) return;
+  const at::Tensor& self = args[0].toTensor();
+  const at::Scalar v = args[1].toScalar();
+  if (self.is_complex() || v.isComplex()) return;
+  AT_DISPATCH_ALL_TYPES_AND3(at::kHalf, at::kBFloat16, at::kBool, self.scalar_type(), "fill_",
+                             [&] { (void)v.to<scalar_t>(); });
+}
+
+// x[a:b].fill_(v) or .zero_() where the view is one contiguous run of a
+// larger tensor: the range and the value are the program's arguments, so
+// every length shares one program per tensor size (serving fills the padded
+// tail of a per-step buffer, a new length each step; the op's own program
+// is per view shape). False when the op takes the general path.
+bool fillContiguousRange(const c10::OperatorHandle& op, torch::jit::Stack* stack, const std::vector<IValue>& args) {
+  const std::string& name = op.schema().name();
+  const bool zero = name == "aten::zero_";
+  if (!zero && !(name == "aten::fill_" && op.schema().overload_name() == "Scalar")) return false;
+  const at::Tensor& self = args[0].toTensor();
+  if (self.is_complex() || self.numel() == 0 || !self.is_contiguous() || self.is_neg() || self.is_conj()) return false;
+  runtime::DeviceArray& a = arrayOf(self);
+  const ir::DType t = toIr(self.scalar_type());
+  if (static_cast<int64_t>(a.nbytes() / ir::itemSize(t)) <= self.numel()) return false;  // the whole tensor
+  const at::Scalar v = zero ? at::Scalar(0) : args[1].toScalar();
+  if (v.isComplex()) return false;
+  const int dev = self.device().index();
+  runtime::BufferPtr value = ir::isFloat(t) ? runtime::scalarBuffer(t, v.toDouble(), dev)
+                                            : runtime::scalarBufferInt(t, v.isBoolean() ? v.toBool() : v.toLong(), dev);
+  runtime::fillRange(a, t, self.storage_offset(), self.storage_offset() + self.numel(), value);
+  torch::jit::drop(*stack, args.size());
+  torch::jit::push(*stack, self);
+  return true;
+}
+
 void boxedKernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const auto& schema = op.schema();
   // ATen's ops, and the device's own (tpu::, user kernels); others' ops have
@@ -314,9 +350,11 @@ void boxedKernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   p.foreach_expand = foreach_expand;
   p.base = base;
   p.key = signature(op, p.args, low);
+  if (base == "fill") checkFillValue(op, p.args);
+  auto& fusion = runtime::Fusion::get();
+  if (!fusion.enabled() && fillContiguousRange(op, stack, p.args)) return;
   // The mode: fused eager when it is on, unless the op's result sizes depend
   // on data (then what is pending runs first, and the op runs strict).
-  auto& fusion = runtime::Fusion::get();
   const bool fused = fusion.enabled() && !low->data_dependent;
   if (fusion.enabled() && !fused) fusion.flush(p.device);
   std::optional<std::string> why;

@@ -29,6 +29,7 @@ std::shared_ptr<Program> cached(ProgramCache& cache, const std::string& key,
   ir::Builder b;
   build(b);
   auto p = Runtime::get().compile(b, what);
+  noteCompile(what, "first use of its shape key " + key);
   std::lock_guard<std::mutex> g(mu);
   cache[key] = p;
   return p;
@@ -512,6 +513,31 @@ void writeView(DeviceArray& a, const ViewGeometry& g, const BufferPtr& value) {
       "view_write");
   auto out = execute(*p, {a.buffer(), value, scalarBufferInt(ir::DType::I64, g.offset, a.device())}, a.device())[0];
   a.set(out, g.dtype, n);
+}
+
+void fillRange(DeviceArray& a, ir::DType t, int64_t begin, int64_t end, const BufferPtr& value) {
+  if (begin >= end) return;
+  flushIfLazy(a);
+  ensureTyped(a, t);
+  static ProgramCache fills;
+  const int64_t n = a.numel();
+  auto p = cached(
+      fills, std::to_string(static_cast<int>(t)) + ":" + std::to_string(n),
+      [&](ir::Builder& b) {
+        ir::Value flat = b.param({t, {n}});
+        ir::Value lo = b.broadcastTo(b.param({ir::DType::I64, {}}), {n});
+        ir::Value hi = b.broadcastTo(b.param({ir::DType::I64, {}}), {n});
+        ir::Value v = b.broadcastTo(b.param({t, {}}), {n});
+        ir::Value i = b.iota({ir::DType::I64, {n}}, 0);
+        ir::Value inside = b.binary("and", b.compare(i, lo, ir::Cmp::GE), b.compare(i, hi, ir::Cmp::LT));
+        b.output(b.select(inside, v, flat));
+      },
+      "fill_range");
+  auto out = execute(*p,
+                     {a.buffer(), scalarBufferInt(ir::DType::I64, begin, a.device()),
+                      scalarBufferInt(ir::DType::I64, end, a.device()), value},
+                     a.device())[0];
+  a.set(out, t, n);
 }
 
 namespace {

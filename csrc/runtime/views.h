@@ -68,6 +68,10 @@ void ensureTyped(DeviceArray& a, ir::DType t);
 BufferPtr readView(DeviceArray& a, const ViewGeometry& g);
 // Writes a flat buffer of numel() elements into the view.
 void writeView(DeviceArray& a, const ViewGeometry& g, const BufferPtr& value);
+// Sets elements [begin, end) of the array, typed `t`, to the 0-d `value`:
+// one program per array size and dtype, the range its argument (a serving
+// step fills a per-step buffer's padded tail, a new length each step).
+void fillRange(DeviceArray& a, ir::DType t, int64_t begin, int64_t end, const BufferPtr& value);
 
 // Index checks: `ok` is a bool scalar computed by an indexing program. It is
 // read at the first host read after the program finished, or at synchronize

@@ -243,6 +243,39 @@ def test_fills_through_views_match_cpu(case):
     both(program)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int64, torch.int32, torch.bool])
+def test_fills_of_contiguous_ranges_share_one_program(dtype):
+    # x[a:b].fill_(v) / zero_() on one contiguous run of a larger tensor: the
+    # range and value are arguments of one program per tensor size, so new
+    # lengths (a serving step's padded tail) compile nothing.
+    value = True if dtype == torch.bool else 3
+    host = torch.ones(40, 8, dtype=dtype)
+    dev = host.to("tpu")
+    flat = dev.view(-1)
+    with torch_tpu.mode("strict"):
+        for i, (a, b) in enumerate([(0, 5), (5, 17), (100, 320), (319, 320), (1, 2), (7, 300)]):
+            for t in (host.view(-1), flat):
+                if i % 2:
+                    t[a:b].zero_()
+                else:
+                    t[a:b].fill_(value)
+            if i == 0:
+                torch.tpu.synchronize()
+                compiles = torch_tpu.metrics()["compiles"]
+        dev[3:9].fill_(value)  # rows of a 2-d tensor: one run too
+        host[3:9].fill_(value)
+        torch.tpu.synchronize()
+        assert torch_tpu.metrics()["compiles"] == compiles
+    torch.testing.assert_close(dev.cpu(), host)
+
+
+def test_range_fill_refuses_what_the_cpu_refuses():
+    for dev in ("cpu", "tpu"):
+        t = torch.zeros(16, dtype=torch.uint8, device=dev)
+        with pytest.raises(RuntimeError, match="overflow"):
+            t[2:5].fill_(300)
+
+
 def test_stepped_views_read_as_boxes_match_cpu():
     # Untransposed stepped views are read as a slice of their padded memory
     # window; the window may run past the end of the storage.
