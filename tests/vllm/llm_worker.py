@@ -2,6 +2,7 @@
 the tests compare, as JSON on the last line: greedy tokens per pass,
 seeded-sampling tokens, the platform vLLM chose, torch_tpu's metrics.
 Usage: python llm_worker.py MODEL JSON_PROMPTS NEW_TOKENS [PASSES [greedy]]
+(LLM_WORKER_NEW_LENGTHS=N: first N one-by-one requests of random lengths.)
 ("greedy": no sampling runs; vLLM's own CPU backend raises "CPU Generator
 does not use offset" for a seeded request whose prompt is prefilled in chunks.)"""
 import json
@@ -9,6 +10,33 @@ import os
 import sys
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+
+
+def programs():
+    import torch_tpu
+
+    m = torch_tpu.metrics()
+    return m["compiles"] + m["disk_hits"]
+
+
+def one_by_one_new_lengths(llm, count):
+    """Right after the engine's warm-up: `count` requests one after another,
+    each a prompt of a random length (1 to 200 tokens, most never seen)
+    and 1 to 8 new tokens. The programs compiled (or read from the disk
+    cache) before and after."""
+    import random
+
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    rng = random.Random(0)
+    vocab = llm.llm_engine.model_config.get_vocab_size()
+    before = programs()
+    for _ in range(count):
+        ids = [rng.randrange(vocab) for _ in range(rng.randint(1, 200))]
+        llm.generate([TokensPrompt(prompt_token_ids=ids)],
+                     SamplingParams(temperature=0, max_tokens=rng.randint(1, 8), ignore_eos=True), use_tqdm=False)
+    return {"programs_after_warm_up": before, "programs_after_new_lengths": programs()}
 
 
 def main():
@@ -29,13 +57,15 @@ def main():
     )
     greedy = SamplingParams(temperature=0, max_tokens=n, ignore_eos=True)
     on_tpu = current_platform.device_type == "tpu"
+    new_lengths = {}
     if on_tpu:
         import torch_tpu
+
+        new_lengths = one_by_one_new_lengths(llm, int(os.environ.get("LLM_WORKER_NEW_LENGTHS", "0")))
     runs, compiles = [], []
     for _ in range(passes):
         runs.append([list(o.outputs[0].token_ids) for o in llm.generate(prompts, greedy)])
-        m = torch_tpu.metrics() if on_tpu else {"compiles": 0, "disk_hits": 0}
-        compiles.append(m["compiles"] + m["disk_hits"])
+        compiles.append(programs() if on_tpu else 0)
     sampled, top_k1 = [], []
     greedy_only = len(sys.argv) > 5 and sys.argv[5] == "greedy"
     for _ in range(0 if greedy_only else 2):
@@ -48,7 +78,7 @@ def main():
     if on_tpu:
         m = torch_tpu.metrics()
         # Programs compiled (or read from the disk cache) by the end of each greedy pass.
-        metrics = {"fallbacks": dict(m["fallbacks"]), "programs_after_pass": compiles}
+        metrics = {"fallbacks": dict(m["fallbacks"]), "programs_after_pass": compiles, **new_lengths}
     kv_blocks = llm.llm_engine.vllm_config.cache_config.num_gpu_blocks
     print(json.dumps({"platform": current_platform.device_type, "kv_blocks": kv_blocks, "greedy": runs, "sampled": sampled,
                       "top_k1": top_k1, "metrics": metrics}))

@@ -2,7 +2,8 @@
 greedy tokens equal Hugging Face generate on the CPU for a llama-type and a
 qwen-type model, over prompts of different lengths, with chunked prefill
 mixed with decode and prefix-cache passes; no op falls back to the CPU
-(TORCH_TPU_FALLBACK=error); nothing compiles once a batch's shapes were
+(TORCH_TPU_FALLBACK=error); nothing compiles after the engine's warm-up
+for requests of new lengths one by one, nor once a batch's shapes were
 seen; seeded sampling repeats."""
 import json
 import os
@@ -30,11 +31,16 @@ def test_greedy_equals_hugging_face(models, kind, eager):
     # torch_tpu's backend) and op by op (enforce_eager, strict eager).
     path = models[kind]
     ref = hf_greedy(path, PROMPTS, NEW)
-    got = run_llm(path, {"LLM_WORKER_EAGER": "1" if eager else "0"})
+    got = run_llm(path, {"LLM_WORKER_EAGER": "1" if eager else "0", "LLM_WORKER_NEW_LENGTHS": "0" if eager else "100"})
     assert got["platform"] == "tpu"
     assert got["metrics"]["fallbacks"] == {}
     for run in got["greedy"]:  # later passes read the prefix cache
         assert run == ref
+    if not eager:
+        # The engine's warm-up compiled what 100 requests of new prompt
+        # lengths, one after another, need: nothing compiles for them.
+        m = got["metrics"]
+        assert m["programs_after_new_lengths"] == m["programs_after_warm_up"], m
     # Warmed up: passes 3 and 4 repeat pass 2's shapes and compile nothing
     # (pass 1 prefilled whole prompts, pass 2 only what the cache lacked).
     programs = got["metrics"]["programs_after_pass"]

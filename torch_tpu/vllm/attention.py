@@ -8,8 +8,9 @@ cache's buffer); attention is `torch.ops.tpu.paged_attention`, whose one
 lowering (csrc/ops/paged_attention.cpp) gathers each request's blocks and
 runs prefill and decode requests of a mixed batch together.
 
-Shapes reach the op in buckets: requests, blocks per request and query
-length are padded to powers of two, so a serving run reuses a few programs.
+Shapes reach the op in buckets: requests, blocks per request (at least
+256 keys' worth) and query length are padded to powers of two, so a
+serving run reuses a few programs.
 """
 from dataclasses import dataclass
 from typing import ClassVar
@@ -27,6 +28,10 @@ from vllm.v1.attention.backend import (
     MultipleOf,
 )
 from vllm.v1.kv_cache_interface import AttentionSpec, KVCacheLayout
+
+
+# Attention reads at least this many keys per request (see the builder).
+_MIN_KEYS = 256
 
 
 def bucket(n: int, limit: int | None = None) -> int:
@@ -101,7 +106,11 @@ class TpuAttentionMetadataBuilder(AttentionMetadataBuilder[TpuAttentionMetadata]
         if cm.causal is not True:
             raise NotImplementedError("torch_tpu's vLLM platform: non-causal attention")
         reqs = bucket(cm.num_reqs)
-        blocks = bucket(-(-cm.max_seq_len // self.block_size))
+        # At least _MIN_KEYS keys' worth of blocks: fewer block counts, fewer
+        # programs (each count is a shape), for a little padded work.
+        width = cm.block_table_tensor.shape[1]
+        floor = min(width, -(-_MIN_KEYS // self.block_size))
+        blocks = max(bucket(-(-cm.max_seq_len // self.block_size)), floor)
         return TpuAttentionMetadata(
             max_query_len=bucket(cm.max_query_len),
             query_start_loc=grown(cm.query_start_loc, reqs + 1),

@@ -3,19 +3,27 @@
 import dataclasses
 from contextlib import contextmanager, nullcontext
 
+import numpy as np
 import torch
 
 from vllm.logger import init_logger
 from vllm.platforms import current_platform
 from vllm.utils.torch_utils import set_random_seed
+from vllm.v1.sample.logits_processor import LogitsProcessors
+from vllm.v1.sample.metadata import SamplingMetadata
 from vllm.v1.worker.cpu_model_runner import CPUModelRunner
 from vllm.v1.worker.cpu_worker import CPUWorker
 from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+from vllm.v1.worker.block_table import SlotMappingMode
 from vllm.v1.worker.gpu_worker import init_worker_distributed_environment
 
 from torch_tpu.vllm.attention import bucket
 
 logger = init_logger("vllm." + __name__)  # vLLM configures the "vllm" loggers only
+
+# Request counts up to this one have the sampler compiled before serving
+# (its programs are per exact count; a larger count compiles at first use).
+_SAMPLER_WARM_UP_REQUESTS = 64
 
 
 @contextmanager
@@ -64,11 +72,37 @@ def _allocate_kv_cache_per_layer(kv_cache_config, device, layout, kernel_block_s
     return caches
 
 
+def _greedy_metadata(num_reqs: int, device) -> SamplingMetadata:
+    """Sampling metadata of num_reqs greedy requests (no penalties, processors or logprobs)."""
+    zeros = torch.zeros(num_reqs, device=device)
+    return SamplingMetadata(
+        temperature=None,
+        all_greedy=True,
+        all_random=False,
+        top_p=None,
+        top_k=None,
+        generators={},
+        max_num_logprobs=None,
+        logprob_token_ids=None,
+        no_penalties=True,
+        prompt_token_ids=None,
+        frequency_penalties=zeros,
+        presence_penalties=zeros,
+        repetition_penalties=zeros,
+        output_token_ids=[[] for _ in range(num_reqs)],
+        spec_token_ids=[[] for _ in range(num_reqs)],
+        allowed_token_ids_mask=None,
+        bad_words_token_ids={},
+        logitsprocs=LogitsProcessors(),
+    )
+
+
 class TpuModelRunner(GPUModelRunner):
     def __init__(self, vllm_config, device: torch.device):
         with _without_cuda_streams():
             super().__init__(vllm_config, device)
         self.use_cuda_graph = False
+        self._positions_host = torch.zeros(self.max_num_tokens, dtype=torch.int64)
 
     load_model = CPUModelRunner.load_model
     get_model = CPUModelRunner.get_model
@@ -93,6 +127,87 @@ class TpuModelRunner(GPUModelRunner):
         if padded != batch.num_tokens:
             batch = dataclasses.replace(batch, num_tokens=padded)
         return (mode, batch, *rest)
+
+    def _inputs_prepared_on_host(self) -> bool:
+        """Whether this step's inputs can be prepared by _prepare_inputs below:
+        a plain decoder (no speculative decoding, M-RoPE, prompt embeddings,
+        LoRA, decode context parallelism or asynchronous scheduling)."""
+        return not (
+            self.speculative_config
+            or self.uses_mrope
+            or self.enable_prompt_embeds
+            or self.lora_config
+            or self.dcp_world_size > 1
+            or self.num_accepted_tokens_event is not None
+            or self.input_batch.prev_sampled_token_ids is not None
+            or self._pp_recv_work is not None
+        )
+
+    def _prepare_inputs(self, scheduler_output, num_scheduled_tokens: np.ndarray):
+        """The step's inputs computed on the host and sent as whole buffers,
+        padded to the step's token bucket (input ids, positions and slot
+        mappings: one upload each, no program). GPUModelRunner computes
+        positions and slot mappings with device ops over the exact token
+        count, and on tpu every new count compiled a dozen small programs
+        during serving."""
+        if not self._inputs_prepared_on_host():
+            return super()._prepare_inputs(scheduler_output, num_scheduled_tokens)
+        batch = self.input_batch
+        num_reqs = batch.num_reqs
+        tokens = scheduler_output.total_num_scheduled_tokens
+        padded = bucket(tokens, self.max_num_tokens)
+        # Block tables: a power-of-two count of rows (the rest are unused).
+        batch.block_table.commit_block_table(min(bucket(num_reqs), self.max_num_reqs))
+
+        req_indices = np.repeat(self.arange_np[:num_reqs], num_scheduled_tokens)
+        cu_num_tokens = self._get_cumsum_and_arange(num_scheduled_tokens, self.query_pos.np)
+        self.query_pos.np[tokens:padded] = 0
+        positions = batch.num_computed_tokens_cpu[req_indices] + self.query_pos.np[:tokens]
+
+        # Whole buffers: a whole tensor's copy is an upload, a part's a program.
+        def send(buf, values, pad):  # values, then pad up to the bucket
+            buf.np[:tokens] = values
+            buf.np[tokens:padded] = pad
+            buf.copy_to_gpu()
+
+        send(self.input_ids, batch.token_ids_cpu[req_indices, positions], 0)
+        send(self.req_indices, req_indices, 0)
+        self.query_pos.copy_to_gpu()
+        self._positions_host[:tokens] = torch.from_numpy(positions)
+        self._positions_host[tokens:padded] = 0
+        self.positions.copy_(self._positions_host)
+        for table in batch.block_table.block_tables:
+            if table.slot_mapping_mode == SlotMappingMode.NONE:
+                continue
+            bs = table.block_size
+            blocks = table.block_table.np[req_indices, positions // bs].astype(np.int64)
+            send(table.slot_mapping, blocks * bs + positions % bs, -1)
+
+        self.query_start_loc.np[0] = 0
+        self.query_start_loc.np[1 : num_reqs + 1] = cu_num_tokens
+        self.query_start_loc.np[num_reqs + 1 :] = cu_num_tokens[-1]
+        self.query_start_loc.copy_to_gpu()
+
+        seq_lens = self.optimistic_seq_lens_cpu
+        torch.add(batch.num_computed_tokens_cpu_tensor[:num_reqs], torch.from_numpy(num_scheduled_tokens),
+                  out=seq_lens[:num_reqs])
+        seq_lens[num_reqs:] = 0
+        self.seq_lens.copy_(seq_lens)
+        self.num_computed_tokens.copy_(batch.num_computed_tokens_cpu_tensor)
+        self.num_scheduled_tokens.np[:num_reqs] = num_scheduled_tokens
+        self.num_scheduled_tokens.np[num_reqs:] = 0
+        self.num_scheduled_tokens.copy_to_gpu()
+        self._compute_prev_positions(num_reqs)
+        # A request whose prompt is not yet all scheduled samples nothing.
+        num_tokens = np.array([self.requests[r].num_tokens for r in batch.req_ids], dtype=np.int32)
+        self.discard_request_mask.np[:num_reqs] = seq_lens[:num_reqs].numpy() < num_tokens
+        self.discard_request_mask.np[num_reqs:] = False
+        self.discard_request_mask.copy_to_gpu()
+        self.num_accepted_tokens.np.fill(1)
+        self.num_accepted_tokens.copy_to_gpu()
+        # Each request's last token gives its logits: an upload, no program.
+        logits_indices = torch.from_numpy((cu_num_tokens - 1).astype(np.int64)).to(self.device)
+        return logits_indices, None, 1
 
     def warming_up_model(self) -> None:
         return
@@ -126,10 +241,11 @@ class TpuWorker(CPUWorker):
         return False
 
     def compile_or_warm_up_model(self):
-        """Runs the model once per token bucket (and once per decode batch
-        size up to max_num_seqs) before serving, so that requests find their
-        programs compiled: a first use of a bucket during serving cost a
-        compile in the request's latency."""
+        """Compiles before serving what requests will run, so that they find
+        their programs (a first use during serving cost a compile in some
+        request's latency): for every token bucket, batches of equal requests
+        of every power-of-two query length (one long prefill to all decodes),
+        and the greedy sampler for each request count."""
         import time
 
         times = super().compile_or_warm_up_model()
@@ -142,14 +258,29 @@ class TpuWorker(CPUWorker):
             sizes.append(n)
             n *= 2
         sizes.append(runner.max_num_tokens)
-        # Largest first: the first run is the one Dynamo traces (once, for
-        # every size), and a trace at 1 token would specialise that dim to 1.
-        for n in reversed(sizes):
-            runner._dummy_run(n, force_attention=True)
-            if n <= runner.max_num_reqs:
-                runner._dummy_run(n, force_attention=True, uniform_decode=True)
+        query_len = runner.uniform_decode_query_len
+        shapes = 0
+        try:
+            # Largest first: the first run is the one Dynamo traces (once, for
+            # every size), and a trace at 1 token would specialise that dim to 1.
+            for n in reversed(sizes):
+                q = n
+                while q >= 1:
+                    if -(-n // q) <= runner.max_num_reqs:
+                        runner.uniform_decode_query_len = q
+                        hidden, _ = runner._dummy_run(n, force_attention=True, uniform_decode=True)
+                        shapes += 1
+                    q //= 2
+        finally:
+            runner.uniform_decode_query_len = query_len
+        # Logits and greedy sampling run per exact request count.
+        with torch.inference_mode():
+            for r in range(1, min(runner.max_num_reqs, _SAMPLER_WARM_UP_REQUESTS) + 1):
+                logits = runner.model.compute_logits(hidden[:1].expand(r, -1).contiguous())
+                runner.sampler(logits=logits, sampling_metadata=_greedy_metadata(r, runner.device))
         torch.tpu.synchronize()
-        logger.info("torch_tpu: warmed up %d token buckets in %.1f s", len(sizes), time.perf_counter() - start)
+        logger.info("torch_tpu: warmed up %d batch shapes in %d token buckets in %.1f s", shapes, len(sizes),
+                    time.perf_counter() - start)
         return times
 
     def _maybe_get_memory_pool_context(self, tag: str):
