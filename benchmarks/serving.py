@@ -12,53 +12,16 @@ import datetime
 import json
 import os
 import platform
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
-import time
-import urllib.request
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 
 from vllm_models import make_model  # noqa: E402
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def start_server(model, port, env, log, args):
-    cmd = [sys.executable, "-m", "torch_tpu.vllm", "serve", model, "--served-model-name", "bench", "--host",
-           "127.0.0.1", "--port", str(port), "--dtype", "float32", "--max-model-len", str(args.max_model_len),
-           "--max-num-seqs", str(args.max_num_seqs)] + (["--enforce-eager"] if args.eager else [])
-    proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    deadline = time.time() + 600
-    while time.time() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"server exited with {proc.returncode} (log: {log.name})")
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as r:
-                if r.status == 200:
-                    return proc
-        except OSError:
-            time.sleep(1)
-    stop(proc)
-    raise RuntimeError(f"server did not start in 600 s (log: {log.name})")
-
-
-def stop(proc):
-    try:
-        os.killpg(proc.pid, signal.SIGINT)
-        proc.wait(timeout=60)
-    except (ProcessLookupError, subprocess.TimeoutExpired):
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
+from vllm_server import serving  # noqa: E402
 
 
 def bench(model, port, result_dir, name, args, num_prompts, seed):
@@ -95,16 +58,13 @@ def main():
         "cpu": dict(os.environ, VLLM_TARGET_DEVICE="cpu", VLLM_TORCH_TPU="0"),
     }
     results = {name: [] for name in backends}
+    server_args = ["--served-model-name", "bench", "--dtype", "float32", "--max-model-len", str(args.max_model_len),
+                   "--max-num-seqs", str(args.max_num_seqs)] + (["--enforce-eager"] if args.eager else [])
     for name, env in backends.items():
-        port = free_port()
-        with open(os.path.join(work, f"{name}.log"), "w") as log:
-            proc = start_server(model, port, env, log, args)
-            try:
-                bench(model, port, work, f"{name}_warmup", args, max(4, args.max_num_seqs), seed=99)
-                for r in range(args.rounds):
-                    results[name].append(bench(model, port, work, f"{name}_{r}", args, args.num_prompts, seed=r))
-            finally:
-                stop(proc)
+        with serving(model, server_args, env, os.path.join(work, f"{name}.log")) as (port, _):
+            bench(model, port, work, f"{name}_warmup", args, max(4, args.max_num_seqs), seed=99)
+            for r in range(args.rounds):
+                results[name].append(bench(model, port, work, f"{name}_{r}", args, args.num_prompts, seed=r))
 
     commit = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True,
                             text=True).stdout.strip()

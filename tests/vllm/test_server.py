@@ -6,57 +6,30 @@ model compiled (torch.compile, backend "tpu"), with TORCH_TPU_FALLBACK=error."""
 import http.client
 import json
 import os
-import signal
 import socket
 import subprocess
 import sys
 import threading
-import time
 
 import pytest
 
 from conftest import PROMPTS, hf_greedy
+from vllm_server import free_port, serving
 
 NEW = 16
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def server(models, tmp_path_factory):
-    port = free_port()
     log = tmp_path_factory.mktemp("server") / "server.log"
     env = dict(os.environ, TORCH_TPU_FALLBACK="error")
     # The README's command: vLLM's `vllm serve` (through torch_tpu.vllm's shim).
-    cmd = [sys.executable, "-m", "torch_tpu.vllm", "serve", models["llama"], "--served-model-name", "tiny", "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32",
-           "--max-model-len", "256", "--max-num-seqs", "8"]
-    with open(log, "w") as out:
-        proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    args = ["--served-model-name", "tiny", "--dtype", "float32", "--max-model-len", "256", "--max-num-seqs", "8"]
     try:
-        deadline = time.time() + 300
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"the server exited with {proc.returncode}:\n{log.read_text()[-4000:]}")
-            try:
-                if request(port, "GET", "/health")[0] == 200:
-                    break
-            except OSError:
-                pass
-            if time.time() > deadline:
-                pytest.fail(f"the server did not start in 300 s:\n{log.read_text()[-4000:]}")
-            time.sleep(1)
-        yield {"port": port, "proc": proc, "log": log, "model": models["llama"]}
-    finally:
-        os.killpg(proc.pid, signal.SIGINT)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        with serving(models["llama"], args, env, str(log), start_timeout=300) as (port, proc):
+            yield {"port": port, "proc": proc, "log": log, "model": models["llama"]}
+    except RuntimeError as e:
+        pytest.fail(str(e))
 
 
 def request(port, method, path, body=None, timeout=120):

@@ -1,0 +1,61 @@
+"""vLLM's OpenAI server on a free local port, for the serving tests and
+benchmark: `python -m torch_tpu.vllm serve MODEL ...` (vLLM's `vllm serve`)
+in its own process group, ready once /health answers, stopped with SIGINT
+(SIGKILL if it does not exit)."""
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from contextlib import contextmanager
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _tail(path: str, chars: int = 4000) -> str:
+    with open(path, errors="replace") as f:
+        return f.read()[-chars:]
+
+
+def stop(proc: subprocess.Popen, timeout: float = 60) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGINT)
+        proc.wait(timeout=timeout)
+    except ProcessLookupError:
+        pass
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+@contextmanager
+def serving(model: str, args: list[str], env: dict, log_path: str, start_timeout: float = 600):
+    """Yields (port, process) of a server that answers /health; RuntimeError
+    with the end of its log if it exits or does not start in time."""
+    port = free_port()
+    cmd = [sys.executable, "-m", "torch_tpu.vllm", "serve", model, "--host", "127.0.0.1", "--port", str(port), *args]
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.time() + start_timeout
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"the server exited with {proc.returncode}:\n{_tail(log_path)}")
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                pass
+            if time.time() > deadline:
+                raise RuntimeError(f"the server did not start in {start_timeout:.0f} s:\n{_tail(log_path)}")
+            time.sleep(1)
+        yield port, proc
+    finally:
+        stop(proc)
