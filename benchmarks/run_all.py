@@ -1,12 +1,15 @@
 #!/usr/bin/env python3
 """Runs the benchmarks side by side and writes docs/benchmarks.md.
 
-    python benchmarks/run_all.py
+    python benchmarks/run_all.py                  # all of them
+    python benchmarks/run_all.py --only serving   # the serving section alone, the rest kept
 """
 
 from __future__ import annotations
 
+import argparse
 import os
+import subprocess
 
 import compiled
 import fused_vs_strict
@@ -14,10 +17,45 @@ import gpt_train
 import op_overhead
 from common import provenance, provenance_lines
 
-DOC = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "benchmarks.md")
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+DOC = os.path.join(ROOT, "docs", "benchmarks.md")
+SERVING = "## Serving with vLLM: tpu against vLLM's CPU backend"
+
+
+def serving_section() -> list[str]:
+    """benchmarks/serving.py in the serving environment (scripts/setup_vllm.sh);
+    its table (also in docs/serving_benchmark.md) without its title."""
+    python = os.path.join(ROOT, ".venv-vllm", "bin", "python")
+    if not os.path.exists(python):
+        return [SERVING, "", "Not run: `bash scripts/setup_vllm.sh` makes the environment it needs.", ""]
+    out = os.path.join(ROOT, "docs", "serving_benchmark.md")
+    subprocess.run([python, os.path.join(HERE, "serving.py"), "--out", out], check=True)
+    with open(out) as f:
+        body = f.read().split("\n", 1)[1].strip()
+    return [SERVING, "", body, "", "How the plugin works and what limits it: [serving.md](serving.md).", ""]
+
+
+def replace_section(text: str, heading: str, section: list[str]) -> str:
+    """text with the section under `heading` (up to the next "## ") replaced, or appended."""
+    start = text.find(heading + "\n")
+    if start < 0:
+        return text.rstrip("\n") + "\n\n" + "\n".join(section)
+    end = text.find("\n## ", start + len(heading))
+    return text[:start] + "\n".join(section) + ("" if end < 0 else text[end:])
 
 
 def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--only", choices=["serving"], help="rerun one section and keep the rest of the file")
+    args = ap.parse_args()
+    if args.only == "serving":
+        with open(DOC) as f:
+            text = f.read()
+        with open(DOC, "w") as f:
+            f.write(replace_section(text, SERVING, serving_section()))
+        print(f"wrote {DOC}")
+        return
     prov = provenance()
     ops = op_overhead.main(["--iters", "200"])
     thr = op_overhead.main(["--throughput"])
@@ -120,6 +158,7 @@ def main():
                  for o, r in against.items()]
         lines.append(f"\n{task}: " + ", ".join(parts) + ".")
     lines.append("")
+    lines += serving_section()
     os.makedirs(os.path.dirname(DOC), exist_ok=True)
     with open(DOC, "w") as f:
         f.write("\n".join(lines))
