@@ -52,8 +52,9 @@ def main():
     if args.only == "serving":
         with open(DOC) as f:
             text = f.read()
+        text = replace_section(text, SERVING, serving_section())
         with open(DOC, "w") as f:
-            f.write(replace_section(text, SERVING, serving_section()))
+            f.write(text)
         print(f"wrote {DOC}")
         return
     prov = provenance()
