@@ -12,8 +12,8 @@ namespace {
 // The arguments are checked where the op is lowered (ops/paged_attention.cpp).
 at::Tensor pagedAttentionMeta(const at::Tensor& query, const at::Tensor& /*kv_cache*/,
                               const at::Tensor& /*block_table*/, const at::Tensor& /*seq_lens*/,
-                              const at::Tensor& /*query_start_loc*/, int64_t /*max_query_len*/, double /*scale*/,
-                              int64_t /*sliding_window*/, double /*soft_cap*/) {
+                              const at::Tensor& /*query_start_loc*/, double /*scale*/, int64_t /*sliding_window*/,
+                              double /*soft_cap*/) {
   return at::empty_like(query);
 }
 
@@ -23,7 +23,7 @@ at::Tensor pagedAttentionMeta(const at::Tensor& query, const at::Tensor& /*kv_ca
 TORCH_LIBRARY_FRAGMENT(tpu, m) {
   m.def(
       "paged_attention(Tensor query, Tensor kv_cache, Tensor block_table, Tensor seq_lens, "
-      "Tensor query_start_loc, int max_query_len, float scale, int sliding_window=-1, float soft_cap=0.0) "
+      "Tensor query_start_loc, float scale, int sliding_window=-1, float soft_cap=0.0) "
       "-> Tensor");
 }
 

@@ -3,17 +3,28 @@
 // request's keys and values, which lie in fixed-size blocks of a KV cache
 // named by the request's row of the block table. Prefill and decode requests
 // mix in one batch (vLLM v1). One op with this one lowering, so a step's
-// attention is one fused XLA computation per shape bucket in every mode.
+// attention is one fused XLA computation in every mode.
 //
-// Shapes (the caller pads them to buckets; padding is masked, never read):
+// Shapes (padding is masked, never read):
 //   query            [T, Hq, D]           the batch's tokens
 //   kv_cache         [NB, Hk, bs, 2 * D]  keys in [..., :D], values in [..., D:]
 //   block_table      [R, MB] int          block ids of each request (0: unused)
 //   seq_lens         [R] int              tokens of each request, context + new
 //   query_start_loc  [R + 1] int          where each request's tokens start
-//   max_query_len    Q, an attribute      the most new tokens of any request
 // A query at position p of its request sees key k when k <= p (causal),
 // k < seq_len and, with a sliding window W, k > p - W.
+//
+// Ragged: the program's shape depends on T, R and MB only, never on the
+// step's query lengths or sequence lengths, so a serving run has one program
+// per (token bucket, request bucket) and any mix of prefill and decode reuses
+// it. Loops with data-dependent trip counts walk the real work, in key tiles
+// with an online softmax (flash attention):
+//   - decode requests (one new token) all at once, one key tile per step, up
+//     to the longest decode sequence;
+//   - every other request in query tiles of up to kQueryTile tokens, each tile
+//     over the key tiles up to its last token's position (causal: later tiles
+//     read more keys, none reads keys past its own tokens).
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <stdexcept>
@@ -27,13 +38,22 @@ namespace {
 using ir::Builder;
 using ir::Cmp;
 
+constexpr int64_t kQueryTile = 64;  // query rows of a prefill tile
+constexpr int64_t kKeyTile = 256;   // keys read per step (whole blocks)
+
 Value i64(Builder& b, const Value& v) { return b.convert(v, DType::I64); }
-
-Value scalarI64(Builder& b, int64_t v, const Shape& s) { return b.constantInt(v, DType::I64, s); }
-
-Value clampTo(Builder& b, const Value& x, int64_t lo, int64_t hi) {
-  return b.clamp(scalarI64(b, lo, x.shape()), x, scalarI64(b, hi, x.shape()));
+Value cI64(Builder& b, int64_t v, const Shape& s = {}) { return b.constantInt(v, DType::I64, s); }
+Value bcast(Builder& b, const Value& v, const Shape& s, const std::vector<int64_t>& dims) {
+  return b.broadcastInDim(v, s, dims);
 }
+Value band(Builder& b, const Value& x, const Value& y) { return b.binary("and", x, y); }
+Value minI(Builder& b, const Value& x, const Value& y) { return b.binary("minimum", x, y); }
+Value maxI(Builder& b, const Value& x, const Value& y) { return b.binary("maximum", x, y); }
+Value clampTo(Builder& b, const Value& x, int64_t lo, int64_t hi) {
+  return b.clamp(cI64(b, lo, x.shape()), x, cI64(b, hi, x.shape()));
+}
+// Element i of a 1-d value, i a scalar.
+Value at(Builder& b, const Value& v, const Value& i) { return b.reshape(b.dynamicSlice(v, {i}, {1}), {}); }
 
 // rows[i...] = operand[idx[i...]] along dim 0 (idx of shape S gives S ++ operand.shape[1:]).
 Value takeRows(Builder& b, const Value& operand, const Value& idx) {
@@ -53,8 +73,8 @@ Value takeRows(Builder& b, const Value& operand, const Value& idx) {
 
 // Malformed arguments are the caller's error (RuntimeError), not a reason to
 // run elsewhere.
-void checkArguments(const Value& query, const Value& cache, const Value& table, const Value& seq_lens, const Value& qsl,
-                    int64_t max_query_len) {
+void checkArguments(const Value& query, const Value& cache, const Value& table, const Value& seq_lens,
+                    const Value& qsl) {
   auto fail = [](const std::string& what) { throw std::invalid_argument("paged_attention: " + what); };
   if (query.rank() != 3) fail("query must be [tokens, heads, head_size], got " + ir::shapeStr(query.shape()));
   if (cache.rank() != 4 || cache.shape()[3] != 2 * query.shape()[2])
@@ -70,83 +90,225 @@ void checkArguments(const Value& query, const Value& cache, const Value& table, 
   for (const Value* v : {&table, &seq_lens, &qsl})
     if (ir::isFloat(v->dtype()) || v->dtype() == DType::Bool)
       fail("block_table, seq_lens and query_start_loc must be integer tensors");
-  if (table.shape()[0] == 0 || query.shape()[0] == 0 || max_query_len <= 0)
-    fail("needs at least one request with a token");
+  if (table.shape()[0] == 0 || table.shape()[1] == 0 || query.shape()[0] == 0)
+    fail("needs at least one request, one block column and one token");
   if (cache.dtype() != query.dtype())
     fail("kv_cache dtype " + std::string(ir::dtypeName(cache.dtype())) + " differs from query dtype " +
          ir::dtypeName(query.dtype()));
 }
 
+struct Dims {
+  int64_t T, Hq, Hk, G, D, bs, R, MB, Kb, L;  // L = Kb * bs keys per step
+  double scale, soft_cap;
+  int64_t window;
+  DType acc;
+};
+
+// One key tile of online softmax for queries q [N, Hk, M, D] against the
+// keys of `blocks` [N, Kb] (N requests' rows). `visible` [N, M, L] says which
+// keys each query row sees. State m, l [N, Hk, M], o [N, Hk, M, D].
+struct Online {
+  Value m, l, o;
+};
+Online keyTile(Builder& b, const Dims& d, const Value& q, const Value& cache, const Value& blocks, const Value& visible,
+               const Online& st) {
+  const int64_t N = q.shape()[0];
+  // [N, Kb, Hk, bs, 2D] -> [N, Hk, L, 2D]
+  Value kv = b.transpose(takeRows(b, cache, blocks), {0, 2, 1, 3, 4});
+  kv = b.convert(b.reshape(kv, {N, d.Hk, d.L, 2 * d.D}), d.acc);
+  const Value k = b.slice(kv, {0, 0, 0, 0}, {N, d.Hk, d.L, d.D}, {1, 1, 1, 1});
+  const Value v = b.slice(kv, {0, 0, 0, d.D}, {N, d.Hk, d.L, 2 * d.D}, {1, 1, 1, 1});
+  Value s = b.dotGeneral(q, k, {0, 1}, {0, 1}, {3}, {3}, d.acc);  // [N, Hk, M, L]
+  s = mul(b, s, full(b, d.scale, s));
+  if (d.soft_cap > 0) s = mul(b, b.unary("tanh", div(b, s, full(b, d.soft_cap, s))), full(b, d.soft_cap, s));
+  const Value vis = bcast(b, visible, s.shape(), {0, 2, 3});
+  const Value lowest = b.constant(std::numeric_limits<float>::lowest(), d.acc, s.shape());
+  s = b.select(vis, s, lowest);
+  const Value m = b.binary("maximum", st.m, reduceMax(b, s, {3}));
+  // Masked keys weigh 0 even in a row that has seen none yet (m still lowest).
+  const Value p = b.select(vis, b.unary("exponential", sub(b, s, bcast(b, m, s.shape(), {0, 1, 2}))), b.zeros(s.type));
+  const Value corr = b.unary("exponential", sub(b, st.m, m));
+  const Value l = add(b, mul(b, st.l, corr), reduceSum(b, p, {3}));
+  const Value pv = b.dotGeneral(p, v, {0, 1}, {0, 1}, {3}, {2}, d.acc);  // [N, Hk, M, D]
+  const Value o = add(b, mul(b, st.o, bcast(b, corr, pv.shape(), {0, 1, 2})), pv);
+  return {m, l, o};
+}
+
+Online initial(Builder& b, const Dims& d, int64_t N, int64_t M) {
+  return {b.constant(std::numeric_limits<float>::lowest(), d.acc, {N, d.Hk, M}), b.constant(0, d.acc, {N, d.Hk, M}),
+          b.constant(0, d.acc, {N, d.Hk, M, d.D})};
+}
+
+// o / l; rows that saw no key (padding) give 0, not NaN.
+Value normalized(Builder& b, const Online& st) {
+  const Value l = st.l;
+  const Value safe = b.select(b.compare(l, full(b, 0, l), Cmp::GT), l, full(b, 1, l));
+  return div(b, st.o, bcast(b, safe, st.o.shape(), {0, 1, 2}));
+}
+
+// Keys at positions kp [..] a query at position pos sees, given the request's
+// sequence length and the first key this tile may add (earlier ones were read).
+Value sees(Builder& b, const Dims& d, const Value& kp, const Value& pos, const Value& seq_len, const Value& first) {
+  Value v = band(b, b.compare(kp, seq_len, Cmp::LT), b.compare(kp, pos, Cmp::LE));
+  v = band(b, v, b.compare(kp, first, Cmp::GE));
+  if (d.window > 0) v = band(b, v, b.compare(kp, sub(b, pos, cI64(b, d.window, kp.shape())), Cmp::GT));
+  return v;
+}
+
+// The first block a step reads: `kb`, moved back so Kb blocks fit in the row
+// (dynamic_slice would clamp it the same way; the keys before kb are masked).
+Value tileStart(Builder& b, const Dims& d, const Value& kb) { return minI(b, kb, cI64(b, d.MB - d.Kb)); }
+
+// Decode requests (one new token each), all R rows at once: [R, Hq, D].
+Value decodeAttention(Builder& b, const Dims& d, const Value& query, const Value& cache, const Value& table,
+                      const Value& starts, const Value& qlen, const Value& seq_lens) {
+  const Value is_dec = b.compare(qlen, cI64(b, 1, qlen.shape()), Cmp::EQ);
+  const Value len = b.select(is_dec, seq_lens, cI64(b, 0, seq_lens.shape()));      // 0: not a decode
+  Value q = b.convert(takeRows(b, query, clampTo(b, starts, 0, d.T - 1)), d.acc);  // [R, Hq, D]
+  q = b.reshape(q, {d.R, d.Hk, d.G, d.D});
+  const Value last = reduceMax(b, len, {0});
+  // With a window, no decode query sees keys before the earliest window start.
+  Value first = cI64(b, 0);
+  if (d.window > 0) {
+    const Value lo = maxI(b, sub(b, len, cI64(b, d.window, len.shape())), cI64(b, 0, len.shape()));
+    const Value none = cI64(b, std::numeric_limits<int32_t>::max(), len.shape());
+    first = reduceMin(b, b.select(is_dec, lo, none), {0});
+    first = b.select(b.compare(first, last, Cmp::LT), first, cI64(b, 0));
+  }
+  const Value kb0 = b.binary("divide", first, cI64(b, d.bs));
+  const Online init = initial(b, d, d.R, d.G);
+  auto out = b.whileLoop(
+      {kb0, last, q, cache, table, len, init.m, init.l, init.o},
+      [&](Builder& bb, const std::vector<Value>& s) {
+        return std::vector<Value>{bb.compare(mul(bb, s[0], cI64(bb, d.bs)), s[1], Cmp::LT)};
+      },
+      [&](Builder& bb, const std::vector<Value>& s) {
+        const Value &kb = s[0], &tab = s[4], &ln = s[5];
+        const Value b0 = tileStart(bb, d, kb);
+        const Value blocks = bb.dynamicSlice(tab, {cI64(bb, 0), b0}, {d.R, d.Kb});
+        const Shape rl{d.R, 1, d.L};
+        const Value kp = add(bb, bb.iota({DType::I64, rl}, 2), bcast(bb, mul(bb, b0, cI64(bb, d.bs)), rl, {}));
+        const Value lens = bcast(bb, ln, rl, {0});
+        const Value pos = sub(bb, lens, cI64(bb, 1, rl));
+        const Value vis = sees(bb, d, kp, pos, lens, bcast(bb, mul(bb, kb, cI64(bb, d.bs)), rl, {}));
+        const Value visible = bcast(bb, vis, {d.R, d.G, d.L}, {0, 1, 2});
+        const Online st = keyTile(bb, d, s[2], s[3], bb.convert(blocks, DType::I64), visible, {s[6], s[7], s[8]});
+        return std::vector<Value>{add(bb, kb, cI64(bb, d.Kb)), s[1], s[2], s[3], s[4], s[5], st.m, st.l, st.o};
+      });
+  return b.reshape(normalized(b, {out[6], out[7], out[8]}), {d.R, d.Hq, d.D});
+}
+
+// The other requests (more than one new token) in query tiles of C tokens,
+// written into `out` [T, Hq, D] (rows of decode tokens are left as they are).
+Value prefillAttention(Builder& b, const Dims& d, const Value& query, const Value& cache, const Value& table,
+                       const Value& starts, const Value& qlen, const Value& seq_lens, Value out) {
+  const int64_t C = std::min(kQueryTile, d.T);
+  const Value is_pre = b.compare(qlen, cI64(b, 1, qlen.shape()), Cmp::GT);
+  const Value tiles =
+      b.select(is_pre, b.binary("divide", add(b, qlen, cI64(b, C - 1, qlen.shape())), cI64(b, C, qlen.shape())),
+               cI64(b, 0, qlen.shape()));
+  const Value tile_end = scan(b, tiles, 0, "add", 0);  // [R] inclusive cumsum
+  const Value total = reduceSum(b, tiles, {0});
+  const Value ctx = sub(b, seq_lens, qlen);
+
+  // State: work item w, total, query, cache, table, starts, qlen, ctx, seq_lens, tile_end, out.
+  auto res = b.whileLoop(
+      {cI64(b, 0), total, query, cache, table, starts, qlen, ctx, seq_lens, tile_end, out},
+      [&](Builder& bb, const std::vector<Value>& s) { return std::vector<Value>{bb.compare(s[0], s[1], Cmp::LT)}; },
+      [&](Builder& bb, const std::vector<Value>& s) {
+        const Value &w = s[0], &qry = s[2], &cch = s[3], &tab = s[4], &te = s[9];
+        // The request that holds work item w, and the tile's index in it.
+        const Value r =
+            reduceSum(bb, bb.convert(bb.compare(te, bcast(bb, w, te.shape(), {}), Cmp::LE), DType::I64), {0});
+        const Value rt = clampTo(bb, r, 0, d.R - 1);
+        const Value start = at(bb, s[5], rt), n = at(bb, s[6], rt), c0 = at(bb, s[7], rt), len = at(bb, s[8], rt);
+        const Value first_tile = sub(bb, at(bb, te, rt), bb.binary("divide", add(bb, n, cI64(bb, C - 1)), cI64(bb, C)));
+        const Value i = sub(bb, w, first_tile);
+        const Value tok0 = add(bb, start, mul(bb, i, cI64(bb, C)));  // the tile's first token
+        const Value s0 = minI(bb, tok0, cI64(bb, d.T - C));          // where the C rows are read
+        // Row j holds token s0 + j: this tile's when in [tok0, start + n).
+        const Value tok = add(bb, bb.iota({DType::I64, {C}}, 0), bcast(bb, s0, {C}, {}));
+        const Value mine = band(bb, bb.compare(tok, bcast(bb, tok0, {C}, {}), Cmp::GE),
+                                bb.compare(tok, bcast(bb, add(bb, start, n), {C}, {}), Cmp::LT));
+        const Value pos = add(bb, sub(bb, tok, bcast(bb, start, {C}, {})), bcast(bb, c0, {C}, {}));
+        Value q = bb.convert(bb.dynamicSlice(qry, {s0, cI64(bb, 0), cI64(bb, 0)}, {C, d.Hq, d.D}), d.acc);
+        q = bb.reshape(bb.transpose(bb.reshape(q, {C, d.Hk, d.G, d.D}), {1, 2, 0, 3}), {1, d.Hk, d.G * C, d.D});
+        // Keys up to the tile's last position; with a window, from its first.
+        const Value last_pos = add(bb, c0, minI(bb, n, add(bb, sub(bb, tok0, start), cI64(bb, C))));
+        const Value kend = minI(bb, last_pos, len);  // exclusive
+        Value kfirst = cI64(bb, 0);
+        if (d.window > 0)
+          kfirst = maxI(bb, sub(bb, add(bb, c0, sub(bb, tok0, start)), cI64(bb, d.window - 1)), cI64(bb, 0));
+        const Value row = bb.reshape(bb.dynamicSlice(tab, {rt, cI64(bb, 0)}, {1, d.MB}), {d.MB});
+        const Online init = initial(bb, d, 1, d.G * C);
+        // Inner state: kb, kend, q, cache, row, pos, mine, len, m, l, o.
+        auto kin = bb.whileLoop(
+            {bb.binary("divide", kfirst, cI64(bb, d.bs)), kend, q, cch, row, pos, mine, len, init.m, init.l, init.o},
+            [&](Builder& k, const std::vector<Value>& t) {
+              return std::vector<Value>{k.compare(mul(k, t[0], cI64(k, d.bs)), t[1], Cmp::LT)};
+            },
+            [&](Builder& k, const std::vector<Value>& t) {
+              const Value& kb = t[0];
+              const Value b0 = tileStart(k, d, kb);
+              const Value blocks = k.reshape(k.dynamicSlice(t[4], {b0}, {d.Kb}), {1, d.Kb});
+              const Shape cl{C, d.L};
+              const Value kp = add(k, k.iota({DType::I64, cl}, 1), bcast(k, mul(k, b0, cI64(k, d.bs)), cl, {}));
+              Value vis = sees(k, d, kp, bcast(k, t[5], cl, {0}), bcast(k, t[7], cl, {}),
+                               bcast(k, mul(k, kb, cI64(k, d.bs)), cl, {}));
+              vis = band(k, vis, bcast(k, t[6], cl, {0}));
+              // Rows of q are (g, c): [1, G*C, L].
+              const Value visible = k.reshape(bcast(k, vis, {d.G, C, d.L}, {1, 2}), {1, d.G * C, d.L});
+              const Online st = keyTile(k, d, t[2], t[3], k.convert(blocks, DType::I64), visible, {t[8], t[9], t[10]});
+              return std::vector<Value>{
+                  add(k, kb, cI64(k, d.Kb)), t[1], t[2], t[3], t[4], t[5], t[6], t[7], st.m, st.l, st.o};
+            });
+        Value o = normalized(bb, {kin[8], kin[9], kin[10]});  // [1, Hk, G*C, D]
+        o = bb.reshape(bb.transpose(bb.reshape(o, {d.Hk, d.G, C, d.D}), {2, 0, 1, 3}), {C, d.Hq, d.D});
+        o = bb.convert(o, s[10].dtype());
+        const Value at0 = cI64(bb, 0);
+        const Value old = bb.dynamicSlice(s[10], {s0, at0, at0}, {C, d.Hq, d.D});
+        const Value keep = bcast(bb, mine, {C, d.Hq, d.D}, {0});
+        const Value next = bb.dynamicUpdateSlice(s[10], bb.select(keep, o, old), {s0, at0, at0});
+        return std::vector<Value>{add(bb, w, cI64(bb, 1)), s[1], s[2], s[3], s[4], s[5], s[6], s[7], s[8], s[9], next};
+      });
+  return res[10];
+}
+
 std::vector<Value> pagedAttention(Ctx& c) {
   Builder& b = c.b;
   const Value query = c.tensor(0), cache = c.tensor(1);
-  checkArguments(query, cache, c.tensor(2), c.tensor(3), c.tensor(4), c.i64(5));
-  const int64_t T = query.shape()[0], Hq = query.shape()[1], D = query.shape()[2];
-  const int64_t Hk = cache.shape()[1], bs = cache.shape()[2];
+  checkArguments(query, cache, c.tensor(2), c.tensor(3), c.tensor(4));
+  Dims d{};
+  d.T = query.shape()[0];
+  d.Hq = query.shape()[1];
+  d.D = query.shape()[2];
+  d.Hk = cache.shape()[1];
+  d.bs = cache.shape()[2];
+  d.G = d.Hq / d.Hk;
   const Value table = i64(b, c.tensor(2)), seq_lens = i64(b, c.tensor(3)), qsl = i64(b, c.tensor(4));
-  const int64_t R = table.shape()[0], MB = table.shape()[1], L = MB * bs, G = Hq / Hk;
-  const int64_t Q = std::min(c.i64(5), T);
-  const double scale = c.f64(6);
-  const int64_t window = c.i64Or(7, -1);
-  const double soft_cap = c.f64Or(8, 0.0);
-  const DType acc = accOf(floatOf(query.dtype()));
+  d.R = table.shape()[0];
+  d.MB = table.shape()[1];
+  d.Kb = std::clamp<int64_t>(kKeyTile / d.bs, 1, d.MB);
+  d.L = d.Kb * d.bs;
+  d.scale = c.f64(5);
+  d.window = c.i64Or(6, -1);
+  d.soft_cap = c.f64Or(7, 0.0);
+  d.acc = accOf(floatOf(query.dtype()));
 
-  // Per request r and query slot j: its token, and that token's position.
-  const Value starts = b.slice(qsl, {0}, {R}, {1}), ends = b.slice(qsl, {1}, {R + 1}, {1});
-  const Value ctx = sub(b, seq_lens, sub(b, ends, starts));  // [R] tokens before this step's
-  const Shape rq{R, Q};
-  const Value j = b.iota({DType::I64, rq}, 1);
-  const Value tok = clampTo(b, add(b, b.broadcastInDim(starts, rq, {0}), j), 0, T - 1);
-  const Value q_pos = add(b, b.broadcastInDim(ctx, rq, {0}), j);
+  const Value starts = b.slice(qsl, {0}, {d.R}, {1}), ends = b.slice(qsl, {1}, {d.R + 1}, {1});
+  const Value qlen = sub(b, ends, starts);
 
-  // q: [R, Q, Hq, D] -> [R, Hk, G * Q, D]
-  Value q = b.convert(takeRows(b, query, tok), acc);
-  q = b.reshape(b.transpose(b.reshape(q, {R, Q, Hk, G, D}), {0, 2, 3, 1, 4}), {R, Hk, G * Q, D});
-
-  // The requests' blocks: [R, MB, Hk, bs, 2D] -> [R, Hk, L, 2D], then k and v.
-  Value kv = b.transpose(takeRows(b, cache, table), {0, 2, 1, 3, 4});
-  kv = b.convert(b.reshape(kv, {R, Hk, L, 2 * D}), acc);
-  const Value k = b.slice(kv, {0, 0, 0, 0}, {R, Hk, L, D}, {1, 1, 1, 1});
-  const Value v = b.slice(kv, {0, 0, 0, D}, {R, Hk, L, 2 * D}, {1, 1, 1, 1});
-
-  Value s = b.dotGeneral(q, k, {0, 1}, {0, 1}, {3}, {3}, acc);  // [R, Hk, G*Q, L]
-  s = mul(b, s, full(b, scale, s));
-  if (soft_cap > 0) s = mul(b, b.unary("tanh", div(b, s, full(b, soft_cap, s))), full(b, soft_cap, s));
-
-  // Which keys each query sees: [R, Q, L].
-  const Shape rql{R, Q, L};
-  const Value kp = b.iota({DType::I64, rql}, 2);
-  const Value pos = b.broadcastInDim(q_pos, rql, {0, 1});
-  Value visible =
-      b.binary("and", b.compare(kp, b.broadcastInDim(seq_lens, rql, {0}), Cmp::LT), b.compare(kp, pos, Cmp::LE));
-  if (window > 0) visible = b.binary("and", visible, b.compare(kp, sub(b, pos, scalarI64(b, window, rql)), Cmp::GT));
-  const Shape s5{R, Hk, G, Q, L};
-  visible = b.reshape(b.broadcastInDim(visible, s5, {0, 3, 4}), s.shape());
-  // The lowest finite value, not -inf: a padding request sees no key, and its
-  // (discarded) row must not become NaN.
-  s = b.select(visible, s, b.constant(std::numeric_limits<float>::lowest(), acc, s.shape()));
-
-  const Value m = b.broadcastInDim(reduceMax(b, s, {3}), s.shape(), {0, 1, 2});
-  const Value e = b.unary("exponential", sub(b, s, m));
-  const Value p = div(b, e, b.broadcastInDim(reduceSum(b, e, {3}), s.shape(), {0, 1, 2}));
-  Value o = b.dotGeneral(p, v, {0, 1}, {0, 1}, {3}, {2}, acc);  // [R, Hk, G*Q, D]
-  o = b.reshape(b.transpose(b.reshape(o, {R, Hk, G, Q, D}), {0, 3, 1, 2, 4}), {R, Q, Hq, D});
-
-  // Back to the packed tokens: token t belongs to the request whose range
-  // holds it (padding tokens past the last range read some slot; discarded).
-  const Value t = b.iota({DType::I64, {T, R}}, 0);
-  Value r = reduceSum(b, b.convert(b.compare(t, b.broadcastInDim(ends, {T, R}, {1}), Cmp::GE), DType::I64), {1});
-  r = clampTo(b, r, 0, R - 1);
-  const Value start_r = takeRows(b, starts, r);
-  const Value jj = clampTo(b, sub(b, b.iota({DType::I64, {T}}, 0), start_r), 0, Q - 1);
-  const Value idx = b.concatenate({b.reshape(r, {T, 1}), b.reshape(jj, {T, 1})}, 1);
-  Builder::GatherDims dn;
-  dn.offset_dims = {1, 2};
-  dn.collapsed_slice_dims = {0, 1};
-  dn.start_index_map = {0, 1};
-  dn.index_vector_dim = 1;
-  const Value out = b.gather(o, idx, dn, {1, 1, Hq, D});
-  return {b.convert(out, query.dtype())};
+  // Decode results, placed at their tokens: token t belongs to the request
+  // whose range holds it.
+  const Value dec = decodeAttention(b, d, query, cache, table, starts, qlen, seq_lens);  // [R, Hq, D]
+  const Value t = b.iota({DType::I64, {d.T, d.R}}, 0);
+  Value r = reduceSum(b, b.convert(b.compare(t, bcast(b, ends, {d.T, d.R}, {1}), Cmp::GE), DType::I64), {1});
+  r = clampTo(b, r, 0, d.R - 1);
+  const Value tok_is_dec = b.compare(takeRows(b, qlen, r), cI64(b, 1, {d.T}), Cmp::EQ);
+  Value out = b.convert(takeRows(b, dec, r), query.dtype());  // [T, Hq, D]
+  out = b.select(bcast(b, tok_is_dec, out.shape(), {0}), out, b.zeros(out.type));
+  out = prefillAttention(b, d, query, cache, table, starts, qlen, seq_lens, out);
+  return {out};
 }
 
 const Registrar kPagedAttention("paged_attention", pagedAttention);

@@ -67,9 +67,9 @@ def reference(query, cache, table, seq_lens, qsl, scale, window=-1, soft_cap=0.0
     return out
 
 
-def run(query, cache, table, seq_lens, qsl, max_q, scale, window=-1, soft_cap=0.0):
+def run(query, cache, table, seq_lens, qsl, scale, window=-1, soft_cap=0.0):
     args = [t.to("tpu") for t in (query, cache, table, seq_lens, qsl)]
-    return torch.ops.tpu.paged_attention(*args, max_q, scale, window, soft_cap).cpu()
+    return torch.ops.tpu.paged_attention(*args, scale, window, soft_cap).cpu()
 
 
 def check(out, ref, T, dtype):
@@ -88,8 +88,7 @@ def check(out, ref, T, dtype):
 def test_matches_dense_attention(q_lens, ctx_lens):
     batch = make_batch(q_lens, ctx_lens)
     scale = 1 / math.sqrt(64)
-    max_q = 1 << (max(q_lens) - 1).bit_length()
-    check(run(*batch, max_q, scale), reference(*batch, scale), sum(q_lens), torch.float32)
+    check(run(*batch, scale), reference(*batch, scale), sum(q_lens), torch.float32)
 
 
 def test_padding_as_buckets_make_it():
@@ -99,8 +98,8 @@ def test_padding_as_buckets_make_it():
     plain = make_batch(q_lens, ctx_lens)
     padded = make_batch(q_lens, ctx_lens, pad_reqs=2, pad_tokens=3)
     scale = 0.125
-    out_plain = run(*plain, 4, scale)
-    out_padded = run(*padded, 8, scale)
+    out_plain = run(*plain, scale)
+    out_padded = run(*padded, scale)
     torch.testing.assert_close(out_padded[:4], out_plain[:4], atol=2e-6, rtol=2e-6)
     assert not out_padded.isnan().any()
     check(out_padded, reference(*padded, scale), 4, torch.float32)
@@ -109,37 +108,37 @@ def test_padding_as_buckets_make_it():
 @pytest.mark.parametrize("window,soft_cap", [(4, 0.0), (-1, 5.0)])
 def test_sliding_window_and_soft_cap(window, soft_cap):
     batch = make_batch([6, 1], [5, 13])
-    check(run(*batch, 8, 0.1, window, soft_cap), reference(*batch, 0.1, window, soft_cap), 7, torch.float32)
+    check(run(*batch, 0.1, window, soft_cap), reference(*batch, 0.1, window, soft_cap), 7, torch.float32)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_low_precision(dtype):
     batch = make_batch([5, 1], [3, 8], dtype=dtype)
-    out = run(*batch, 8, 0.125)
+    out = run(*batch, 0.125)
     assert out.dtype == dtype
     check(out, reference(*batch, 0.125), 6, dtype)
 
 
 def test_multi_query_heads():
     batch = make_batch([4, 1], [0, 6], Hq=8, Hk=1)
-    check(run(*batch, 4, 0.125), reference(*batch, 0.125), 5, torch.float32)
+    check(run(*batch, 0.125), reference(*batch, 0.125), 5, torch.float32)
 
 
 def test_one_program_per_bucket_and_modes():
     batch = make_batch([3, 1], [4, 9])
     ref = reference(*batch, 0.125)
-    run(*batch, 4, 0.125)
+    run(*batch, 0.125)
     before = torch_tpu.metrics()["compiles"]
     for _ in range(3):
-        check(run(*batch, 4, 0.125), ref, 4, torch.float32)
+        check(run(*batch, 0.125), ref, 4, torch.float32)
     assert torch_tpu.metrics()["compiles"] == before
 
     with torch_tpu.mode("fused"):
         args = [t.to("tpu") for t in batch]
-        out = (torch.ops.tpu.paged_attention(*args, 4, 0.125) * 2).cpu()
+        out = (torch.ops.tpu.paged_attention(*args, 0.125) * 2).cpu()
     check(out / 2, ref, 4, torch.float32)
 
-    fn = torch.compile(lambda *a: torch.ops.tpu.paged_attention(*a, 4, 0.125) + 1, backend="tpu", fullgraph=True)
+    fn = torch.compile(lambda *a: torch.ops.tpu.paged_attention(*a, 0.125) + 1, backend="tpu", fullgraph=True)
     out = fn(*[t.to("tpu") for t in batch]).cpu()
     check(out - 1, ref, 4, torch.float32)
 
@@ -147,14 +146,52 @@ def test_one_program_per_bucket_and_modes():
 def test_bad_input():
     query, cache, table, seq_lens, qsl = (t.to("tpu") for t in make_batch([2], [1]))
     with pytest.raises(RuntimeError, match="2 \\* head_size"):
-        torch.ops.tpu.paged_attention(query, cache[..., :64], table, seq_lens, qsl, 2, 1.0)
+        torch.ops.tpu.paged_attention(query, cache[..., :64], table, seq_lens, qsl, 1.0)
     with pytest.raises(RuntimeError, match="do not divide"):
-        torch.ops.tpu.paged_attention(query[:, :3], cache, table, seq_lens, qsl, 2, 1.0)
+        torch.ops.tpu.paged_attention(query[:, :3], cache, table, seq_lens, qsl, 1.0)
     with pytest.raises(RuntimeError, match="disagree"):
-        torch.ops.tpu.paged_attention(query, cache, table, seq_lens, qsl[:1], 2, 1.0)
+        torch.ops.tpu.paged_attention(query, cache, table, seq_lens, qsl[:1], 1.0)
     with pytest.raises(RuntimeError, match="integer"):
-        torch.ops.tpu.paged_attention(query, cache, table.float(), seq_lens, qsl, 2, 1.0)
+        torch.ops.tpu.paged_attention(query, cache, table.float(), seq_lens, qsl, 1.0)
     with pytest.raises(RuntimeError, match="dtype float16 differs"):
-        torch.ops.tpu.paged_attention(query, cache.half(), table, seq_lens, qsl, 2, 1.0)
+        torch.ops.tpu.paged_attention(query, cache.half(), table, seq_lens, qsl, 1.0)
     # The device still computes.
     assert (torch.ones(2, device="tpu") + 1).cpu().tolist() == [2.0, 2.0]
+
+
+@pytest.mark.parametrize(
+    "q_lens,ctx_lens,Hq,Hk,bs,window",
+    [
+        # Prefills over several query tiles (64 tokens) and key tiles (256
+        # keys), a long decode and a chunk whose last tile is read from T - 64.
+        ([150, 1, 37, 1], [0, 700, 300, 5], 4, 2, 16, -1),
+        ([130, 1, 70], [400, 520, 0], 4, 4, 8, 100),  # windows across tiles
+        ([300], [0], 8, 2, 32, -1),  # grouped heads, one long prompt
+        ([2, 3], [0, 1], 2, 1, 4, -1),  # fewer tokens than a query tile
+    ],
+)
+def test_long_sequences_span_tiles(q_lens, ctx_lens, Hq, Hk, bs, window):
+    batch = make_batch(q_lens, ctx_lens, Hq=Hq, Hk=Hk, bs=bs, pad_reqs=1, pad_tokens=5, seed=3)
+    out = run(*batch, 0.125, window)
+    assert not out.isnan().any()
+    check(out, reference(*batch, 0.125, window), sum(q_lens), torch.float32)
+
+
+def test_any_mix_of_lengths_reuses_one_program():
+    # The program depends on the tokens, requests and block columns only: a
+    # serving run's changing prefill/decode mixes and lengths find it.
+    def batch(q_lens, ctx_lens, seed):
+        query, cache, table, seq_lens, qsl = make_batch(q_lens, ctx_lens, seed=seed)
+        T, R = 24, 4
+        pad = lambda t, n, v=0: torch.cat([t, torch.full((n - t.shape[0], *t.shape[1:]), v, dtype=t.dtype)])
+        table = torch.cat([table, torch.zeros(table.shape[0], 40 - table.shape[1], dtype=table.dtype)], 1)
+        return (pad(query, T), pad(cache, 120), pad(table, R), pad(seq_lens, R),
+                pad(qsl, R + 1, int(qsl[-1])))
+
+    mixes = [([1, 1, 1, 1], [5, 50, 90, 2]), ([20, 1], [0, 130]), ([7, 1, 12], [30, 9, 3]), ([24], [100])]
+    batches = [batch(q, c, seed) for seed, (q, c) in enumerate(mixes)]
+    run(*batches[0], 0.125)
+    before = torch_tpu.metrics()["compiles"]
+    for (q_lens, _), b in zip(mixes, batches):
+        check(run(*b, 0.125), reference(*b, 0.125), sum(q_lens), torch.float32)
+    assert torch_tpu.metrics()["compiles"] == before

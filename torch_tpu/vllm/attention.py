@@ -8,9 +8,11 @@ cache's buffer); attention is `torch.ops.tpu.paged_attention`, whose one
 lowering (csrc/ops/paged_attention.cpp) gathers each request's blocks and
 runs prefill and decode requests of a mixed batch together.
 
-Shapes reach the op in buckets: requests, blocks per request (at least
-256 keys' worth) and query length are padded to powers of two, so a
-serving run reuses a few programs.
+The op is ragged: its program depends on the step's token bucket, its
+request bucket (a power of two, at most max_num_seqs) and the block table's
+width only, never on the query or sequence lengths, so a serving run has one
+program per (token bucket, request bucket), which the worker compiles before
+serving.
 """
 from dataclasses import dataclass
 from typing import ClassVar
@@ -30,14 +32,16 @@ from vllm.v1.attention.backend import (
 from vllm.v1.kv_cache_interface import AttentionSpec, KVCacheLayout
 
 
-# Attention reads at least this many keys per request (see the builder).
-_MIN_KEYS = 256
-
-
 def bucket(n: int, limit: int | None = None) -> int:
     """The power of two at or above n (at least 1), capped at limit."""
     b = 1 << max(0, int(n) - 1).bit_length()
     return min(b, limit) if limit else b
+
+
+def request_bucket(num_reqs: int, max_num_reqs: int) -> int:
+    """Rows of a step's request metadata (block table, sequence lengths):
+    the power of two at or above num_reqs, at most max_num_reqs."""
+    return bucket(num_reqs, max_num_reqs)
 
 
 class TpuAttentionBackend(AttentionBackend):
@@ -76,23 +80,21 @@ class TpuAttentionBackend(AttentionBackend):
 
 @dataclass
 class TpuAttentionMetadata:
-    max_query_len: int  # bucketed
     query_start_loc: torch.Tensor  # [R + 1], R bucketed; non-decreasing past the real requests
     seq_lens: torch.Tensor  # [R], 0 past the real requests
-    block_table: torch.Tensor  # [R, blocks], blocks bucketed
+    block_table: torch.Tensor  # [R, max blocks per request]
     slot_mapping: torch.Tensor  # [num_tokens], -1 for padding tokens
 
 
-def grown(t: torch.Tensor, rows: int, cols: int | None = None) -> torch.Tensor:
-    """The first `rows` rows (and `cols` columns) of the persistent buffer
+def grown(t: torch.Tensor, rows: int) -> torch.Tensor:
+    """The first `rows` rows of the persistent buffer
     that t, a leading slice of it, starts: vLLM slices its buffers to each
     step's counts, and a bucket needs a few rows more. As many as the
     buffer has. vLLM keeps query_start_loc non-decreasing and seq_lens zero
     past the real requests, so padding rows are requests without tokens."""
     elements = t.untyped_storage().nbytes() // t.element_size()
     rows = min(rows, (elements - t.storage_offset()) // t.stride(0))
-    out = t.as_strided((rows, *t.shape[1:]), t.stride(), t.storage_offset())
-    return out if cols is None else out[:, : min(cols, t.shape[1])]
+    return t.as_strided((rows, *t.shape[1:]), t.stride(), t.storage_offset())
 
 
 class TpuAttentionMetadataBuilder(AttentionMetadataBuilder[TpuAttentionMetadata]):
@@ -100,22 +102,16 @@ class TpuAttentionMetadataBuilder(AttentionMetadataBuilder[TpuAttentionMetadata]
 
     def __init__(self, kv_cache_spec: AttentionSpec, layer_names, vllm_config, device):
         super().__init__(kv_cache_spec, layer_names, vllm_config, device)
-        self.block_size = kv_cache_spec.block_size
+        self.max_num_reqs = vllm_config.scheduler_config.max_num_seqs
 
     def build(self, common_prefix_len: int, cm: CommonAttentionMetadata, fast_build: bool = False):
         if cm.causal is not True:
             raise NotImplementedError("torch_tpu's vLLM platform: non-causal attention")
-        reqs = bucket(cm.num_reqs)
-        # At least _MIN_KEYS keys' worth of blocks: fewer block counts, fewer
-        # programs (each count is a shape), for a little padded work.
-        width = cm.block_table_tensor.shape[1]
-        floor = min(width, -(-_MIN_KEYS // self.block_size))
-        blocks = max(bucket(-(-cm.max_seq_len // self.block_size)), floor)
+        reqs = request_bucket(cm.num_reqs, self.max_num_reqs)
         return TpuAttentionMetadata(
-            max_query_len=bucket(cm.max_query_len),
             query_start_loc=grown(cm.query_start_loc, reqs + 1),
             seq_lens=grown(cm.seq_lens, reqs),
-            block_table=grown(cm.block_table_tensor, reqs, blocks),
+            block_table=grown(cm.block_table_tensor, reqs),
             slot_mapping=cm.slot_mapping,
         )
 
@@ -194,7 +190,6 @@ class TpuAttentionImpl(AttentionImpl):
             md.block_table,
             md.seq_lens,
             md.query_start_loc,
-            md.max_query_len,
             self.scale,
             self.sliding_window,
             self.logits_soft_cap,
