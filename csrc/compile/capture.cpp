@@ -53,7 +53,8 @@ struct CaptureState {
   std::vector<ArgSignature> signature;
   bool active = false;
   std::thread::id owner;
-  bool broken = false;  // an op ran on the CPU: the recording cannot be replayed
+  bool broken = false;      // an op ran on the CPU: the recording cannot be replayed
+  bool all_inputs = false;  // reading another device tensor makes it not replayable
   int device = 0;
   bool was_fused = false;
   int materializations = 0;
@@ -114,7 +115,7 @@ std::optional<std::vector<int>> arrayGroups(const std::vector<at::Tensor>& input
 
 }  // namespace
 
-bool captureBegin(const std::vector<at::Tensor>& inputs) {
+bool captureBegin(const std::vector<at::Tensor>& inputs, bool all_inputs) {
   auto& fusion = runtime::Fusion::get();
   std::lock_guard<runtime::FusionMutex> lock(fusion.mutex());
   if (g_capture.active) return false;
@@ -128,6 +129,7 @@ bool captureBegin(const std::vector<at::Tensor>& inputs) {
   g_capture.owner = std::this_thread::get_id();
   g_capture.active = true;
   g_capture.device = dev;
+  g_capture.all_inputs = all_inputs;
   g_capture.groups = *groups;
   for (const at::Tensor& t : inputs) g_capture.signature.push_back(ArgSignature::of(t));
   g_capture.arrays.assign(inputs.size(), nullptr);
@@ -168,6 +170,7 @@ std::shared_ptr<CapturedGraph> captureEnd(const std::vector<at::Tensor>& outputs
   cg->device = g_capture.device;
   cg->ops = graph.ops();
   bool split = graph.materializations() != g_capture.materializations;
+  const int external = g_capture.all_inputs ? graph.externalReads() : 0;
   struct Finish {  // the caller's mode comes back whatever happens
     runtime::Fusion& f;
     runtime::LazyGraph& g;
@@ -184,10 +187,12 @@ std::shared_ptr<CapturedGraph> captureEnd(const std::vector<at::Tensor>& outputs
     rethrow(e, "torch_tpu: compiled graph");
   }
   static const bool debug = env::get("TORCH_TPU_DEBUG_CAPTURE") != nullptr;
-  if (split || g_capture.broken || !cg->run.prog) {
+  if (split || g_capture.broken || !cg->run.prog || external > 0) {
     if (debug)
-      std::fprintf(stderr, "torch_tpu capture: not replayable (split %d, cpu values %d, program %d)\n", split,
-                   g_capture.broken, static_cast<bool>(cg->run.prog));
+      std::fprintf(stderr,
+                   "torch_tpu capture: not replayable (split %d, cpu values %d, program %d, other device tensors "
+                   "read %d)\n",
+                   split, g_capture.broken, static_cast<bool>(cg->run.prog), external);
     return nullptr;
   }
   // Arguments the graph wrote, and where each output lives.

@@ -21,8 +21,11 @@ struct CapturedGraph;
 
 // Starts recording a graph called with `inputs` (undefined tensors allowed).
 // Returns false when the arguments cannot be captured (then the graph simply
-// runs as a whole-graph fused program each call).
-bool captureBegin(const std::vector<at::Tensor>& inputs);
+// runs as a whole-graph fused program each call). With `all_inputs`, the
+// recording is replayable only if it reads no device tensor but `inputs`
+// (the caller names every tensor that can change between calls: the vLLM
+// runner's step); otherwise other tensors read are taken as constants.
+bool captureBegin(const std::vector<at::Tensor>& inputs, bool all_inputs = false);
 // Ends the recording (runs the graph as one program) and returns what a
 // replay needs, or nullptr when the graph cannot be replayed (it read data on
 // the host, split into several programs, or ran an op on the CPU).

@@ -158,11 +158,14 @@ PYBIND11_MODULE(_C, m) {
   py::class_<CapturedHandle>(m, "_CapturedGraph").def_property_readonly("ops", [](const CapturedHandle& h) {
     return compile::capturedOps(*h.g);
   });
-  m.def("_capture_begin", [](const std::vector<std::optional<at::Tensor>>& inputs) {
-    std::vector<at::Tensor> ts;
-    for (const auto& t : inputs) ts.push_back(t ? *t : at::Tensor());
-    return compile::captureBegin(ts);
-  });
+  m.def(
+      "_capture_begin",
+      [](const std::vector<std::optional<at::Tensor>>& inputs, bool all_inputs) {
+        std::vector<at::Tensor> ts;
+        for (const auto& t : inputs) ts.push_back(t ? *t : at::Tensor());
+        return compile::captureBegin(ts, all_inputs);
+      },
+      py::arg("inputs"), py::arg("all_inputs") = false);
   m.def("_capture_end", [](const std::vector<std::optional<at::Tensor>>& outputs) {
     std::vector<at::Tensor> ts;
     for (const auto& t : outputs) ts.push_back(t ? *t : at::Tensor());

@@ -47,6 +47,7 @@ ir::Value LazyGraph::input(const BufferPtr& buf, const ir::Type& type, const Dev
 void LazyGraph::setCaptureInputs(std::unordered_map<const DeviceArray*, int> arrays) {
   capture_inputs_ = std::move(arrays);
   capture_params_.clear();
+  external_reads_ = 0;
 }
 
 // Scalars are never deduplicated: whether two scalars happen to be equal (and
@@ -88,8 +89,10 @@ ir::Value LazyGraph::storage(DeviceArray& a, ir::DType t) {
   } else if (a.lazy()) {
     flat = a.lazyValue()->value;
   } else if (a.materialized()) {
+    if (!capture_inputs_.empty()) ++external_reads_;
     flat = input(a.buffer(), ir::Type{a.dtype(), {a.numel()}}, &a);
   } else {
+    if (!capture_inputs_.empty()) ++external_reads_;  // zeros now, maybe not at a replay
     return b_->constant(0.0, t, {static_cast<int64_t>(a.nbytes() / ir::itemSize(t))});
   }
   return flat.dtype() == t ? flat : reinterpret(*b_, flat, t);

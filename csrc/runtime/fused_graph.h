@@ -91,6 +91,10 @@ class LazyGraph {
   void materialize(CaptureResult* cap = nullptr);
   // Capture: reads of these arrays (argument index) become their own inputs.
   void setCaptureInputs(std::unordered_map<const DeviceArray*, int> arrays);
+  // Device arrays read since setCaptureInputs that are not capture inputs:
+  // a replay would pass their buffers of the capture's time (or zeros, for
+  // an array not yet written).
+  int externalReads() const { return external_reads_; }
   // While a torch.compile graph is captured, Python scalars and view offsets
   // are fixed for every replay: they become constants of the program, which
   // lets XLA fold them (alpha = 1 multiplies, static slices instead of
@@ -122,6 +126,7 @@ class LazyGraph {
   std::unordered_map<PJRT_Buffer*, ir::Value> input_of_;
   std::unordered_map<const DeviceArray*, int> capture_inputs_;
   std::unordered_map<const DeviceArray*, ir::Value> capture_params_;
+  int external_reads_ = 0;
   int materializations_ = 0;
   bool bake_scalars_ = false;
   bool donate_;

@@ -259,6 +259,29 @@ def test_replays_keep_constants_and_view_offsets_of_the_recording():
     assert sum(g["replays"] for g in _graphs_since(n)) >= 2
 
 
+def test_a_recording_that_must_name_all_inputs_refuses_other_tensors():
+    # The vLLM runner's step capture names every tensor that can change
+    # between steps (all_inputs): a recording that reads another device tensor
+    # is not replayable, since a replay would read that tensor's buffer of the
+    # recording's time. Without all_inputs such a tensor is a constant.
+    from torch_tpu import _C
+
+    x, other = torch.randn(4, device="tpu"), torch.randn(4, device="tpu")
+    for all_inputs, replayable in ((True, False), (False, True)):
+        assert _C._capture_begin([x], all_inputs)
+        out = x * 2 + other
+        graph = _C._capture_end([out])
+        assert (graph is not None) == replayable
+        torch.testing.assert_close(out.cpu(), x.cpu() * 2 + other.cpu())
+    assert _C._capture_begin([x, other], True)
+    out = x * 2 + other
+    graph = _C._capture_end([out])
+    assert graph is not None
+    y = torch.randn(4, device="tpu")
+    (got,) = _C._replay(graph, [y, other])
+    torch.testing.assert_close(got.cpu(), y.cpu() * 2 + other.cpu())
+
+
 def test_timm_model_matches_eager():
     timm = pytest.importorskip("timm")  # needs a torchvision built for this torch
     torch.manual_seed(0)
