@@ -48,6 +48,7 @@ void LazyGraph::setCaptureInputs(std::unordered_map<const DeviceArray*, int> arr
   capture_inputs_ = std::move(arrays);
   capture_params_.clear();
   external_reads_ = 0;
+  capture_first_uid_ = DeviceArray::nextUid();
 }
 
 // Scalars are never deduplicated: whether two scalars happen to be equal (and
@@ -92,7 +93,8 @@ ir::Value LazyGraph::storage(DeviceArray& a, ir::DType t) {
     if (!capture_inputs_.empty()) ++external_reads_;
     flat = input(a.buffer(), ir::Type{a.dtype(), {a.numel()}}, &a);
   } else {
-    if (!capture_inputs_.empty()) ++external_reads_;  // zeros now, maybe not at a replay
+    // Zeros now, maybe not at a replay; an array made while recording (torch.empty) is the graph's own.
+    if (!capture_inputs_.empty() && a.uid() < capture_first_uid_) ++external_reads_;
     return b_->constant(0.0, t, {static_cast<int64_t>(a.nbytes() / ir::itemSize(t))});
   }
   return flat.dtype() == t ? flat : reinterpret(*b_, flat, t);

@@ -127,6 +127,7 @@ class LazyGraph {
   std::unordered_map<const DeviceArray*, int> capture_inputs_;
   std::unordered_map<const DeviceArray*, ir::Value> capture_params_;
   int external_reads_ = 0;
+  uint64_t capture_first_uid_ = 0;  // arrays made since setCaptureInputs have this uid or more
   int materializations_ = 0;
   bool bake_scalars_ = false;
   bool donate_;

@@ -381,6 +381,8 @@ namespace {
 std::atomic<uint64_t> g_next_array_uid{1};
 }  // namespace
 
+uint64_t DeviceArray::nextUid() { return g_next_array_uid.load(std::memory_order_relaxed); }
+
 DeviceArray::DeviceArray(int device, size_t nbytes)
     : device_(device), uid_(g_next_array_uid.fetch_add(1, std::memory_order_relaxed)), nbytes_(nbytes) {
   Runtime::get().reserve(device, nbytes);

@@ -177,8 +177,11 @@ class DeviceArray {
   DeviceArray& operator=(const DeviceArray&) = delete;
 
   int device() const { return device_; }
-  // Unique in the process (an address may be reused by a later array).
+  // Unique in the process (an address may be reused by a later array), and
+  // increasing: an array made after another has a larger uid.
   uint64_t uid() const { return uid_; }
+  // The uid the next array will get.
+  static uint64_t nextUid();
   size_t nbytes() const { return nbytes_; }
   bool materialized() const { return static_cast<bool>(buffer_); }
   const BufferPtr& buffer() const { return buffer_; }

@@ -273,6 +273,17 @@ def test_a_recording_that_must_name_all_inputs_refuses_other_tensors():
         graph = _C._capture_end([out])
         assert (graph is not None) == replayable
         torch.testing.assert_close(out.cpu(), x.cpu() * 2 + other.cpu())
+    # A tensor made before the recording and never written reads as zeros now,
+    # not necessarily at a replay; one made while recording is the graph's own.
+    unwritten = torch.empty(4, device="tpu")
+    assert _C._capture_begin([x], True)
+    out = x + unwritten * 0
+    assert _C._capture_end([out]) is None
+    assert _C._capture_begin([x], True)
+    buf = torch.empty(6, device="tpu")  # as vLLM's attention output, written in part
+    buf[:4] = x
+    out = buf[:4] * 2
+    assert _C._capture_end([out]) is not None
     assert _C._capture_begin([x, other], True)
     out = x * 2 + other
     graph = _C._capture_end([out])
