@@ -2,7 +2,8 @@
 the tests compare, as JSON on the last line: greedy tokens per pass,
 seeded-sampling tokens, the platform vLLM chose, torch_tpu's metrics.
 Usage: python llm_worker.py MODEL JSON_PROMPTS NEW_TOKENS [PASSES [greedy]]
-(LLM_WORKER_NEW_LENGTHS=N: first N one-by-one requests of random lengths.)
+(LLM_WORKER_NEW_LENGTHS=N: first N one-by-one requests of random lengths;
+LLM_WORKER_MIXED=N: then N requests of random lengths in concurrent groups.)
 ("greedy": no sampling runs; vLLM's own CPU backend raises "CPU Generator
 does not use offset" for a seeded request whose prompt is prefilled in chunks.)"""
 import json
@@ -39,6 +40,37 @@ def one_by_one_new_lengths(llm, count):
     return {"programs_after_warm_up": before, "programs_after_new_lengths": programs()}
 
 
+def concurrent_groups(llm, count):
+    """`count` requests in groups of 1 to 6 submitted together (a batch
+    mixes prefills of different lengths, chunked prefills and decodes), each
+    a prompt of 1 to 200 random tokens and 1 to 8 new tokens, each group
+    greedy or sampled at temperature 1. The programs before and after."""
+    import random
+
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    rng = random.Random(1)
+    vocab = llm.llm_engine.model_config.get_vocab_size()
+    before, done = programs(), 0
+    while done < count:
+        k = min(rng.randint(1, 6), count - done)
+        temperature = rng.choice([0.0, 1.0])
+        prompts = [TokensPrompt(prompt_token_ids=[rng.randrange(vocab) for _ in range(rng.randint(1, 200))])
+                   for _ in range(k)]
+        params = [SamplingParams(temperature=temperature, max_tokens=rng.randint(1, 8), ignore_eos=True)
+                  for _ in range(k)]
+        llm.generate(prompts, params, use_tqdm=False)
+        done += k
+    return {"programs_before_groups": before, "programs_after_groups": programs()}
+
+
+def step_programs(llm):
+    """The runner's step capture: shapes recorded, replays, unrecorded steps."""
+    return llm.collective_rpc(
+        lambda worker: worker.model_runner.step_programs.stats() if worker.model_runner.step_programs else None)[0]
+
+
 def main():
     model, prompts, n = sys.argv[1], json.loads(sys.argv[2]), int(sys.argv[3])
     passes = int(sys.argv[4]) if len(sys.argv) > 4 else 2
@@ -61,7 +93,9 @@ def main():
     if on_tpu:
         import torch_tpu
 
-        new_lengths = one_by_one_new_lengths(llm, int(os.environ.get("LLM_WORKER_NEW_LENGTHS", "0")))
+        new_lengths = {"steps_after_warm_up": step_programs(llm)}
+        new_lengths.update(one_by_one_new_lengths(llm, int(os.environ.get("LLM_WORKER_NEW_LENGTHS", "0"))))
+        new_lengths.update(concurrent_groups(llm, int(os.environ.get("LLM_WORKER_MIXED", "0"))))
     runs, compiles = [], []
     for _ in range(passes):
         runs.append([list(o.outputs[0].token_ids) for o in llm.generate(prompts, greedy)])
@@ -78,7 +112,8 @@ def main():
     if on_tpu:
         m = torch_tpu.metrics()
         # Programs compiled (or read from the disk cache) by the end of each greedy pass.
-        metrics = {"fallbacks": dict(m["fallbacks"]), "programs_after_pass": compiles, **new_lengths}
+        metrics = {"fallbacks": dict(m["fallbacks"]), "programs_after_pass": compiles, "steps": step_programs(llm),
+                   **new_lengths}
     kv_blocks = llm.llm_engine.vllm_config.cache_config.num_gpu_blocks
     print(json.dumps({"platform": current_platform.device_type, "kv_blocks": kv_blocks, "greedy": runs, "sampled": sampled,
                       "top_k1": top_k1, "metrics": metrics}))

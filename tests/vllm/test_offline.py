@@ -3,8 +3,9 @@ greedy tokens equal Hugging Face generate on the CPU for a llama-type and a
 qwen-type model, over prompts of different lengths, with chunked prefill
 mixed with decode and prefix-cache passes; no op falls back to the CPU
 (TORCH_TPU_FALLBACK=error); nothing compiles after the engine's warm-up
-for requests of new lengths one by one, nor once a batch's shapes were
-seen; seeded sampling repeats."""
+for requests of new lengths, one by one or in concurrent groups, nor once a
+batch's shapes were seen; compiled, every step replays a recorded program;
+seeded sampling repeats."""
 import json
 import os
 
@@ -31,16 +32,25 @@ def test_greedy_equals_hugging_face(models, kind, eager):
     # torch_tpu's backend) and op by op (enforce_eager, strict eager).
     path = models[kind]
     ref = hf_greedy(path, PROMPTS, NEW)
-    got = run_llm(path, {"LLM_WORKER_EAGER": "1" if eager else "0", "LLM_WORKER_NEW_LENGTHS": "0" if eager else "100"})
+    got = run_llm(path, {"LLM_WORKER_EAGER": "1" if eager else "0", "LLM_WORKER_NEW_LENGTHS": "0" if eager else "100",
+                         "LLM_WORKER_MIXED": "0" if eager else "100"})
     assert got["platform"] == "tpu"
     assert got["metrics"]["fallbacks"] == {}
     for run in got["greedy"]:  # later passes read the prefix cache
         assert run == ref
+    m = got["metrics"]
     if not eager:
         # The engine's warm-up compiled what 100 requests of new prompt
-        # lengths, one after another, need: nothing compiles for them.
-        m = got["metrics"]
+        # lengths need, one after another and then in concurrent groups
+        # (prefill and decode mixed in any proportion): nothing compiles.
         assert m["programs_after_new_lengths"] == m["programs_after_warm_up"], m
+        assert m["programs_after_groups"] == m["programs_before_groups"], m
+        # Every step after the warm-up replayed a program the warm-up recorded.
+        warm, steps = m["steps_after_warm_up"], m["steps"]
+        assert steps["captures"] == warm["captures"] == steps["shapes"], (warm, steps)
+        assert steps["unrecorded"] == warm["unrecorded"] and steps["replays"] - warm["replays"] > 200, (warm, steps)
+    else:
+        assert m["steps"] is None  # --enforce-eager runs op by op
     # Warmed up: passes 3 and 4 repeat pass 2's shapes and compile nothing
     # (pass 1 prefilled whole prompts, pass 2 only what the cache lacked).
     programs = got["metrics"]["programs_after_pass"]

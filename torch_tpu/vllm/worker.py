@@ -11,13 +11,15 @@ from vllm.platforms import current_platform
 from vllm.utils.torch_utils import set_random_seed
 from vllm.v1.sample.logits_processor import LogitsProcessors
 from vllm.v1.sample.metadata import SamplingMetadata
+from vllm.v1.utils import copy_slice
 from vllm.v1.worker.cpu_model_runner import CPUModelRunner
 from vllm.v1.worker.cpu_worker import CPUWorker
 from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 from vllm.v1.worker.block_table import SlotMappingMode
 from vllm.v1.worker.gpu_worker import init_worker_distributed_environment
 
-from torch_tpu.vllm.attention import bucket
+from torch_tpu.vllm import steps
+from torch_tpu.vllm.attention import bucket, request_bucket
 
 logger = init_logger("vllm." + __name__)  # vLLM configures the "vllm" loggers only
 
@@ -72,13 +74,16 @@ def _allocate_kv_cache_per_layer(kv_cache_config, device, layout, kernel_block_s
     return caches
 
 
-def _greedy_metadata(num_reqs: int, device) -> SamplingMetadata:
-    """Sampling metadata of num_reqs greedy requests (no penalties, processors or logprobs)."""
+def _sampling_metadata(num_reqs: int, device, temperature: torch.Tensor | None) -> SamplingMetadata:
+    """Sampling metadata of num_reqs requests, all greedy (temperature None)
+    or all sampled at `temperature` (no top-k or top-p, penalties,
+    processors or logprobs)."""
+    greedy = temperature is None
     zeros = torch.zeros(num_reqs, device=device)
     return SamplingMetadata(
-        temperature=None,
-        all_greedy=True,
-        all_random=False,
+        temperature=temperature,
+        all_greedy=greedy,
+        all_random=not greedy,
         top_p=None,
         top_k=None,
         generators={},
@@ -103,8 +108,15 @@ class TpuModelRunner(GPUModelRunner):
             super().__init__(vllm_config, device)
         self.use_cuda_graph = False
         self._positions_host = torch.zeros(self.max_num_tokens, dtype=torch.int64)
+        self.step_programs: steps.StepPrograms | None = None
 
-    load_model = CPUModelRunner.load_model
+    def load_model(self, load_dummy_weights: bool = False) -> None:
+        CPUModelRunner.load_model(self, load_dummy_weights)
+        # A step of each shape is recorded once and replayed after (steps.py);
+        # --enforce-eager runs op by op, as on GPUs (no CUDA graphs).
+        if steps.enabled() and not self.model_config.enforce_eager and not self.lora_config:
+            self.step_programs = steps.record_steps(self.model, lambda: self.kv_caches)
+
     get_model = CPUModelRunner.get_model
     _zero_block_ids = CPUModelRunner._zero_block_ids
 
@@ -156,8 +168,8 @@ class TpuModelRunner(GPUModelRunner):
         num_reqs = batch.num_reqs
         tokens = scheduler_output.total_num_scheduled_tokens
         padded = bucket(tokens, self.max_num_tokens)
-        # Block tables: a power-of-two count of rows (the rest are unused).
-        batch.block_table.commit_block_table(min(bucket(num_reqs), self.max_num_reqs))
+        # Block tables: the rows attention reads (the request bucket's).
+        batch.block_table.commit_block_table(request_bucket(num_reqs, self.max_num_reqs))
 
         req_indices = np.repeat(self.arange_np[:num_reqs], num_scheduled_tokens)
         cu_num_tokens = self._get_cumsum_and_arange(num_scheduled_tokens, self.query_pos.np)
@@ -241,11 +253,13 @@ class TpuWorker(CPUWorker):
         return False
 
     def compile_or_warm_up_model(self):
-        """Compiles before serving what requests will run, so that they find
-        their programs (a first use during serving cost a compile in some
-        request's latency): for every token bucket, batches of equal requests
-        of every power-of-two query length (one long prefill to all decodes),
-        and the greedy sampler for each request count."""
+        """Compiles before serving every program requests will run, so that
+        none compiles in some request's latency. A step's model program
+        depends on its token bucket and its request bucket only (attention
+        is ragged), so one batch per (token bucket, request bucket) makes them
+        all; then the gather of each request's last hidden state (per token
+        bucket and exact request count), the logits and the sampler, greedy
+        and at a temperature without top-k or top-p (per exact request count)."""
         import time
 
         times = super().compile_or_warm_up_model()
@@ -258,26 +272,44 @@ class TpuWorker(CPUWorker):
             sizes.append(n)
             n *= 2
         sizes.append(runner.max_num_tokens)
+        max_reqs = runner.max_num_reqs
         query_len = runner.uniform_decode_query_len
         shapes = 0
         try:
             # Largest first: the first run is the one Dynamo traces (once, for
             # every size), and a trace at 1 token would specialise that dim to 1.
             for n in reversed(sizes):
-                q = n
-                while q >= 1:
-                    if -(-n // q) <= runner.max_num_reqs:
-                        runner.uniform_decode_query_len = q
+                buckets = sorted({request_bucket(r, max_reqs) for r in range(1, min(n, max_reqs) + 1)})
+                for rows in reversed(buckets):
+                    # Equal requests of q tokens (the last one shorter) fill n.
+                    runner.uniform_decode_query_len = q = -(-n // rows)
+                    if request_bucket(-(-n // q), max_reqs) != rows:
+                        continue  # no uniform batch of n tokens has this bucket
+                    recorded = runner.step_programs.captures if runner.step_programs else 0
+                    hidden, _ = runner._dummy_run(n, force_attention=True, uniform_decode=True)
+                    if runner.step_programs and runner.step_programs.captures == recorded:
+                        # The first run also traced the model (Dynamo) and
+                        # its recording split: record this shape again.
                         hidden, _ = runner._dummy_run(n, force_attention=True, uniform_decode=True)
-                        shapes += 1
-                    q //= 2
+                    shapes += 1
+                with torch.inference_mode():
+                    for r in range(1, min(n, max_reqs) + 1):
+                        hidden[torch.zeros(r, dtype=torch.int64, device=runner.device)]
         finally:
             runner.uniform_decode_query_len = query_len
-        # Logits and greedy sampling run per exact request count.
+        # Logits and sampling (greedy, and at a temperature) run per exact
+        # request count.
+        batch = runner.input_batch
         with torch.inference_mode():
-            for r in range(1, min(runner.max_num_reqs, _SAMPLER_WARM_UP_REQUESTS) + 1):
+            for r in range(1, min(max_reqs, _SAMPLER_WARM_UP_REQUESTS) + 1):
                 logits = runner.model.compute_logits(hidden[:1].expand(r, -1).contiguous())
-                runner.sampler(logits=logits, sampling_metadata=_greedy_metadata(r, runner.device))
+                runner.sampler(logits=logits, sampling_metadata=_sampling_metadata(r, runner.device, None))
+                # Temperatures reach the device as the input batch sends them
+                # (copy_slice into its persistent buffer: a program per count).
+                batch.temperature_cpu_tensor[:r] = 1.0
+                temperature = copy_slice(batch.temperature_cpu_tensor, batch.temperature, r)
+                logits = runner.model.compute_logits(hidden[:1].expand(r, -1).contiguous())
+                runner.sampler(logits=logits, sampling_metadata=_sampling_metadata(r, runner.device, temperature))
         torch.tpu.synchronize()
         logger.info("torch_tpu: warmed up %d batch shapes in %d token buckets in %.1f s", shapes, len(sizes),
                     time.perf_counter() - start)
