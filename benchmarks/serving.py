@@ -53,9 +53,12 @@ def main():
     # Tiny but not a toy: 4 layers, width 512, 8 heads of 64 (2 per kv head).
     model = make_model(os.path.join(work, "model"), "qwen3", layers=4, width=512, heads=8, kv_heads=4,
                        max_len=args.max_model_len)
+    # The same KV cache size on both (GiB). Unset, vLLM's CPU backend sizes
+    # its cache from free memory: 21 GB of this 24 GB machine, and it thrashed.
+    kv = os.environ.get("VLLM_CPU_KVCACHE_SPACE") or "1"
     backends = {
-        "tpu": dict(os.environ, VLLM_TORCH_TPU="1"),
-        "cpu": dict(os.environ, VLLM_TARGET_DEVICE="cpu", VLLM_TORCH_TPU="0"),
+        "tpu": dict(os.environ, VLLM_TORCH_TPU="1", VLLM_TPU_KVCACHE_SPACE=kv),
+        "cpu": dict(os.environ, VLLM_TARGET_DEVICE="cpu", VLLM_TORCH_TPU="0", VLLM_CPU_KVCACHE_SPACE=kv),
     }
     results = {name: [] for name in backends}
     server_args = ["--served-model-name", "bench", "--dtype", "float32", "--max-model-len", str(args.max_model_len),
@@ -83,8 +86,8 @@ def main():
 tokens each, ignore_eos, request rate {args.request_rate}) against `python -m torch_tpu.vllm serve`
 with `--max-num-seqs {args.max_num_seqs}{" --enforce-eager" if args.eager else ""} --dtype float32` (compiled
 unless --enforce-eager: torch_tpu's backend on tpu, Inductor on the CPU backend); model: Qwen3-type, 4
-layers, width 512, 8 query heads and 4 kv heads of 64, random weights. Each server warmed up with
-one run first; rounds alternate within one process per backend.
+layers, width 512, 8 query heads and 4 kv heads of 64, random weights; a KV cache of {kv} GiB on
+both. Each server warmed up with one run first; rounds alternate within one process per backend.
 
 | backend | round | output tok/s | TTFT p50 ms | TTFT p99 ms | ITL p50 ms | ITL p99 ms |
 | --- | ---: | ---: | ---: | ---: | ---: | ---: |
