@@ -3,6 +3,7 @@
 
     python benchmarks/run_all.py                  # all of them
     python benchmarks/run_all.py --only serving   # the serving section alone, the rest kept
+    python benchmarks/run_all.py --only fused     # fused against strict eager alone, the rest kept
 """
 
 from __future__ import annotations
@@ -36,6 +37,46 @@ def serving_section() -> list[str]:
     return [SERVING, "", body, "", "How the plugin works and what limits it: [serving.md](serving.md).", ""]
 
 
+FUSED = "## Fused eager against strict eager"
+
+
+def fused_section(prov: dict | None = None) -> list[str]:
+    """benchmarks/fused_vs_strict.py as a section; `prov`: this section's own
+    provenance, when it is rerun alone (--only fused)."""
+    fv = fused_vs_strict.main([])
+    lines = [FUSED, ""]
+    if prov:
+        lines += ["Rerun alone (`run_all.py --only fused`):", "", *provenance_lines(prov), ""]
+    lines += [
+        "Same programs, same process: each case built and warmed up in both modes, then timed in turns,",
+        f"{fv['rounds']} rounds (throughput of the median round; higher is better). fused / strict: the ratio of",
+        "the medians, with the lowest and highest round.",
+        "",
+        "| case | strict | fused | unit | fused / strict | rounds |",
+        "| --- | ---: | ---: | --- | ---: | ---: |",
+    ]
+    for r in fv["rows"]:
+        lines.append(f"| {r['case']} | {r['strict']:.1f} | {r['fused']:.1f} | {r['unit']} | {r['speedup']:.2f}x | "
+                     f"{r['low']:.2f}-{r['high']:.2f}x |")
+    lines += [
+        "",
+        "A fresh process's first 3 GPT training steps (fused eager), with the disk cache cold and warm, and the same",
+        "steps in PyTorch's CPU eager. The first optimizer any process builds imports torch._dynamo (PyTorch wraps",
+        "`Optimizer.add_param_group` in `torch._disable_dynamo`), on any device; the second row starts the timer",
+        "after that import (and torch._inductor's), so what it shows is torch_tpu's own start-up.",
+        "",
+        "| timer starts | cold cache (s) | warm cache (s) | warm / cold | CPU eager (s) |",
+        "| --- | ---: | ---: | ---: | ---: |",
+    ]
+    for imports, row in fv["startup"].items():
+        cold, warm = row["cold"], row["warm"]
+        lines.append(f"| {imports} | {cold['seconds']:.2f} ({cold['compiles']} compiles) | {warm['seconds']:.2f} "
+                     f"({warm['compiles']} compiles) | {warm['seconds'] / cold['seconds']:.0%} | "
+                     f"{row['cpu eager']['seconds']:.2f} |")
+    lines.append("")
+    return lines
+
+
 def replace_section(text: str, heading: str, section: list[str]) -> str:
     """text with the section under `heading` (up to the next "## ") replaced, or appended."""
     start = text.find(heading + "\n")
@@ -47,12 +88,15 @@ def replace_section(text: str, heading: str, section: list[str]) -> str:
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--only", choices=["serving"], help="rerun one section and keep the rest of the file")
+    ap.add_argument("--only", choices=["serving", "fused"], help="rerun one section and keep the rest of the file")
     args = ap.parse_args()
-    if args.only == "serving":
+    if args.only:
         with open(DOC) as f:
             text = f.read()
-        text = replace_section(text, SERVING, serving_section())
+        if args.only == "serving":
+            text = replace_section(text, SERVING, serving_section())
+        else:
+            text = replace_section(text, FUSED, fused_section(provenance()))
         with open(DOC, "w") as f:
             f.write(text)
         print(f"wrote {DOC}")
@@ -106,36 +150,7 @@ def main():
         lines.append(f"| {r['device']} | {r['tokens_per_s']:.0f} | {r['step_ms']:.1f} | {r['first_step_s']:.2f} | "
                      f"{r['final_loss']:.4f} |")
     lines += ["", f"tpu / CPU throughput: {gpt['ratio']:.2f}x", ""]
-    fv = fused_vs_strict.main([])
-    lines += [
-        "## Fused eager against strict eager",
-        "",
-        "Same programs, same process: each case built and warmed up in both modes, then timed in turns,",
-        f"{fv['rounds']} rounds (throughput of the median round; higher is better). fused / strict: the ratio of",
-        "the medians, with the lowest and highest round.",
-        "",
-        "| case | strict | fused | unit | fused / strict | rounds |",
-        "| --- | ---: | ---: | --- | ---: | ---: |",
-    ]
-    for r in fv["rows"]:
-        lines.append(f"| {r['case']} | {r['strict']:.1f} | {r['fused']:.1f} | {r['unit']} | {r['speedup']:.2f}x | "
-                     f"{r['low']:.2f}-{r['high']:.2f}x |")
-    lines += [
-        "",
-        "A fresh process's first 3 GPT training steps (fused eager), with the disk cache cold and warm, and the same",
-        "steps in PyTorch's CPU eager. The first optimizer any process builds imports torch._dynamo (PyTorch wraps",
-        "`Optimizer.add_param_group` in `torch._disable_dynamo`), on any device; the second row starts the timer",
-        "after that import (and torch._inductor's), so what it shows is torch_tpu's own start-up.",
-        "",
-        "| timer starts | cold cache (s) | warm cache (s) | warm / cold | CPU eager (s) |",
-        "| --- | ---: | ---: | ---: | ---: |",
-    ]
-    for imports, row in fv["startup"].items():
-        cold, warm = row["cold"], row["warm"]
-        lines.append(f"| {imports} | {cold['seconds']:.2f} ({cold['compiles']} compiles) | {warm['seconds']:.2f} "
-                     f"({warm['compiles']} compiles) | {warm['seconds'] / cold['seconds']:.0%} | "
-                     f"{row['cpu eager']['seconds']:.2f} |")
-    lines.append("")
+    lines += fused_section()
     cp = compiled.main([])
     lines += [
         "## torch.compile(backend=\"tpu\") against eager and inductor",

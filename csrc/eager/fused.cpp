@@ -4,6 +4,8 @@
 // graph runs as one program when the host needs data, at a sync, at a size
 // limit or when the op stream repeats. torch.compile's capture records a
 // whole graph through this mode (compile/capture.cpp).
+#include <torch/csrc/autograd/graph_task.h>
+
 #include <map>
 #include <mutex>
 #include <optional>
@@ -251,6 +253,15 @@ std::optional<std::string> runFused(PlannedOp& p) {
     return std::string(e.what());
   }
   auto& graph = fusion.graph(p.device);
+  // A training step's forward, backward and optimizer update are separate
+  // programs: what is pending is launched when recording enters or leaves a
+  // backward pass, so the device runs the forward while the host records the
+  // backward, and the backward while it records the update (launches are
+  // asynchronous). The cuts fall at the same ops every step, so each phase is
+  // one cached program. One program per step was slower: it starts only when
+  // the host has recorded the whole step (measured in docs/benchmarks.md).
+  if (!fusion.wholeGraph() && graph.enterPhase(torch::autograd::get_current_graph_task_id() != -1 ? 1 : 0))
+    graph.materialize();
   const std::vector<ir::Value> operands = callOperands(p, *frag, graph, transposed, packed);
   std::vector<ir::Value> results;
   if (frag->fn) results = graph.builder().call(frag->fn, operands);

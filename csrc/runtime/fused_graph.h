@@ -86,6 +86,14 @@ class LazyGraph {
   // Counts one ATen op with signature hash `sig`; returns true when the
   // graph should materialise now (size limit, or a loop iteration ended).
   bool noteOp(const std::string& key);
+  // The next op belongs to `phase` (fused eager: 1 inside a backward pass);
+  // true when recorded ops of another phase are pending, which then run as
+  // their own program.
+  bool enterPhase(int phase) {
+    const bool cut = ops_ > 0 && phase != phase_;
+    phase_ = phase;
+    return cut;
+  }
   // Compiles (cached) and runs the graph; pending arrays get their buffers.
   // With `cap`, also reports what ran (for replay).
   void materialize(CaptureResult* cap = nullptr);
@@ -137,6 +145,7 @@ class LazyGraph {
   std::vector<std::weak_ptr<LazyValue>> values_;
   std::vector<std::pair<ir::Value, std::string>> checks_;
   int ops_ = 0;
+  int phase_ = 0;
   // Loop detection: op signatures since the last cut, and the learned period.
   std::vector<uint64_t> sigs_;
   std::vector<uint64_t> period_;

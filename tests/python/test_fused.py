@@ -144,6 +144,36 @@ def test_loop_without_host_reads_settles_into_one_graph_per_iteration(fused):
     assert m["donated_buffers"] == 0, m
 
 
+def test_a_training_step_runs_as_forward_backward_and_update_programs(fused):
+    # The pending graph is launched where recording enters and leaves the
+    # backward pass, so the device runs each phase while the host records the
+    # next: three cached programs a step, with the loss read at its end.
+    torch.manual_seed(0)
+    ref = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+    model.load_state_dict(ref.state_dict())
+    model.to("tpu")
+    opts = [torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9) for m in (ref, model)]
+    x, y = torch.randn(8, 16), torch.randint(0, 4, (8,))
+
+    def step(m, opt, dev):
+        loss = torch.nn.functional.cross_entropy(m(x.to(dev)), y.to(dev))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        return loss.item()
+
+    for i in range(8):
+        if i == 3:  # the momentum buffers exist from step 2 on: the programs are settled
+            torch_tpu.reset_metrics()
+        torch.testing.assert_close(step(model, opts[1], "tpu"), step(ref, opts[0], "cpu"))
+    m = torch_tpu.metrics()
+    assert m["compiles"] == 0, m
+    assert m["executions"] == 3 * 5, m
+    for p, r in zip(model.parameters(), ref.parameters()):
+        torch.testing.assert_close(p.detach().cpu(), r.detach())
+
+
 def test_a_host_read_starts_the_pending_graph(fused):
     x = torch.arange(6.0, device="tpu")
     loss = (x * 3).sum()
