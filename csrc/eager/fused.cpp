@@ -2,8 +2,9 @@
 // device's pending graph (runtime/fused_graph.h) as a call of its signature's
 // fragment, and its results are tensors whose storage is a pending value. The
 // graph runs as one program when the host needs data, at a sync, at a size
-// limit or when the op stream repeats. torch.compile's capture records a
-// whole graph through this mode (compile/capture.cpp).
+// limit, when the op stream repeats or where a backward pass starts or ends.
+// torch.compile's capture records a whole graph through this mode
+// (compile/capture.cpp).
 #include <torch/csrc/autograd/graph_task.h>
 
 #include <map>
@@ -259,7 +260,7 @@ std::optional<std::string> runFused(PlannedOp& p) {
   // backward, and the backward while it records the update (launches are
   // asynchronous). The cuts fall at the same ops every step, so each phase is
   // one cached program. One program per step was slower: it starts only when
-  // the host has recorded the whole step (measured in docs/benchmarks.md).
+  // the host has recorded the whole step (docs/reliability.md).
   if (!fusion.wholeGraph() && graph.enterPhase(torch::autograd::get_current_graph_task_id() != -1 ? 1 : 0))
     graph.materialize();
   const std::vector<ir::Value> operands = callOperands(p, *frag, graph, transposed, packed);

@@ -1,8 +1,9 @@
 // Fused eager: ops are recorded into a per-device pending graph instead of
 // running. A device array whose contents are not computed yet holds a
 // LazyValue (its flat storage value in the graph). The graph materialises as
-// one program when the host needs data, at a sync, at a size limit, or when
-// the op stream repeats (a loop iteration); values no live array refers to
+// one program when the host needs data, at a sync, at a size limit, when
+// the op stream repeats (a loop iteration) or at a phase change (fused eager:
+// a backward pass starts or ends); values no live array refers to
 // are never computed. Programs are cached by their text (memory and disk).
 #pragma once
 
