@@ -12,7 +12,11 @@ every OpInfo variant over every tpu dtype its CPU OpInfo does not declare:
         of its tensor arguments, the exception type and the CPU's message. A refusal holds
         for every overload of the op (fmod.Tensor, fmod.Scalar, fmod_, out=) with the same
         set of dtypes, unless some overload with that set succeeds in a sample: then only
-        the refused overload with those dtypes in that order. It is left out where CUDA's
+        the refused overload with those dtypes in that order. Where the CPU refuses inside a
+        CompositeImplicitAutograd op's own code (no ATen op raised: max_pool1d of integers),
+        the row names that op, and tpu guards it at its autograd and backend keys; where the
+        CPU's path through a composite differs from every other device's (DEVICE_PATHS), the
+        refusal is written for the op tpu receives as well. It is left out where CUDA's
         OpInfo declares the dtype (tpu computes it, as CUDA does: "beyond" in the file lists
         them), or where the overload with the same dtypes succeeds in another sample (the
         refusal depends on other arguments).
@@ -50,6 +54,11 @@ REFUSALS = ("not implemented for", "not supported for complex", "is not supporte
             "does not support", "not intended to support", "not yet implemented", "inputs not supported",
             "to be non-complex", "handles only")
 MAX_SAMPLES = 4
+# CompositeImplicitAutograd ops whose CPU code path calls other ops than every other device's:
+# the CPU refuses inside ops that tpu never receives, so the refusal is also written for the op
+# tpu (like CUDA) receives. dropout: the CPU multiplies by a bernoulli_ mask; CUDA, XPU and
+# PrivateUse1 call native_dropout (ATen's is_fused_kernel_acceptable).
+DEVICE_PATHS = {"dropout": "aten::native_dropout"}
 
 
 def is_refusal(exc: BaseException) -> bool:
@@ -132,6 +141,40 @@ def _recorder():
     return Recorder()
 
 
+def _outermost():
+    """A torch-function mode that notes the outermost function called (F.max_pool1d) and
+    its tensors' dtypes: where the CPU refuses inside a CompositeImplicitAutograd op's own
+    C++ (max_pool1d's CPU-only max_pool1d_impl), no ATen op raised and this names the op."""
+    import torch
+    from torch.overrides import TorchFunctionMode
+
+    class Outermost(TorchFunctionMode):
+        def __init__(self):
+            super().__init__()
+            self.call = None
+
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            if self.call is None:
+                dts = [str(v.dtype).replace("torch.", "") for v in _flat(args, kwargs) if isinstance(v, torch.Tensor)]
+                self.call = (getattr(func, "__name__", ""), tuple(dts))
+            return func(*args, **kwargs)
+
+    return Outermost()
+
+
+def composite_op(name: str):
+    """aten::name when that op decomposes above the backends (CompositeImplicitAutograd): the
+    tpu dispatcher guards such an op at its autograd key to see it at all."""
+    import torch
+
+    qualified = "aten::" + name
+    try:
+        return qualified if torch._C._dispatch_has_kernel_for_dispatch_key(qualified, "CompositeImplicitAutograd") else None
+    except RuntimeError:  # no such op
+        return None
+
+
 def _run(op, sample):
     return op(sample.input, *sample.args, **sample.kwargs)
 
@@ -145,14 +188,24 @@ def probe(op, dtype):
     except Exception:  # noqa: BLE001 - the OpInfo cannot make samples of this dtype
         return refusals, ok
     for i, s in enumerate(samples):
-        rec = _recorder()
+        rec, outer = _recorder(), _outermost()
         try:
-            with rec:
+            with outer, rec:
                 _run(op, s)
+            # A dispatch mode can change a composite's path (max_pool1d takes its
+            # with-indices path for tensor-subclass-like inputs): run it bare as well.
+            rec.refused = None
+            _run(op, s)
         except Exception as e:  # noqa: BLE001
             if rec.refused is not None and is_refusal(e):
                 name, dts, etype, msg = rec.refused
                 refusals.append(((name, dts), etype, msg, i))
+                routed = DEVICE_PATHS.get(base_name(outer.call[0])) if outer.call else None
+                if routed:
+                    refusals.append(((routed, dts), etype, msg, i))
+            elif rec.refused is None and is_refusal(e) and outer.call and composite_op(outer.call[0]):
+                refusals.append(((composite_op(outer.call[0]), outer.call[1]), type(e).__name__,
+                                 str(e).strip().splitlines()[0], i))
         ok |= rec.ok
     return refusals, ok
 

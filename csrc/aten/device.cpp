@@ -109,6 +109,8 @@ void rethrow(const std::exception& e, const std::string& context) {
   }
   if (auto* ce = dynamic_cast<const c10::Error*>(&e)) throw *ce;  // keep PyTorch's own type
   if (dynamic_cast<const std::out_of_range*>(&e)) TORCH_CHECK_INDEX(false, e.what());
+  if (dynamic_cast<const ir::NotImplementedForDtype*>(&e))
+    TORCH_CHECK_NOT_IMPLEMENTED(false, context.empty() ? "" : context + ": ", e.what());
   TORCH_CHECK(false, context.empty() ? "" : context + ": ", e.what());
 }
 

@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <set>
 #include <unordered_map>
+#include <unordered_set>
 
 #include "aten/op_plan.h"
 #include "eager/modes.h"
@@ -407,6 +408,45 @@ int registerLoweredKernels() {
   return count;
 }
 
+namespace {
+
+// An op that decomposes above the backends (CompositeImplicitAutograd) never reaches the tpu
+// dispatcher itself, only the ops it calls; where the CPU refuses inside such an op's own code
+// (max_pool1d's CPU-only max_pool1d_impl, while every other device calls
+// max_pool2d_with_indices, which the CPU computes for integers), a kernel at the autograd key
+// checks the table, then runs the composite as the dispatcher would have. It sits at the
+// autograd key and at the backend key (inference mode skips the autograd key).
+void compositeRefusalGuard(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  const size_t n = op.schema().arguments().size();
+  refuseLikeCpu(op, baseName(op.schema().name()), std::vector<IValue>(stack->end() - n, stack->end()));
+  // The ops the composite calls are dispatched from the top again, autograd included.
+  op.callBoxedForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd, *stack);
+}
+
+void guardCompositeRefusals() {
+  static torch::Library autograd(torch::Library::IMPL, "aten", c10::DispatchKey::AutogradPrivateUse1, __FILE__,
+                                 __LINE__);
+  static torch::Library backend(torch::Library::IMPL, "aten", c10::DispatchKey::PrivateUse1, __FILE__, __LINE__);
+  static std::unordered_set<c10::OperatorName> guarded;
+  const Refusals& table = refusals();
+  auto& d = c10::Dispatcher::singleton();
+  for (const auto& name : d.getAllOpNames()) {
+    if (guarded.count(name) || name.name.rfind("aten::", 0) != 0) continue;
+    if (!table.overloads.count(name) && !table.ops.count(baseName(name.name))) continue;
+    auto op = d.findOp(name);
+    if (!op || !op->hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd) ||
+        op->hasKernelForDispatchKey(c10::DispatchKey::AutogradPrivateUse1) ||
+        op->hasKernelForDispatchKey(c10::DispatchKey::PrivateUse1))
+      continue;
+    std::string full = name.name.substr(6) + (name.overload_name.empty() ? "" : "." + name.overload_name);
+    autograd.impl(full.c_str(), torch::CppFunction::makeFromBoxedFunction<&compositeRefusalGuard>());
+    backend.impl(full.c_str(), torch::CppFunction::makeFromBoxedFunction<&compositeRefusalGuard>());
+    guarded.insert(name);
+  }
+}
+
+}  // namespace
+
 void setDtypeRefusals(
     const std::vector<std::tuple<bool, std::string, std::vector<std::string>, std::string, std::string>>& rows) {
   static const std::unordered_map<std::string, at::ScalarType> names = {{"bool", at::kBool},
@@ -452,6 +492,7 @@ void setDtypeRefusals(
     }
   }
   refusals() = std::move(table);
+  guardCompositeRefusals();
 }
 
 void setOverlapChecks(std::vector<std::string> internal, std::vector<std::string> partial) {

@@ -70,6 +70,13 @@ class Unsupported : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// Thrown when an op has no code for a dtype on CUDA and the CPU (or on CUDA, where tpu
+// follows it): raised as NotImplementedError, like PyTorch's "... not implemented for 'Bool'".
+class NotImplementedForDtype : public std::logic_error {
+ public:
+  using std::logic_error::logic_error;
+};
+
 enum class Cmp { EQ, NE, LT, LE, GT, GE };
 
 // A finished builder's body as a private function of a module, so that a

@@ -134,6 +134,9 @@ Registrar reg_scatter_reduce("scatter_reduce", [](Ctx& c) {
   Combine f;
   double init = 0;
   std::optional<int64_t> init_int;  // int64 limits are not exact as doubles
+  // The CPU and CUDA kernels have no bool code for the mean (the other reductions have).
+  if (r == "mean" && x.dtype() == DType::Bool)
+    throw ir::NotImplementedForDtype("\"scatter_reduce\" with reduce=\"mean\" not implemented for 'Bool'");
   if (r == "sum" || r == "mean") {
     f = addFn();
   } else if (r == "prod") {

@@ -414,9 +414,12 @@ Registrar reg_kthvalue("kthvalue", [](Ctx& c) {
   return std::vector<Value>{v, i};
 });
 
-// _cummax_helper(self, values!, indices!, dim) / _cummin_helper: an
-// inclusive scan of (value, index) pairs; NaN wins, ties take the later index.
-std::vector<Value> cumExtreme(Ctx& c, bool is_max) {
+// cummax(self, dim) / cummin, and the helpers their composite calls,
+// _cummax_helper(self, values!, indices!, dim): an inclusive scan of (value,
+// index) pairs; NaN wins, ties take the later index. cummax is lowered whole
+// so that the dispatcher sees it and refuses what PyTorch's cummax refuses
+// (complex).
+std::vector<Value> cumExtreme(Ctx& c, bool is_max, size_t dim_arg) {
   ir::Builder& b = c.b;
   Value x = c.tensor(0);
   Value vals, idx;
@@ -424,7 +427,7 @@ std::vector<Value> cumExtreme(Ctx& c, bool is_max) {
     vals = x;
     idx = b.constantInt(0, DType::I64);
   } else {
-    int64_t dim = wrapDim(c.i64(3), x.rank());
+    int64_t dim = wrapDim(c.i64(dim_arg), x.rank());
     int64_t n = x.shape()[dim];
     Shape window(x.rank(), 1), strides(x.rank(), 1), dil(x.rank(), 1);
     std::vector<std::pair<int64_t, int64_t>> pad(x.rank(), {0, 0});
@@ -460,12 +463,18 @@ std::vector<Value> cumExtreme(Ctx& c, bool is_max) {
     vals = r[0];
     idx = r[1];
   }
-  c.mutate(1, vals);
-  c.mutate(2, idx);
+  return {vals, idx};
+}
+std::vector<Value> cumExtremeHelper(Ctx& c, bool is_max) {
+  std::vector<Value> r = cumExtreme(c, is_max, 3);
+  c.mutate(1, r[0]);
+  c.mutate(2, r[1]);
   return {};
 }
-Registrar reg_cummax_helper("_cummax_helper", [](Ctx& c) { return cumExtreme(c, true); });
-Registrar reg_cummin_helper("_cummin_helper", [](Ctx& c) { return cumExtreme(c, false); });
+Registrar reg_cummax("cummax", [](Ctx& c) { return cumExtreme(c, true, 1); });
+Registrar reg_cummin("cummin", [](Ctx& c) { return cumExtreme(c, false, 1); });
+Registrar reg_cummax_helper("_cummax_helper", [](Ctx& c) { return cumExtremeHelper(c, true); });
+Registrar reg_cummin_helper("_cummin_helper", [](Ctx& c) { return cumExtremeHelper(c, false); });
 
 // diag_embed(self, offset, dim1, dim2)
 Registrar reg_diag_embed("diag_embed", [](Ctx& c) {

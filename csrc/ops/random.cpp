@@ -1,7 +1,10 @@
 // Random numbers from the device generator: each op takes a fresh THREE_FRY
 // state (derived from the generator's seed and offset), so results are
 // reproducible under manual_seed and differ between calls.
+#include <cfloat>
 #include <cmath>
+#include <stdexcept>
+#include <string>
 
 #include "ops/common.h"
 
@@ -92,6 +95,57 @@ Registrar reg_bernoulli("bernoulli", [](Ctx& c) {
   return std::vector<Value>{b.convert(b.compare(u, p, ir::Cmp::LT), x.dtype())};
 });
 
+// The element type's name as PyTorch's messages spell it.
+const char* cTypeName(DType t) {
+  switch (t) {
+    case DType::Bool:
+      return "bool";
+    case DType::U8:
+      return "unsigned char";
+    case DType::I8:
+      return "signed char";
+    case DType::I16:
+      return "short int";
+    case DType::I32:
+      return "int";
+    case DType::I64:
+      return "long int";
+    case DType::F16:
+      return "c10::Half";
+    case DType::BF16:
+      return "c10::BFloat16";
+    case DType::F32:
+      return "float";
+    case DType::F64:
+      return "double";
+    default:
+      return "this dtype";
+  }
+}
+
+// random_'s bounds as PyTorch checks them: from < to, and both ends representable in the
+// tensor's type. Without this a bool tensor took values of [0, 10) and from >= to wrapped
+// the range around to garbage.
+void checkRandomBounds(DType t, int64_t from, int64_t to) {
+  if (from >= to)
+    throw std::invalid_argument("random_ expects 'from' to be less than 'to', but got from=" + std::to_string(from) +
+                                " >= to=" + std::to_string(to));
+  if (!ir::isFloat(t) && !ir::isInt(t) && t != DType::Bool)
+    throw std::invalid_argument("check_random_bounds handles only integral, floating-point and boolean types");
+  double lo = t == DType::Bool ? 0.0 : lowestValue(t), hi = t == DType::Bool ? 1.0 : highestValue(t);
+  if (ir::isFloat(t)) {  // the finite range
+    lo = t == DType::F16 ? -65504.0
+                         : (t == DType::BF16 ? -3.3895313892515355e38 : (t == DType::F32 ? -FLT_MAX : -DBL_MAX));
+    hi = -lo;
+  }
+  const auto in = [&](int64_t v) {
+    if (t == DType::I64) return true;  // every int64 is an int64
+    return static_cast<double>(v) >= lo && static_cast<double>(v) <= hi;
+  };
+  if (!in(from)) throw std::invalid_argument(std::string("from is out of bounds for ") + cTypeName(t));
+  if (!in(to - 1)) throw std::invalid_argument(std::string("to - 1 is out of bounds for ") + cTypeName(t));
+}
+
 // random_.from(self, from, to?), random_.to(self, to), random_(self)
 Registrar reg_random("random", [](Ctx& c) {
   Value x = c.tensor(0);
@@ -100,11 +154,14 @@ Registrar reg_random("random", [](Ctx& c) {
   if (c.kind(1) == Arg::Kind::Int && c.kind(2) == Arg::Kind::Int) {
     lo = c.i64(1);
     hi = c.i64(2);
+    checkRandomBounds(x.dtype(), lo, hi);
   } else if (c.kind(1) == Arg::Kind::Int && c.size() > 2 && c.kind(2) == Arg::Kind::None) {
     throw ir::Unsupported("random_ without an upper bound");
   } else if (c.kind(1) == Arg::Kind::Int) {
     hi = c.i64(1);
+    checkRandomBounds(x.dtype(), lo, hi);
   } else {
+    if (ir::isComplex(x.dtype())) throw ir::Unsupported("random_ of a complex tensor");  // the CPU raises for itself
     DType t = x.dtype();
     hi = t == DType::F32
              ? (1LL << 24) + 1
