@@ -189,13 +189,16 @@ def probe(op, dtype):
         return refusals, ok
     for i, s in enumerate(samples):
         rec, outer = _recorder(), _outermost()
+        composite = None
         try:
             with outer, rec:
                 _run(op, s)
             # A dispatch mode can change a composite's path (max_pool1d takes its
-            # with-indices path for tensor-subclass-like inputs): run it bare as well.
-            rec.refused = None
-            _run(op, s)
+            # with-indices path for tensor-subclass-like inputs): run a composite bare as well.
+            composite = composite_op(outer.call[0]) if outer.call else None
+            if composite:
+                rec.refused = None  # what the bare run raises is the composite's own
+                _run(op, s)
         except Exception as e:  # noqa: BLE001
             if rec.refused is not None and is_refusal(e):
                 name, dts, etype, msg = rec.refused
@@ -203,9 +206,10 @@ def probe(op, dtype):
                 routed = DEVICE_PATHS.get(base_name(outer.call[0])) if outer.call else None
                 if routed:
                     refusals.append(((routed, dts), etype, msg, i))
-            elif rec.refused is None and is_refusal(e) and outer.call and composite_op(outer.call[0]):
-                refusals.append(((composite_op(outer.call[0]), outer.call[1]), type(e).__name__,
-                                 str(e).strip().splitlines()[0], i))
+            elif rec.refused is None and is_refusal(e):
+                composite = composite or (composite_op(outer.call[0]) if outer.call else None)
+                if composite:
+                    refusals.append(((composite, outer.call[1]), type(e).__name__, str(e).strip().splitlines()[0], i))
         ok |= rec.ok
     return refusals, ok
 

@@ -295,6 +295,19 @@ double highestValue(DType t) {
   }
 }
 
+double largestFinite(DType t) {
+  switch (t) {
+    case DType::F16:
+      return 65504.0;
+    case DType::BF16:
+      return 3.3895313892515355e38;
+    case DType::F64:
+      return 1.7976931348623157e308;
+    default:
+      return 3.4028234663852886e38;
+  }
+}
+
 Value extremeConst(ir::Builder& b, DType t, bool lowest, const Shape& shape) {
   if (t == DType::I64)
     return b.constantInt(lowest ? std::numeric_limits<int64_t>::min() : std::numeric_limits<int64_t>::max(), t, shape);

@@ -34,8 +34,9 @@ Value reduceMin(ir::Builder& b, const Value& v, const std::vector<int64_t>& dims
 // Re-inserts reduced dims as size 1 (keepdim).
 Value keepDims(ir::Builder& b, const Value& reduced, const Shape& in_shape, const std::vector<int64_t>& dims);
 
-double lowestValue(DType t);   // -inf for floats, min for ints
-double highestValue(DType t);  // +inf for floats, max for ints
+double lowestValue(DType t);    // -inf for floats, min for ints
+double highestValue(DType t);   // +inf for floats, max for ints
+double largestFinite(DType t);  // a float dtype's largest finite value
 // lowestValue/highestValue as a constant of dtype t (int64's ends exactly).
 Value extremeConst(ir::Builder& b, DType t, bool lowest, const Shape& shape = {});
 

@@ -256,9 +256,7 @@ Registrar reg_nan_to_num("nan_to_num", [](Ctx& c) {
   Value x = c.tensor(0);
   if (!ir::isFloat(x.dtype())) return std::vector<Value>{x};
   DType t = x.dtype();
-  double big = t == DType::F64
-                   ? 1.7976931348623157e308
-                   : (t == DType::F16 ? 65504.0 : (t == DType::BF16 ? 3.3895313892515355e38 : 3.4028234663852886e38));
+  double big = largestFinite(t);
   Value nan = c.has(1) ? c.b.broadcastTo(c.b.constant(c.f64(1), t), x.shape()) : k(c.b, 0, x);
   Value pinf = c.has(2) ? c.b.broadcastTo(c.b.constant(c.f64(2), t), x.shape()) : k(c.b, big, x);
   Value ninf = c.has(3) ? c.b.broadcastTo(c.b.constant(c.f64(3), t), x.shape()) : k(c.b, -big, x);

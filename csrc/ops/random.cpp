@@ -1,7 +1,6 @@
 // Random numbers from the device generator: each op takes a fresh THREE_FRY
 // state (derived from the generator's seed and offset), so results are
 // reproducible under manual_seed and differ between calls.
-#include <cfloat>
 #include <cmath>
 #include <stdexcept>
 #include <string>
@@ -132,12 +131,8 @@ void checkRandomBounds(DType t, int64_t from, int64_t to) {
                                 " >= to=" + std::to_string(to));
   if (!ir::isFloat(t) && !ir::isInt(t) && t != DType::Bool)
     throw std::invalid_argument("check_random_bounds handles only integral, floating-point and boolean types");
-  double lo = t == DType::Bool ? 0.0 : lowestValue(t), hi = t == DType::Bool ? 1.0 : highestValue(t);
-  if (ir::isFloat(t)) {  // the finite range
-    lo = t == DType::F16 ? -65504.0
-                         : (t == DType::BF16 ? -3.3895313892515355e38 : (t == DType::F32 ? -FLT_MAX : -DBL_MAX));
-    hi = -lo;
-  }
+  const double hi = ir::isFloat(t) ? largestFinite(t) : highestValue(t);  // floats: the finite range
+  const double lo = ir::isFloat(t) ? -hi : lowestValue(t);
   const auto in = [&](int64_t v) {
     if (t == DType::I64) return true;  // every int64 is an int64
     return static_cast<double>(v) >= lo && static_cast<double>(v) <= hi;

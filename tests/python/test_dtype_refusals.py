@@ -21,7 +21,6 @@ TOOL = os.path.join(ROOT, "tools", "dtype_rejections.py")
 TABLE = os.path.join(ROOT, "torch_tpu", "_dtype_rejections.json")
 
 
-
 @pytest.mark.parametrize("mode", ["strict", "fused"])
 def test_the_issue_examples_raise_as_on_the_cpu(mode):
     cases = [
