@@ -31,7 +31,7 @@ try:
         dist.all_reduce(torch.ones(4 + 64 * rank, device="tpu"))
     elif MODE == "barrier":
         if rank == 1:
-            time.sleep(30)  # never arrives in time
+            time.sleep(60)  # never arrives in time (the test ends it once rank 0 has raised)
             raise SystemExit(0)
         dist.barrier()
     print(f"rank {rank}: no error", flush=True)
