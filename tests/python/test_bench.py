@@ -12,6 +12,10 @@ import pytest
 
 from torch_tpu import bench
 
+# Each bench target runs in its own process in the mode it names, whatever the caller's mode:
+# the fused-eager pass of scripts/test.sh would repeat these tests unchanged.
+pytestmark = pytest.mark.own_modes
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PNG = b"\x89PNG\r\n\x1a\n"
 
