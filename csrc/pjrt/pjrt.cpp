@@ -339,74 +339,57 @@ Executable::~Executable() {
   api_->destroyError(api_->raw()->PJRT_LoadedExecutable_Destroy(&args));
 }
 
+std::vector<std::vector<std::unique_ptr<Buffer>>> Executable::launch(const std::vector<PJRT_Buffer*>* lists, size_t n,
+                                                                     PJRT_ExecuteOptions& opts, PJRT_Device* device,
+                                                                     PJRT_Event** complete) const {
+  std::vector<PJRT_Buffer* const*> arg_lists(n);
+  std::vector<PJRT_Buffer*> outs(n * num_outputs_, nullptr);
+  std::vector<PJRT_Buffer**> out_lists(n);
+  for (size_t r = 0; r < n; ++r) {
+    arg_lists[r] = lists[r].data();
+    out_lists[r] = outs.data() + r * num_outputs_;
+  }
+  auto eargs = makeArgs<PJRT_LoadedExecutable_Execute_Args>();
+  eargs.executable = exe_;
+  eargs.options = &opts;
+  eargs.argument_lists = arg_lists.data();
+  eargs.num_devices = n;
+  eargs.num_args = n == 0 ? 0 : lists[0].size();
+  eargs.output_lists = out_lists.data();
+  eargs.device_complete_events = complete;
+  eargs.execute_device = device;
+  api_->check(api_->raw()->PJRT_LoadedExecutable_Execute(&eargs), "PJRT_LoadedExecutable_Execute");
+  std::vector<std::vector<std::unique_ptr<Buffer>>> result(n);
+  for (size_t r = 0; r < n; ++r) {
+    result[r].reserve(num_outputs_);
+    for (size_t i = 0; i < num_outputs_; ++i) result[r].push_back(std::make_unique<Buffer>(api_, out_lists[r][i]));
+  }
+  return result;
+}
+
 std::vector<std::unique_ptr<Buffer>> Executable::execute(const std::vector<PJRT_Buffer*>& args, PJRT_Device* device,
                                                          std::shared_ptr<Event>* done,
                                                          const std::vector<int64_t>& keep) const {
   auto opts = makeArgs<PJRT_ExecuteOptions>();
   opts.non_donatable_input_indices = keep.data();
   opts.num_non_donatable_input_indices = keep.size();
-  std::vector<PJRT_Buffer*> outs(num_outputs_, nullptr);
-  PJRT_Buffer* const* arg_list = args.data();
-  PJRT_Buffer** out_list = outs.data();
-  auto eargs = makeArgs<PJRT_LoadedExecutable_Execute_Args>();
-  eargs.executable = exe_;
-  eargs.options = &opts;
-  eargs.argument_lists = &arg_list;
-  eargs.num_devices = 1;
-  eargs.num_args = args.size();
-  eargs.output_lists = &out_list;
   PJRT_Event* complete = nullptr;
-  eargs.device_complete_events = done ? &complete : nullptr;
-  eargs.execute_device = device;
-  api_->check(api_->raw()->PJRT_LoadedExecutable_Execute(&eargs), "PJRT_LoadedExecutable_Execute");
+  auto outs = launch(&args, 1, opts, device, done ? &complete : nullptr);
   if (done) *done = std::make_shared<Event>(api_, complete);
-  std::vector<std::unique_ptr<Buffer>> result;
-  result.reserve(outs.size());
-  for (PJRT_Buffer* b : outs) result.push_back(std::make_unique<Buffer>(api_, b));
-  return result;
+  return std::move(outs[0]);
 }
 
 std::vector<std::vector<std::unique_ptr<Buffer>>> Executable::executeReplicated(
     const std::vector<std::vector<PJRT_Buffer*>>& args) const {
   auto opts = makeArgs<PJRT_ExecuteOptions>();
-  std::vector<PJRT_Buffer* const*> arg_lists;
-  for (const auto& a : args) arg_lists.push_back(a.data());
-  std::vector<std::vector<PJRT_Buffer*>> outs(args.size(), std::vector<PJRT_Buffer*>(num_outputs_, nullptr));
-  std::vector<PJRT_Buffer**> out_lists;
-  for (auto& o : outs) out_lists.push_back(o.data());
-  auto eargs = makeArgs<PJRT_LoadedExecutable_Execute_Args>();
-  eargs.executable = exe_;
-  eargs.options = &opts;
-  eargs.argument_lists = arg_lists.data();
-  eargs.num_devices = args.size();
-  eargs.num_args = args.empty() ? 0 : args[0].size();
-  eargs.output_lists = out_lists.data();
-  api_->check(api_->raw()->PJRT_LoadedExecutable_Execute(&eargs), "PJRT_LoadedExecutable_Execute");
-  std::vector<std::vector<std::unique_ptr<Buffer>>> result(outs.size());
-  for (size_t r = 0; r < outs.size(); ++r)
-    for (PJRT_Buffer* b : outs[r]) result[r].push_back(std::make_unique<Buffer>(api_, b));
-  return result;
+  return launch(args.data(), args.size(), opts, nullptr, nullptr);
 }
 
 std::vector<std::unique_ptr<Buffer>> Executable::executeShard(const std::vector<PJRT_Buffer*>& args,
                                                               PJRT_Device* device, int launch_id) const {
   auto opts = makeArgs<PJRT_ExecuteOptions>();
   opts.launch_id = launch_id;
-  std::vector<PJRT_Buffer*> outs(num_outputs_, nullptr);
-  PJRT_Buffer* const* arg_list = args.data();
-  PJRT_Buffer** out_list = outs.data();
-  auto eargs = makeArgs<PJRT_LoadedExecutable_Execute_Args>();
-  eargs.executable = exe_;
-  eargs.options = &opts;
-  eargs.argument_lists = &arg_list;
-  eargs.num_devices = 1;
-  eargs.num_args = args.size();
-  eargs.output_lists = &out_list;
-  eargs.execute_device = device;
-  api_->check(api_->raw()->PJRT_LoadedExecutable_Execute(&eargs), "PJRT_LoadedExecutable_Execute");
-  std::vector<std::unique_ptr<Buffer>> result;
-  for (PJRT_Buffer* b : outs) result.push_back(std::make_unique<Buffer>(api_, b));
-  return result;
+  return std::move(launch(&args, 1, opts, device, nullptr)[0]);
 }
 
 std::string Executable::serialize() const {

@@ -186,6 +186,13 @@ class Executable {
   PJRT_LoadedExecutable* raw() const { return exe_; }
 
  private:
+  // The set-up the three share: one PJRT_LoadedExecutable_Execute over `n`
+  // argument lists (one per device), outputs sized by the executable, each
+  // list's outputs returned. `device`: where a single list runs (null: as the
+  // compile options assign); `complete`: n completion events, or null.
+  std::vector<std::vector<std::unique_ptr<Buffer>>> launch(const std::vector<PJRT_Buffer*>* lists, size_t n,
+                                                           PJRT_ExecuteOptions& opts, PJRT_Device* device,
+                                                           PJRT_Event** complete) const;
   std::shared_ptr<const Api> api_;
   PJRT_LoadedExecutable* exe_;
   size_t num_outputs_ = 0;
