@@ -1,6 +1,6 @@
 #include "eager/operand_layout.h"
 
-#include "plugins/cpu/custom_calls.h"
+#include "ops/kernel_slots.h"
 
 namespace tpu::eager {
 
@@ -18,7 +18,7 @@ using aten::kTpu;
 // 1.7x slower; strict eager ran a transposing read, a program of its own
 // (55 us more per 1024x64x256 linear). Bit i: argument i.
 uint32_t transposedOperands(const std::string& base, const std::vector<IValue>& args) {
-  if ((base != "mm" && base != "addmm") || !ops::pluginKernel(plugins::cpu::kGemm)) return 0;
+  if ((base != "mm" && base != "addmm") || !ops::kernelSlots().matmulTakesTransposes()) return 0;
   uint32_t mask = 0;
   for (size_t i = 0; i < args.size() && i < 32; ++i) {
     if (!args[i].isTensor()) continue;
@@ -56,9 +56,9 @@ uint32_t packedAttentionOperands(const std::string& base, const std::vector<IVal
         arrayOf(t).dtype() == ir::DType::F32)
       mask |= 1u << i;
   }
-  const bool on_kernels =
-      ops::attentionOnHostKernels(args[first].toTensor().size(3), args[first + 2].toTensor().size(3), first == 1);
-  return on_kernels ? mask : 0;
+  const bool in_place = ops::kernelSlots().attentionReadsViews(args[first].toTensor().size(3),
+                                                               args[first + 2].toTensor().size(3), first == 1);
+  return in_place ? mask : 0;
 }
 
 // The first packed operand before `i` that shares operand i's storage (i

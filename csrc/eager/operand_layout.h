@@ -1,8 +1,8 @@
 // How a tensor operand reaches a program when its layout lets a kernel read
 // it in place: a matrix product's transposed operand as its stored matrix,
 // attention's q, k and v as the storage of a packed projection. Both pay off
-// only where the plugin runs those ops as its own kernels (the CPU plugin's
-// GEMM and attention, plugins/cpu/); elsewhere every mask is 0.
+// only where the plugin runs those ops as kernels of its own that read them so
+// (its kernel slots say which: ops/kernel_slots.h); elsewhere every mask is 0.
 #pragma once
 
 #include <cstdint>

@@ -7,7 +7,7 @@
 #include <optional>
 #include <stdexcept>
 
-#include "plugins/cpu/custom_calls.h"
+#include "ops/kernel_slots.h"
 
 namespace tpu::ops {
 
@@ -35,18 +35,12 @@ const Lowering* findLowering(const std::string& name, const std::string& overloa
 }
 
 namespace {
-// Written once when the runtime starts, before anything is lowered.
-std::vector<std::string>& pluginKernelList() {
-  static std::vector<std::string> targets;
-  return targets;
-}
+const KernelSlots kNoSlots;
+// Written when the runtime starts, before anything is lowered.
+std::atomic<const KernelSlots*> g_slots{&kNoSlots};
 }  // namespace
-void setPluginKernels(std::vector<std::string> targets) { pluginKernelList() = std::move(targets); }
-bool pluginKernel(std::string_view target) {
-  for (const auto& t : pluginKernelList())
-    if (t == target) return true;
-  return false;
-}
+const KernelSlots& kernelSlots() { return *g_slots.load(std::memory_order_acquire); }
+void setKernelSlots(const KernelSlots* slots) { g_slots.store(slots ? slots : &kNoSlots, std::memory_order_release); }
 
 namespace {
 thread_local bool t_multi_op = false;
@@ -369,52 +363,12 @@ Value mul(ir::Builder& b, const Value& x, const Value& y) {
 Value div(ir::Builder& b, const Value& x, const Value& y) { return b.binary("divide", x, y); }
 Value full(ir::Builder& b, double v, const Value& like) { return b.constant(v, like.dtype(), like.shape()); }
 
-namespace {
-// Products of at least this many multiply-adds go to the host GEMM kernel;
-// smaller ones stay XLA dots, which XLA can fuse and which cost no call.
-constexpr int64_t kHostGemmMinWork = 32768;
-
-// x [M, K] @ y [K, N] as the runtime's GEMM kernel: an operand that is a
-// transpose is passed untransposed with its flag, so the transpose is left
-// dead instead of copied. `terms`: none, or bias [N], alpha and beta (see
-// plugins::cpu::kGemm).
-std::optional<Value> hostGemmProduct(ir::Builder& b, const Value& x, const Value& y,
-                                     const std::vector<Value>& terms = {}) {
-  if (!pluginKernel(plugins::cpu::kGemm) || x.dtype() != DType::F32 || y.dtype() != DType::F32) return std::nullopt;
-  const int64_t M = x.shape()[0], K = x.shape()[1], N = y.shape()[1];
-  constexpr int64_t kInt = std::numeric_limits<int>::max();  // the BLAS takes 32-bit sizes
-  if (M * N * K < kHostGemmMinWork || M * K > kInt || K * N > kInt || M * N > kInt) return std::nullopt;
-  Value a = x, bb = y;
-  int32_t flags = 0;
-  if (auto src = b.transposeSource(x)) {
-    a = *src;
-    flags |= 1;
-  }
-  if (auto src = b.transposeSource(y)) {
-    bb = *src;
-    flags |= 2;
-  }
-  std::vector<Value> operands{a, bb, b.constantInt(flags, DType::I32)};
-  operands.insert(operands.end(), terms.begin(), terms.end());
-  return b.customCall(plugins::cpu::kGemm, operands, {Type{DType::F32, {M, N}}})[0];
-}
-}  // namespace
-
-std::optional<Value> hostAddmm(ir::Builder& b, const Value& bias, const Value& x, const Value& y, const Value& alpha,
-                               const Value& beta) {
-  if (x.rank() != 2 || y.rank() != 2 || bias.dtype() != DType::F32) return std::nullopt;
-  const int64_t N = y.shape()[1];
-  const bool row = (bias.rank() == 1 && bias.shape()[0] == N) || (bias.rank() == 2 && bias.shape() == Shape{1, N});
-  if (!row) return std::nullopt;
-  return hostGemmProduct(b, x, y, {b.reshape(bias, {N}), b.convert(alpha, DType::F32), b.convert(beta, DType::F32)});
-}
-
 Value matmul(ir::Builder& b, const Value& x0, const Value& y0) {
   Value x = x0, y = y0;
   DType t = x.dtype();
   if (x.rank() == 1 && y.rank() == 1) return b.dotGeneral(x, y, {}, {}, {0}, {0}, t);
   if (x.rank() == 2 && y.rank() == 2) {
-    if (auto r = hostGemmProduct(b, x, y)) return *r;
+    if (auto r = kernelSlots().matmul(b, x, y)) return *r;
     return b.dotGeneral(x, y, {}, {}, {1}, {0}, t);
   }
   if (x.rank() == 2 && y.rank() == 1) return b.dotGeneral(x, y, {}, {}, {1}, {0}, t);

@@ -50,11 +50,6 @@ Value full(ir::Builder& b, double v, const Value& like);
 
 // Matrix product with PyTorch's matmul broadcasting (1-d, 2-d, batched).
 Value matmul(ir::Builder& b, const Value& x, const Value& y);
-// alpha * (x @ y) + beta * bias for 2-d float32 x, y and a bias row ([N] or
-// [1, N]) as one call of the host GEMM kernel, the bias added as the product
-// is written; nullopt where the kernel does not take the product.
-std::optional<Value> hostAddmm(ir::Builder& b, const Value& bias, const Value& x, const Value& y, const Value& alpha,
-                               const Value& beta);
 
 // True (a bool scalar) when every index is in [0, size), or in [-size, size)
 // with `allow_negative` (advanced indexing).

@@ -1,6 +1,7 @@
 // Matrix products. Low-precision inputs accumulate in float32 and round
 // once, as PyTorch's CPU kernels do.
 #include "ops/common.h"
+#include "ops/kernel_slots.h"
 
 namespace tpu::ops {
 namespace {
@@ -50,10 +51,10 @@ std::vector<Value> addProduct(Ctx& c) {
   DType out = outType(c, ir::promote(x.dtype(), y.dtype()));
   DType acc = accOf(out);
   ir::Builder& b = c.b;
-  if (out == DType::F32 && c.op() == "addmm") {  // a linear layer: the kernel adds the bias
+  if (out == DType::F32 && c.op() == "addmm") {  // a linear layer: a plugin's kernel may add the bias
     Value alpha = c.has(4) ? c.scalar(4, acc) : b.constant(1.0, acc);
     Value beta = c.has(3) ? c.scalar(3, acc) : b.constant(1.0, acc);
-    if (auto r = hostAddmm(b, s, b.convert(x, acc), b.convert(y, acc), alpha, beta)) return {*r};
+    if (auto r = kernelSlots().addmm(b, s, b.convert(x, acc), b.convert(y, acc), alpha, beta)) return {*r};
   }
   Value p = matmul(b, b.convert(x, acc), b.convert(y, acc));
   if (c.has(4)) p = mul(b, p, b.broadcastTo(c.scalar(4, acc), p.shape()));

@@ -147,21 +147,6 @@ class Ctx {
   int rng_states_ = 0;
 };
 
-// The custom-call targets the plugin registered (runtime/plugin.h; the CPU
-// plugin's are in plugins/cpu/custom_calls.h): a lowering with a custom-call
-// form emits it only when its target is here, else its StableHLO form. Set
-// once when the runtime starts, before anything is lowered.
-void setPluginKernels(std::vector<std::string> targets);
-bool pluginKernel(std::string_view target);
-// Whether float32 attention with q width E and v width Ev runs as the host
-// kernels (forward, or backward).
-bool attentionOnHostKernels(int64_t E, int64_t Ev, bool backward);
-// The row stride at which the host attention kernels read a sequence-major
-// [B, L, H, E] view (`sizes`, `strides` in elements of its storage) in place:
-// when its rows lie whole in the storage, one after another (a model's head
-// split of a packed q/k/v projection). nullopt otherwise.
-std::optional<int64_t> attentionRowStride(const std::vector<int64_t>& sizes, const std::vector<int64_t>& strides);
-
 // Whether the op being lowered joins a program of several ops (a fused-eager
 // fragment, a compiled graph) rather than a strict-eager program of its own:
 // a lowering may then return views of one result that later ops of the same

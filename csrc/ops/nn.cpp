@@ -4,7 +4,7 @@
 #include <optional>
 
 #include "ops/common.h"
-#include "plugins/cpu/custom_calls.h"
+#include "ops/kernel_slots.h"
 
 namespace tpu::ops {
 namespace {
@@ -12,24 +12,6 @@ namespace {
 Value bcast(ir::Builder& b, const Value& reduced_keep, const Shape& s) { return b.broadcastTo(reduced_keep, s); }
 
 // --------------------------------------------------------------- softmax
-
-// On the CPU plugin a float32 softmax over the last dim runs as the runtime's
-// row kernel (plugins/cpu/host_kernels.h): XLA:CPU runs the max and sum-of-exp
-// reductions as separate single-threaded kernels: a language model's loss,
-// the cross-entropy forward over [4096, 8192] logits, took 63 ms, 41 with the
-// kernel. The kernel computes this lowering's formula, in float32.
-bool useHostSoftmax(const Value& x, int64_t dim, DType out) {
-  return pluginKernel(plugins::cpu::kSoftmaxForward) && x.dtype() == DType::F32 && out == DType::F32 &&
-         dim == x.rank() - 1 && x.shape()[dim] >= 8 && x.type.numel() > 0;
-}
-
-Value hostSoftmax(ir::Builder& b, const Value& x, bool log) {
-  const Shape& s = x.shape();
-  const int64_t n = s.back(), m = x.type.numel() / n;
-  auto r = b.customCall(plugins::cpu::kSoftmaxForward, {b.reshape(x, {m, n}), b.constantInt(log ? 1 : 0, DType::I32)},
-                        {Type{DType::F32, {m, n}}});
-  return b.reshape(r[0], s);
-}
 
 std::vector<Value> softmaxImpl(Ctx& c, bool log) {
   Value x = c.tensor(0);
@@ -39,7 +21,7 @@ std::vector<Value> softmaxImpl(Ctx& c, bool log) {
   Value xx = b.convert(x, acc);
   if (x.rank() == 0) return {b.convert(log ? b.zeros(xx.type) : b.constant(1.0, acc), out)};
   int64_t dim = wrapDim(c.i64(1), x.rank());
-  if (useHostSoftmax(x, dim, out)) return {hostSoftmax(b, x, log)};
+  if (auto r = kernelSlots().softmax(b, x, dim, log, out)) return {*r};  // a plugin's row kernel
   Value m = keepDims(b, reduceMax(b, xx, {dim}), x.shape(), {dim});
   // A row whose max is infinite gives NaN throughout, as in PyTorch.
   Value sh = sub(b, xx, bcast(b, m, x.shape()));
@@ -75,14 +57,6 @@ Registrar reg_log_softmax_backward("_log_softmax_backward_data", [](Ctx& c) { re
 
 // --------------------------------------------------------------- layer norm
 
-// On the CPU plugin float32 layer norm runs as the runtime's kernels
-// (plugins/cpu/host_kernels.h): XLA:CPU splits each row reduction into two
-// unvectorized kernels, and its forward and backward took 6-8 kernels each.
-bool useHostLayerNorm(const Value& x, const std::optional<Value>& w, const std::optional<Value>& bias, int64_t n) {
-  return pluginKernel(plugins::cpu::kLayerNormForward) && x.dtype() == DType::F32 && (!w || w->dtype() == DType::F32) &&
-         (!bias || bias->dtype() == DType::F32) && n >= 8 && x.type.numel() > 0;
-}
-
 // native_layer_norm(input, normalized_shape, weight?, bias?, eps) -> (out, mean, rstd)
 Registrar reg_native_layer_norm("native_layer_norm", [](Ctx& c) {
   Value x = c.tensor(0);
@@ -97,17 +71,13 @@ Registrar reg_native_layer_norm("native_layer_norm", [](Ctx& c) {
     dims.push_back(d);
     n *= x.shape()[d];
   }
-  if (useHostLayerNorm(x, c.optTensor(2), c.optTensor(3), n)) {
-    const int64_t m = x.type.numel() / n;
-    Value w = c.optTensor(2) ? b.reshape(*c.optTensor(2), {n}) : b.constant(1.0, DType::F32, {n});
-    Value bias = c.optTensor(3) ? b.reshape(*c.optTensor(3), {n}) : b.constant(0.0, DType::F32, {n});
-    auto r = b.customCall(plugins::cpu::kLayerNormForward, {b.reshape(x, {m, n}), w, bias, b.constant(eps, DType::F32)},
-                          {Type{DType::F32, {m, n}}, Type{DType::F32, {m}}, Type{DType::F32, {m}}});
+  // A plugin's kernel: rows of n, the statistics shaped and typed here.
+  if (auto r = kernelSlots().layerNorm(b, LayerNormArgs{x, n, c.optTensor(2), c.optTensor(3), eps})) {
     Shape stat_shape = x.shape();
     for (auto d : dims) stat_shape[d] = 1;
     DType stat = c.hasExpected() && c.expected().size() > 1 ? c.expectedAt(1).dtype : acc;
-    return std::vector<Value>{b.reshape(r[0], x.shape()), b.convert(b.reshape(r[1], stat_shape), stat),
-                              b.convert(b.reshape(r[2], stat_shape), stat)};
+    return std::vector<Value>{b.reshape((*r)[0], x.shape()), b.convert(b.reshape((*r)[1], stat_shape), stat),
+                              b.convert(b.reshape((*r)[2], stat_shape), stat)};
   }
   Value xx = b.convert(x, acc);
   Value sum = reduceSum(b, xx, dims);
@@ -145,18 +115,11 @@ Registrar reg_native_layer_norm_backward("native_layer_norm_backward", [](Ctx& c
   }
   auto w = c.optTensor(5);
   auto bias = c.optTensor(6);
-  if (useHostLayerNorm(x, w, bias, n) && g.dtype() == DType::F32 && c.tensor(3).dtype() == DType::F32 &&
-      c.tensor(4).dtype() == DType::F32) {
-    const int64_t m = x.type.numel() / n;
-    Value wv = w ? b.reshape(*w, {n}) : b.constant(1.0, DType::F32, {n});
-    auto r = b.customCall(
-        plugins::cpu::kLayerNormBackward,
-        {b.reshape(g, {m, n}), b.reshape(x, {m, n}), b.reshape(c.tensor(3), {m}), b.reshape(c.tensor(4), {m}), wv},
-        {Type{DType::F32, {m, n}}, Type{DType::F32, {n}}, Type{DType::F32, {n}}});
+  if (auto r = kernelSlots().layerNormBackward(b, LayerNormArgs{x, n, w, bias, 0.0}, g, c.tensor(3), c.tensor(4))) {
     std::vector<Value> res(3);
-    if (mask.size() < 1 || mask[0]) res[0] = b.reshape(r[0], x.shape());
-    if (w && mask.size() > 1 && mask[1]) res[1] = b.reshape(r[1], w->shape());
-    if (bias && mask.size() > 2 && mask[2]) res[2] = b.reshape(r[2], bias->shape());
+    if (mask.size() < 1 || mask[0]) res[0] = b.reshape((*r)[0], x.shape());
+    if (w && mask.size() > 1 && mask[1]) res[1] = b.reshape((*r)[1], w->shape());
+    if (bias && mask.size() > 2 && mask[2]) res[2] = b.reshape((*r)[2], bias->shape());
     return res;
   }
   Value gg = b.convert(g, acc), xx = b.convert(x, acc);

@@ -41,13 +41,13 @@ std::string installHint(const std::string& name) {
 
 }  // namespace
 
-std::string resolvePluginPath(const std::string& name, const std::vector<std::string>& search_dirs) {
+PluginLocation locatePlugin(const std::string& name, const std::vector<std::string>& search_dirs) {
   if (name.find('/') != std::string::npos || (name.size() > 3 && name.substr(name.size() - 3) == ".so")) {
     if (!fileExists(name))
       throw PluginError("TORCH_TPU_PLUGIN points to '" + name +
                         "', which does not exist. Set TORCH_TPU_PLUGIN to tpu, cuda, cpu or the path "
                         "of a PJRT plugin .so file.");
-    return name;
+    return {name, ""};
   }
   std::vector<std::string> names;
   if (name.empty()) {
@@ -62,7 +62,7 @@ std::string resolvePluginPath(const std::string& name, const std::vector<std::st
     for (const auto& rel : candidatesFor(n)) {
       for (const auto& dir : search_dirs) {
         std::string p = dir + "/" + rel;
-        if (fileExists(p)) return p;
+        if (fileExists(p)) return {p, n};
       }
     }
   }
@@ -467,40 +467,28 @@ PJRT_Error* put(PJRT_KeyValuePutCallback_Args* args) {
 
 }  // namespace kv_bridge
 
-std::unique_ptr<Client> Client::create(std::shared_ptr<Api> api, int cpu_device_count,
-                                       const std::function<std::optional<ProcessSpan>()>& span) {
+std::unique_ptr<Client> Client::create(std::shared_ptr<Api> api, const ClientOptions& options) {
   std::unique_ptr<Client> c(new Client());
   c->api_ = std::move(api);
   const PJRT_Api* raw = c->api_->raw();
-  // Plugins reject option names they do not know, so each gets only its own:
-  // the CPU plugin its device count and asynchronous dispatch; the GPU plugin
-  // a growing allocator instead of taking 75% of the card at start, so that
-  // several processes (and PyTorch's own CUDA allocator) can share one GPU.
   std::vector<PJRT_NamedValue> opts;
-  const std::string& path = c->api_->path();
-  const auto named = [&opts](const char* name, PJRT_NamedValue_Type type) -> PJRT_NamedValue& {
+  opts.reserve(options.values.size());
+  for (const NamedOption& o : options.values) {
     PJRT_NamedValue n{};
     n.struct_size = sizeof(PJRT_NamedValue);
-    n.name = name;
-    n.name_size = std::strlen(name);
-    n.type = type;
+    n.name = o.name.c_str();
+    n.name_size = o.name.size();
     n.value_size = 1;
-    return opts.emplace_back(n);
-  };
-  if (path.find("cpu") != std::string::npos) {
-    named("cpu_device_count", PJRT_NamedValue_kInt64).int64_value = cpu_device_count;
-    named("asynchronous", PJRT_NamedValue_kBool).bool_value = true;
-  } else if (path.find("cuda") != std::string::npos || path.find("gpu") != std::string::npos) {
-    named("preallocate", PJRT_NamedValue_kBool).bool_value = false;
-    // Across processes (how JAX runs NCCL): this process's node id, the node
-    // count, and the key-value store the nodes meet through.
-    std::optional<ProcessSpan> s = span ? span() : std::nullopt;
-    if (s && s->process_count > 1 && s->store) {
-      named("node_id", PJRT_NamedValue_kInt64).int64_value = s->process_id;
-      named("num_nodes", PJRT_NamedValue_kInt64).int64_value = s->process_count;
-      c->kv_ = s->store;
+    if (const auto* i = std::get_if<int64_t>(&o.value)) {
+      n.type = PJRT_NamedValue_kInt64;
+      n.int64_value = *i;
+    } else {
+      n.type = PJRT_NamedValue_kBool;
+      n.bool_value = std::get<bool>(o.value);
     }
+    opts.push_back(n);
   }
+  c->kv_ = options.kv;
   auto args = makeArgs<PJRT_Client_Create_Args>();
   args.create_options = opts.data();
   args.num_options = opts.size();

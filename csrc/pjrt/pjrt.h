@@ -11,6 +11,7 @@
 #include <stdexcept>
 #include <string>
 #include <utility>
+#include <variant>
 #include <vector>
 
 #include "pjrt_c_api.h"
@@ -37,10 +38,19 @@ class Api;
 class Buffer;
 class Event;
 
-// Resolves a plugin name (tpu | cuda | cpu | a path) to a shared-library path.
+// Where a plugin is: its shared library, and the name it was chosen by
+// (tpu, cuda or cpu; empty when `name` was a path).
+struct PluginLocation {
+  std::string path;
+  std::string name;
+};
+// Resolves a plugin name (tpu | cuda | cpu | a path) to a shared library.
 // `search_dirs` are site-packages style folders to look in. Empty `name`
 // means the first available of tpu, cuda, cpu. Throws PluginError.
-std::string resolvePluginPath(const std::string& name, const std::vector<std::string>& search_dirs);
+PluginLocation locatePlugin(const std::string& name, const std::vector<std::string>& search_dirs);
+inline std::string resolvePluginPath(const std::string& name, const std::vector<std::string>& search_dirs) {
+  return locatePlugin(name, search_dirs).path;
+}
 
 // Owns the dlopen'ed plugin and its PJRT_Api table.
 class Api {
@@ -246,13 +256,23 @@ PJRT_Error* tryGet(PJRT_KeyValueTryGetCallback_Args* args);
 PJRT_Error* put(PJRT_KeyValuePutCallback_Args* args);
 }  // namespace kv_bridge
 
+// One client creation option (a PJRT_NamedValue; integers are always int64).
+struct NamedOption {
+  std::string name;
+  std::variant<int64_t, bool> value;
+};
+// What PJRT_Client_Create is given. Plugins reject option names they do not
+// know, so the caller passes only those of the plugin's platform
+// (runtime/plugin.h asks the platform's PluginSupport registration).
+struct ClientOptions {
+  std::vector<NamedOption> values;
+  // The key-value store of a client spanning processes (its callbacks); null: none.
+  std::shared_ptr<KeyValueStore> kv;
+};
+
 class Client {
  public:
-  // `cpu_device_count` is passed to the CPU plugin only. `span` is asked only
-  // where the plugin can run collectives across processes (the CUDA plugin:
-  // node_id, num_nodes and the key-value callbacks); nothing: one process.
-  static std::unique_ptr<Client> create(std::shared_ptr<Api> api, int cpu_device_count,
-                                        const std::function<std::optional<ProcessSpan>()>& span = {});
+  static std::unique_ptr<Client> create(std::shared_ptr<Api> api, const ClientOptions& options = {});
   ~Client();
   Client(const Client&) = delete;
   Client& operator=(const Client&) = delete;

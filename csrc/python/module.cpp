@@ -8,9 +8,8 @@
 #include "compile/capture.h"
 #include "distributed/tpu_dist.h"
 #include "eager/modes.h"
+#include "ops/kernel_slots.h"
 #include "ops/lowering.h"
-#include "plugins/cpu/cpu_plugin.h"
-#include "plugins/cpu/custom_calls.h"
 #include "runtime/env.h"
 #include "runtime/fused_graph.h"
 
@@ -91,7 +90,6 @@ struct CapturedHandle {
 // The module's table of entry points, one binding each: long by nature, and
 // each binding is a line or a few.
 PYBIND11_MODULE(_C, m) {
-  plugins::cpu::useTorchBlas();
   m.def("_set_search_dirs", [](std::vector<std::string> dirs) { runtime::Runtime::setSearchDirs(std::move(dirs)); });
   m.def("_init", []() { rt(); });
   m.def("_initialized", []() { return runtime::Runtime::initialized(); });
@@ -258,13 +256,15 @@ PYBIND11_MODULE(_C, m) {
   m.def("_metrics_report", []() { return runtime::metrics().report(); });
   m.def("_reset_metrics", []() { runtime::metrics().reset(); });
   m.def("_lowered_ops", []() { return ops::loweredOps(); });
+  // Whether the plugin lowers attention (and layer norm, softmax), or matrix
+  // products, through kernels of its own (ops/kernel_slots.h).
   m.def("_host_kernels", []() {
-    rt();  // the runtime registers them when it starts
-    return ops::pluginKernel(plugins::cpu::kAttentionForward);
+    rt();  // the plugin's support installs its slots when the runtime starts
+    return ops::kernelSlots().fills(ops::KernelSlot::Attention);
   });
   m.def("_host_gemm", []() {
     rt();
-    return ops::pluginKernel(plugins::cpu::kGemm);
+    return ops::kernelSlots().fills(ops::KernelSlot::Matmul);
   });
   // The environment registry (runtime/env.h): name, type, default, scope, meaning.
   m.def("_env_vars", []() {

@@ -1,13 +1,18 @@
 // The plugin seam: what the portable core asks of the PJRT plugin it drives,
-// beyond the PJRT C API. The runtime holds one PluginSupport, chosen by the
-// plugin's platform when it starts; the core never asks which plugin it is.
-// The CPU plugin's support (csrc/plugins/cpu/) adds host kernels as XLA FFI
-// custom calls, a GEMM on the host BLAS, core spinners, malloc tuning, in-place
-// host reads and a vector width; a CUDA or TPU plugin's own kernels go in
-// csrc/plugins/<name>/ behind the same interface. No torch headers here.
+// beyond the PJRT C API. Each plugin that adds something registers it here by
+// its platform name (what PJRT_Client_PlatformName reports: "cpu", "cuda",
+// "tpu"), from its own folder csrc/plugins/<name>/: the options its client is
+// created with, and its PluginSupport, which the runtime holds while it
+// lives. A support may also lower kernel slots its own way (a custom call to
+// a kernel it registered with the plugin): it installs its ops::KernelSlots
+// (ops/kernel_slots.h) for its lifetime. The core never asks which plugin it
+// is, and nothing outside csrc/plugins/ includes anything there. A plugin with
+// no registration gets the portable default: nothing added. No torch headers.
 #pragma once
 
+#include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -20,8 +25,8 @@ class PluginSupport {
   virtual ~PluginSupport() = default;
   // "cpu", or "portable" for a plugin with nothing of its own.
   virtual const char* name() const = 0;
-  // The custom-call targets registered with the plugin: a lowering with a
-  // custom-call form emits it only for a target listed here (ops::pluginKernel).
+  // The custom-call targets it registered with the plugin (for reports; the
+  // lowerings reach them through its kernel slots).
   virtual std::vector<std::string> kernels() const { return {}; }
   // XLA debug options every compile sets.
   virtual pjrt::OptionOverrides compileOverrides() const { return {}; }
@@ -76,6 +81,40 @@ class LaunchScope {
  private:
   PluginSupport* s_;
 };
+
+// What the runtime knows before a client exists, for a plugin's options.
+struct ClientRequest {
+  int cpu_devices = 1;  // TORCH_TPU_CPU_DEVICES
+  // This process's place in a client spanning processes; asked only by a
+  // plugin that runs collectives across processes. Empty or nothing: one process.
+  std::function<std::optional<pjrt::ProcessSpan>()> span;
+};
+
+// What one platform's plugin adds. Every member may be empty.
+struct PluginRegistration {
+  std::string platform;  // as PJRT_Client_PlatformName reports it
+  // The options its client is created with.
+  std::function<pjrt::ClientOptions(const ClientRequest&)> client_options;
+  // Whether a plugin loaded from a path is this platform's, judged from its
+  // API table alone (its extensions), before a client exists.
+  std::function<bool(const pjrt::Api&)> recognizes;
+  // Its support; registers its kernels with `api`. Empty: the portable default.
+  std::function<std::unique_ptr<PluginSupport>(const pjrt::Api&)> make_support;
+};
+
+// Registers a plugin at static initialisation, one object per
+// csrc/plugins/<name>/. Each binary links tpu_core whole (CMakeLists.txt), so
+// no registration is dropped for being unreferenced.
+struct RegisterPlugin {
+  explicit RegisterPlugin(PluginRegistration registration);
+};
+// The registration for `platform`, or null.
+const PluginRegistration* findPlugin(const std::string& platform);
+
+// Creates the client of the plugin `api`, found by `location` (pjrt::locatePlugin),
+// with the options of its platform's registration.
+std::unique_ptr<pjrt::Client> createClient(const std::shared_ptr<pjrt::Api>& api, const pjrt::PluginLocation& location,
+                                           const ClientRequest& request);
 
 // The support for the plugin behind `client`: its platform's, or the
 // portable default (nothing added). Registers what the plugin adds.

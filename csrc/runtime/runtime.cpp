@@ -8,7 +8,6 @@
 #include <cstring>
 #include <sstream>
 
-#include "ops/lowering.h"
 #include "runtime/env.h"
 #include "runtime/fused_graph.h"
 #include "runtime/slow_watch.h"
@@ -183,12 +182,13 @@ Runtime::Runtime() {
   std::vector<std::string> dirs = env::list("TORCH_TPU_PLUGIN_PATH", ':');
   for (const auto& d : searchDirs()) dirs.push_back(d);
   const char* name = env::get("TORCH_TPU_PLUGIN");
-  std::string path = pjrt::resolvePluginPath(name ? name : "", dirs);
+  const pjrt::PluginLocation location = pjrt::locatePlugin(name ? name : "", dirs);
+  const std::string& path = location.path;
   auto api = pjrt::Api::load(path);
-  client_ = pjrt::Client::create(api, static_cast<int>(env::positiveInt("TORCH_TPU_CPU_DEVICES", 1)), processSpan());
+  client_ = createClient(api, location,
+                         ClientRequest{static_cast<int>(env::positiveInt("TORCH_TPU_CPU_DEVICES", 1)), processSpan()});
   if (client_->devices().empty()) throw pjrt::PluginError("The PJRT plugin '" + path + "' reports no devices.");
   plugin_ = makePluginSupport(*api, *client_);
-  ops::setPluginKernels(plugin_->kernels());
   launch_hooks_ = plugin_->wantsLaunchHooks() ? plugin_.get() : nullptr;
   reads_in_place_ = plugin_->readsInPlace();
   option_overrides_ = plugin_->compileOverrides();

@@ -219,7 +219,7 @@ pjrt::Client& client() {
     if (const char* p = std::getenv("TORCH_TPU_PLUGIN_PATH")) dirs.push_back(p);
     auto api = pjrt::Api::load(pjrt::resolvePluginPath("cpu", dirs));
     EXPECT_TRUE(plugins::cpu::registerHostKernels(*api));
-    return pjrt::Client::create(api, 1);
+    return pjrt::Client::create(api, {{{"cpu_device_count", int64_t{1}}, {"asynchronous", true}}, nullptr});
   }();
   return *c;
 }

@@ -29,7 +29,7 @@ std::vector<std::string> searchDirs() {
 pjrt::Client& client() {
   static std::unique_ptr<pjrt::Client> c = [] {
     auto api = pjrt::Api::load(pjrt::resolvePluginPath("cpu", searchDirs()));
-    return pjrt::Client::create(api, 2);
+    return pjrt::Client::create(api, {{{"cpu_device_count", int64_t{2}}, {"asynchronous", true}}, nullptr});
   }();
   return *c;
 }

@@ -10,6 +10,7 @@
 #include "plugins/cpu/core_spinner.h"
 #include "plugins/cpu/host_kernels.h"
 #include "runtime/env.h"
+#include "runtime/plugin.h"
 
 namespace tpu::plugins::cpu {
 namespace {
@@ -57,9 +58,13 @@ class CpuSupport final : public runtime::PluginSupport {
     // kernels unless TORCH_TPU_HOST_KERNELS=0 keeps their StableHLO forms;
     // products need a host BLAS (MKL from torch), and TORCH_TPU_HOST_GEMM=0
     // keeps XLA's dots.
+    if (!hostBlas().available()) useTorchBlas();
     if (env::notDisabled("TORCH_TPU_HOST_KERNELS") && registerHostKernels(api)) {
       kernels_ = {kAttentionForward, kAttentionBackward, kLayerNormForward, kLayerNormBackward, kSoftmaxForward};
-      if (hostBlas().available() && env::notDisabled("TORCH_TPU_HOST_GEMM")) kernels_.push_back(kGemm);
+      const bool gemm = hostBlas().available() && env::notDisabled("TORCH_TPU_HOST_GEMM");
+      if (gemm) kernels_.push_back(kGemm);
+      slots_ = makeKernelSlots(gemm);
+      ops::setKernelSlots(slots_.get());  // the lowerings call the kernels from now on
     }
     ir::setXlaCpuTuning(true);
     reads_in_place_ = env::notDisabled("TORCH_TPU_HOST_READS");
@@ -70,6 +75,12 @@ class CpuSupport final : public runtime::PluginSupport {
     const int cores = sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set) : 0;
     if (linger.count() > 0 && cores > 0) spinner_ = std::make_unique<CoreSpinner>(cores, linger);
   }
+
+  ~CpuSupport() override {
+    if (slots_) ops::setKernelSlots(nullptr);
+  }
+  CpuSupport(const CpuSupport&) = delete;
+  CpuSupport& operator=(const CpuSupport&) = delete;
 
   const char* name() const override { return "cpu"; }
   std::vector<std::string> kernels() const override { return kernels_; }
@@ -94,14 +105,27 @@ class CpuSupport final : public runtime::PluginSupport {
 
  private:
   std::vector<std::string> kernels_;
+  std::unique_ptr<ops::KernelSlots> slots_;
   pjrt::OptionOverrides overrides_;
   bool reads_in_place_ = false;
   bool malloc_tuned_ = false;
   std::unique_ptr<CoreSpinner> spinner_;
 };
 
-}  // namespace
+// The CPU plugin's client: TORCH_TPU_CPU_DEVICES devices (it would make 4),
+// dispatching asynchronously.
+pjrt::ClientOptions clientOptions(const runtime::ClientRequest& request) {
+  pjrt::ClientOptions o;
+  o.values = {{"cpu_device_count", int64_t{request.cpu_devices}}, {"asynchronous", true}};
+  return o;
+}
 
-std::unique_ptr<runtime::PluginSupport> makeSupport(const pjrt::Api& api) { return std::make_unique<CpuSupport>(api); }
+// Chosen by name, or by its platform once a client exists: its API table has
+// nothing only a CPU plugin has.
+const runtime::RegisterPlugin kRegistration({"cpu", clientOptions, {}, [](const pjrt::Api& api) {
+                                               return std::unique_ptr<runtime::PluginSupport>(new CpuSupport(api));
+                                             }});
+
+}  // namespace
 
 }  // namespace tpu::plugins::cpu

@@ -1,8 +1,7 @@
 // The CPU plugin's custom calls: the targets its host kernels register under
-// (host_kernels.cpp) and the operands the lowerings that emit them pass
-// (ops/attention.cpp, ops/nn.cpp, ops/common.cpp). A lowering emits a call
-// only when the plugin registered its target (ops::pluginKernel). No torch
-// headers here.
+// (host_kernels.cpp) and the operands its kernel slots pass when they emit
+// them (kernel_slots.cpp), which happens only once the kernels are registered.
+// No torch headers here.
 #pragma once
 
 namespace tpu::plugins::cpu {

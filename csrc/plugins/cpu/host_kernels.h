@@ -21,8 +21,8 @@ namespace tpu::plugins::cpu {
 // interface (column-major, 32-bit sizes); `set_threads_local` makes the
 // calling thread's BLAS calls single-threaded and returns the previous
 // setting (MKL's mkl_set_num_threads_local), since the kernel splits the
-// product over XLA's own threads. No torch here: the Python extension finds
-// MKL in the process (torch bundles it) and sets it before the runtime starts.
+// product over XLA's own threads. No torch here: the CPU plugin's support
+// finds MKL in the process (torch bundles it) when the runtime starts.
 struct HostBlas {
   using Sgemm = void (*)(const char* transa, const char* transb, const int* m, const int* n, const int* k,
                          const float* alpha, const float* a, const int* lda, const float* b, const int* ldb,
