@@ -351,6 +351,13 @@ Value indicesInRange(ir::Builder& b, const Value& idx, int64_t size, bool allow_
   return reduceMin(b, ok, all);
 }
 
+std::vector<Value> floatUnary(Ctx& c, const Fn1& f) {
+  Value x = c.tensor(0);
+  DType out = outType(c, floatOf(x.dtype()));
+  DType comp = accOf(out);
+  return {c.b.convert(f(c.b, c.b.convert(x, comp)), out)};
+}
+
 Value add(ir::Builder& b, const Value& x, const Value& y) {
   if (x.dtype() == DType::Bool) return b.binary("or", x, y);
   return b.binary("add", x, y);

@@ -9,6 +9,18 @@ namespace tpu::ops {
 // The dtype of result 0: PyTorch's (from the meta kernel) when known.
 inline DType outType(const Ctx& c, DType fallback) { return c.hasExpected() ? c.expectedAt(0).dtype : fallback; }
 
+// Elementwise bodies, over operands already in the compute type.
+using Fn1 = std::function<Value(ir::Builder&, const Value&)>;
+using Fn2 = std::function<Value(ir::Builder&, const Value&, const Value&)>;
+
+// Unary math whose result is a float: ints and bools promote to float32,
+// complex stays complex; computed in the result's compute type and rounded
+// once, as PyTorch's CPU kernels do. A dtype PyTorch refuses for an op
+// (complex, for most special functions) raises before any lowering (the
+// dispatcher's dtype refusals), so every dtype that gets here is computed:
+// complex sinc as PyTorch computes it, for one.
+std::vector<Value> floatUnary(Ctx& c, const Fn1& f);
+
 Shape broadcastShapes(const Shape& a, const Shape& b);
 // Broadcasts all values to their common shape (dtypes untouched).
 std::vector<Value> broadcastAll(ir::Builder& b, std::vector<Value> vs);

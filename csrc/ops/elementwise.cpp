@@ -9,17 +9,6 @@
 namespace tpu::ops {
 namespace {
 
-using Fn1 = std::function<Value(ir::Builder&, const Value&)>;
-using Fn2 = std::function<Value(ir::Builder&, const Value&, const Value&)>;
-
-// Unary math that always produces a float (ints promote to float32).
-std::vector<Value> floatUnary(Ctx& c, const Fn1& f) {
-  Value x = c.tensor(0);
-  DType out = outType(c, floatOf(x.dtype()));
-  DType comp = accOf(out);
-  return {c.b.convert(f(c.b, c.b.convert(x, comp)), out)};
-}
-
 // Unary ops that keep the input dtype (neg, abs, ...).
 std::vector<Value> sameUnary(Ctx& c, const Fn1& f) {
   Value x = c.tensor(0);

@@ -9,17 +9,6 @@
 namespace tpu::ops {
 namespace {
 
-using Fn1 = std::function<Value(ir::Builder&, const Value&)>;
-using Fn2 = std::function<Value(ir::Builder&, const Value&, const Value&)>;
-
-std::vector<Value> floatUnary(Ctx& c, const Fn1& f) {
-  Value x = c.tensor(0);
-  if (ir::isComplex(x.dtype())) throw ir::Unsupported("complex special function");
-  DType out = outType(c, floatOf(x.dtype()));
-  DType comp = accOf(out);
-  return {c.b.convert(f(c.b, c.b.convert(x, comp)), out)};
-}
-
 std::vector<Value> floatBinary(Ctx& c, const Fn2& f) {
   DType t = resultType(c, {0, 1});
   DType out = outType(c, floatOf(t));
