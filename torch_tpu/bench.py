@@ -238,7 +238,9 @@ def environment() -> dict:
         import torch_tpu  # noqa: F401
 
         env["tpu_device"] = torch.tpu.get_device_name(0)
-        env["plugin"] = os.environ.get("TORCH_TPU_PLUGIN", "auto")
+        from torch_tpu import _env
+
+        env["plugin"] = _env.get("TORCH_TPU_PLUGIN", "auto")
         here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
         env["commit"] = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                                        cwd=here).stdout.strip() or "unknown"

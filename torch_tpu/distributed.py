@@ -34,11 +34,9 @@ _local_names = itertools.count()  # c10d keeps group names for the process's lif
 
 def _transport() -> str:
     """``"xla"`` where the plugin's client spans the job's processes, else ``"staged"``."""
-    import os
+    from . import _C, _env
 
-    from . import _C
-
-    wanted = os.environ.get("TORCH_TPU_DIST_TRANSPORT", "auto") or "auto"
+    wanted = _env.get("TORCH_TPU_DIST_TRANSPORT", "auto") or "auto"
     if wanted not in ("auto", "xla", "staged"):
         raise ValueError(f"TORCH_TPU_DIST_TRANSPORT must be auto, xla or staged, not {wanted!r}")
     if wanted == "staged":

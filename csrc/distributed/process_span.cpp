@@ -51,7 +51,7 @@ class C10dKeyValueStore final : public pjrt::KeyValueStore {
 };
 
 int envInt(const char* name, int fallback) {
-  const char* v = std::getenv(name);  // torchrun's variables, not ours: read as they are
+  const char* v = env::get(name);  // torchrun's variables (declared with their owner): read as torchrun writes them
   return v && *v ? std::atoi(v) : fallback;
 }
 
@@ -65,8 +65,8 @@ std::optional<pjrt::ProcessSpan> spanFromEnvironment() {
   if (!transport.empty() && transport != "auto" && transport != "xla")
     throw std::invalid_argument("TORCH_TPU_DIST_TRANSPORT must be auto, xla or staged, not '" + transport + "'");
   const int world = envInt("WORLD_SIZE", 1);
-  const char* addr = std::getenv("MASTER_ADDR");
-  const char* agent = std::getenv("TORCHELASTIC_USE_AGENT_STORE");
+  const char* addr = env::get("MASTER_ADDR");
+  const char* agent = env::get("TORCHELASTIC_USE_AGENT_STORE");
   const int port = envInt("MASTER_PORT", 0);
   const bool torchrun = agent && std::string(agent) == "True" && addr && *addr && port > 0;
   if (world <= 1 || !torchrun) {

@@ -57,9 +57,9 @@ std::string DiskCache::defaultDir() {
     if (v.empty() || v == "off" || v == "0") return "";
     return v;
   }
-  // The system's cache folders (not ours to declare).
-  if (const char* xdg = std::getenv("XDG_CACHE_HOME"); xdg && *xdg) return std::string(xdg) + "/torch_tpu";
-  if (const char* home = std::getenv("HOME"); home && *home) return std::string(home) + "/.cache/torch_tpu";
+  // The system's cache folders (declared in env.cpp as the system's).
+  if (const char* xdg = env::get("XDG_CACHE_HOME"); xdg && *xdg) return std::string(xdg) + "/torch_tpu";
+  if (const char* home = env::get("HOME"); home && *home) return std::string(home) + "/.cache/torch_tpu";
   return "";
 }
 

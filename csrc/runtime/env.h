@@ -1,8 +1,11 @@
 // The registry of environment variables: every variable torch_tpu reads is
 // declared once in env.cpp (name, type, default, scope, one-line meaning) and
 // read through get() here, in C++, and through torch_tpu._env in Python.
-// `python -m torch_tpu env` lists them with the values in force, and README's
-// table is generated from the same list (a test holds the two together).
+// Other programs' variables the package reads (torchrun's, vLLM's, the
+// system's) are declared too, with a scope that says whose they are.
+// `python -m torch_tpu env` lists them with the values in force, and
+// docs/environment.md is generated from the same list (`python -m torch_tpu env
+// --markdown`; tests/python/test_env.py holds the two together).
 // No torch headers here.
 #pragma once
 
@@ -17,11 +20,12 @@ struct Var {
   const char* name;
   const char* type;     // how the value is read: "0/1", "integer", "bytes", "path", "text", "list"
   const char* dflt;     // the default, as a user would write it ("" when unset means off or none)
-  const char* scope;    // who reads it: "runtime", "fused eager", "CPU plugin", "Python", "scripts", ...
+  const char* scope;    // who reads it: "runtime", "fused eager", "CPU plugin", "Python", "scripts", ...;
+                        // for another program's variable, also whose it is ("distributed (set by torchrun)")
   const char* meaning;  // one line
 };
 
-// Every declared variable, in the order README lists them.
+// Every declared variable, in the order docs/environment.md lists them.
 const std::vector<Var>& all();
 // The declaration of `name`; throws std::logic_error for an undeclared name
 // (a read that bypassed the registry is a bug, not a user error).

@@ -8,6 +8,8 @@ from vllm.platforms.cpu import CpuPlatform
 from vllm.platforms.interface import PlatformEnum
 from vllm.utils.mem_constants import GiB_bytes
 
+from torch_tpu import _env
+
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
 
@@ -90,7 +92,7 @@ class TpuPlatform(CpuPlatform):
         if cache_config.kv_cache_memory_bytes is None:
             # As the CPU platform: the KV cache's size is asked, not measured
             # (VLLM_TPU_KVCACHE_SPACE GiB, default 1).
-            gib = float(os.environ.get("VLLM_TPU_KVCACHE_SPACE", os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")))
+            gib = float(_env.get("VLLM_TPU_KVCACHE_SPACE", _env.get("VLLM_CPU_KVCACHE_SPACE", "1")))
             cache_config.kv_cache_memory_bytes = int(gib * GiB_bytes)
 
         vllm_config.scheduler_config.async_scheduling = False
@@ -102,7 +104,7 @@ class TpuPlatform(CpuPlatform):
         cc = vllm_config.compilation_config
         cc.cudagraph_capture_sizes = []
         cc.cudagraph_mode = CUDAGraphMode.NONE
-        if cc.mode != CompilationMode.NONE and os.environ.get("VLLM_TPU_COMPILE", "1") == "1":
+        if cc.mode != CompilationMode.NONE and _env.get("VLLM_TPU_COMPILE", "1") == "1":
             # The model as one graph traced once by Dynamo and compiled by
             # torch_tpu's backend: a step is a replayed program per token
             # bucket instead of hundreds of op launches. --enforce-eager (or

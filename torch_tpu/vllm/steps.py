@@ -17,12 +17,11 @@ bucket (see attention.py).
 from __future__ import annotations
 
 import dataclasses
-import os
 from typing import Any, Callable
 
 import torch
 
-from torch_tpu import _C
+from torch_tpu import _C, _env
 
 # Recordings of one shape that may fail (a split program, an op on the CPU)
 # before the step runs unrecorded for good.
@@ -31,7 +30,7 @@ _ATTEMPTS = 2
 
 def enabled() -> bool:
     """VLLM_TPU_CAPTURE_STEPS=0 runs every step through the model's code."""
-    return os.environ.get("VLLM_TPU_CAPTURE_STEPS", "1") == "1"
+    return _env.get("VLLM_TPU_CAPTURE_STEPS", "1") == "1"
 
 
 def _device_tensors(values) -> list[torch.Tensor]:
