@@ -1,19 +1,26 @@
 """The environment registry from Python.
 
-Every variable torch_tpu reads is declared once, in ``csrc/runtime/env.cpp``
-(name, type, default, who reads it, meaning). C++ reads them through
-``runtime/env.h``; Python code reads them through :func:`get`, which refuses
-an undeclared name. ``python -m torch_tpu env`` lists them with the values in
-force, and README's table is :func:`markdown_table` (a test holds the two
-together).
+Every variable torch_tpu reads, of any prefix, is declared once in
+``csrc/runtime/env.cpp`` (name, type, default, who reads it, meaning); other
+programs' variables that the package reads (torchrun's, vLLM's, the system's)
+too, with a scope that says whose they are. C++ reads them through
+``runtime/env.h``; Python code reads them through :func:`get`, which refuses an
+undeclared name (tests/python/test_guard_docs_env.py refuses a read that goes
+around it). ``python -m torch_tpu env`` lists them with the values in force,
+and ``docs/environment.md`` is :func:`markdown_page`
+(``python -m torch_tpu env --markdown > docs/environment.md``; a test holds the
+two together).
 """
 
 from __future__ import annotations
 
+import functools
 import os
 from typing import NamedTuple, Optional
 
 from . import _C
+
+REGENERATE = "python -m torch_tpu env --markdown > docs/environment.md"
 
 
 class Var(NamedTuple):
@@ -24,16 +31,22 @@ class Var(NamedTuple):
     meaning: str
 
 
+@functools.lru_cache(maxsize=None)
+def _declared() -> dict:
+    return {v[0]: Var(*v) for v in _C._env_vars()}
+
+
 def variables() -> list[Var]:
-    """Every declared variable, in README's order."""
-    return [Var(*v) for v in _C._env_vars()]
+    """Every declared variable, in the registry's order."""
+    return list(_declared().values())
 
 
 def declared(name: str) -> Var:
-    for v in variables():
-        if v.name == name:
-            return v
-    raise KeyError(f"torch_tpu: the environment variable {name} is not declared in csrc/runtime/env.cpp")
+    try:
+        return _declared()[name]
+    except KeyError:
+        raise KeyError(f"torch_tpu: the environment variable {name} is not declared in "
+                       "csrc/runtime/env.cpp") from None
 
 
 def get(name: str, default: Optional[str] = None) -> Optional[str]:
@@ -43,11 +56,35 @@ def get(name: str, default: Optional[str] = None) -> Optional[str]:
 
 
 def markdown_table() -> str:
-    """README's environment table."""
-    rows = ["| variable | default | read by | meaning |", "| --- | --- | --- | --- |"]
+    """The registry as a Markdown table."""
+    rows = ["| variable | type | default | read by | meaning |", "| --- | --- | --- | --- | --- |"]
     for v in variables():
-        rows.append(f"| `{v.name}` | {f'`{v.default}`' if v.default else ''} | {v.scope} | {v.meaning} |")
+        rows.append(f"| `{v.name}` | {v.type} | {f'`{v.default}`' if v.default else ''} | {v.scope} | {v.meaning} |")
     return "\n".join(rows)
+
+
+def markdown_page() -> str:
+    """docs/environment.md: the registry's table with what it is and how to use it."""
+    return f"""# Environment variables
+
+<!-- Generated from the registry (csrc/runtime/env.cpp) by `{REGENERATE}`;
+edit the registry, then regenerate. tests/python/test_env.py holds the two together. -->
+
+Every environment variable torch_tpu reads, in C++ and in Python, is declared once in
+`csrc/runtime/env.cpp` (name, type, default, who reads it, meaning) and read through that
+registry: `runtime/env.h` in C++, `torch_tpu._env` in Python. Variables of other programs that
+torch_tpu reads (torchrun's, vLLM's, the system's) are declared too; "read by" says whose they
+are. A variable set to something it cannot read (`TORCH_TPU_CPU_DEVICES=two`) is an error at
+start that names it.
+
+    python -m torch_tpu env              # each variable with the value in force
+    python -m torch_tpu env --markdown   # this page
+
+Defaults are what an unset variable means; an empty default means off, none, or the behaviour
+the meaning describes.
+
+{markdown_table()}
+"""
 
 
 def report() -> str:
