@@ -1,8 +1,8 @@
-"""The environment registry: every variable is declared once, README's table is
-generated from it, and `python -m torch_tpu env` prints the values in force."""
+"""The environment registry: every variable is declared once, docs/environment.md is
+generated from it, and `python -m torch_tpu env` prints the values in force. (That the code
+reads only declared variables, and only through the registry: test_guard_docs_env.py.)"""
 
 import os
-import re
 import subprocess
 import sys
 
@@ -12,37 +12,22 @@ import torch_tpu
 from torch_tpu import _env
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-# Names of our variables as the code spells them (TPU_LAUNCH_BLOCKING is
-# TorchTPU's public name).
-NAME = re.compile(r"\b(TORCH_TPU_[A-Z0-9_]+|TPU_LAUNCH_BLOCKING)\b")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import test_guard_docs_env  # noqa: E402
 
 
-def _readme_table():
-    text = open(os.path.join(ROOT, "README.md")).read()
-    m = re.search(r"<!-- env-table:begin -->\n(.*?)<!-- env-table:end -->", text, re.S)
-    assert m, "README.md lacks the env-table markers"
-    return m.group(1).strip()
+def test_docs_environment_md_is_the_registry():
+    with open(os.path.join(ROOT, "docs", "environment.md")) as f:
+        page = f.read()
+    assert page == _env.markdown_page(), (
+        "docs/environment.md differs from the registry (csrc/runtime/env.cpp): regenerate it with "
+        f"`{_env.REGENERATE}` (after a rebuild, so that the extension has the registry's changes)")
 
 
-def test_readme_table_is_the_registry():
-    assert _readme_table() == _env.markdown_table(), (
-        "README's environment table differs from the registry (csrc/runtime/env.cpp): "
-        "regenerate it with `python -m torch_tpu env --markdown`")
-
-
-def test_every_variable_the_code_names_is_declared():
-    declared = {v.name for v in _env.variables()}
-    seen = {}
-    for folder in ("csrc", "torch_tpu", "tools", "scripts", "benchmarks", "tests", ".ci"):
-        for dirpath, _, files in os.walk(os.path.join(ROOT, folder)):
-            for f in files:
-                if not f.endswith((".cpp", ".h", ".py", ".sh")) and f != "run":
-                    continue
-                path = os.path.join(dirpath, f)
-                for name in NAME.findall(open(path, errors="replace").read()):
-                    seen.setdefault(name, path)
-    missing = {n: p for n, p in seen.items() if n not in declared}
-    assert not missing, f"variables read but not declared in csrc/runtime/env.cpp: {missing}"
+def test_the_guard_reads_the_registry_as_the_extension_does():
+    assert test_guard_docs_env.declared_names(ROOT) == {v.name for v in _env.variables()}, (
+        "csrc/runtime/env.cpp and the built extension declare different variables: rebuild "
+        "(cmake --build build)")
 
 
 def test_each_variable_is_declared_once_with_a_meaning():
@@ -69,7 +54,8 @@ def test_python_m_torch_tpu_env_prints_every_variable_with_its_value():
     assert "unset; default 0" in lines["TORCH_TPU_LOG_RECOMPILES"]
     md = subprocess.run([sys.executable, "-m", "torch_tpu", "env", "--markdown"], capture_output=True, text=True,
                         timeout=300)
-    assert md.returncode == 0 and md.stdout.strip() == _env.markdown_table()
+    assert md.returncode == 0 and md.stdout == _env.markdown_page()
+    assert _env.markdown_table() in md.stdout
 
 
 def test_a_malformed_value_is_a_clear_error_at_start():
