@@ -251,43 +251,35 @@ std::vector<int64_t> reductionDims(const std::optional<std::vector<int64_t>>& di
   return wrapDims(*dims, rank);
 }
 
-double lowestValue(DType t) {
+namespace {
+template <typename T>
+double limit(bool lowest) {
+  return lowest ? static_cast<double>(std::numeric_limits<T>::lowest())
+                : static_cast<double>(std::numeric_limits<T>::max());
+}
+// An integer dtype's (or bool's) lowest or highest value; infinity otherwise.
+double extremeValue(DType t, bool lowest) {
   switch (t) {
     case DType::Bool:
-      return 0;
+      return lowest ? 0 : 1;
     case DType::U8:
-      return 0;
+      return limit<uint8_t>(lowest);
     case DType::I8:
-      return -128;
+      return limit<int8_t>(lowest);
     case DType::I16:
-      return -32768;
+      return limit<int16_t>(lowest);
     case DType::I32:
-      return -2147483648.0;
+      return limit<int32_t>(lowest);
     case DType::I64:
-      return -9223372036854775808.0;
+      return limit<int64_t>(lowest);
     default:
-      return -std::numeric_limits<double>::infinity();
+      return lowest ? -std::numeric_limits<double>::infinity() : std::numeric_limits<double>::infinity();
   }
 }
+}  // namespace
 
-double highestValue(DType t) {
-  switch (t) {
-    case DType::Bool:
-      return 1;
-    case DType::U8:
-      return 255;
-    case DType::I8:
-      return 127;
-    case DType::I16:
-      return 32767;
-    case DType::I32:
-      return 2147483647.0;
-    case DType::I64:
-      return 9223372036854775807.0;
-    default:
-      return std::numeric_limits<double>::infinity();
-  }
-}
+double lowestValue(DType t) { return extremeValue(t, true); }
+double highestValue(DType t) { return extremeValue(t, false); }
 
 double largestFinite(DType t) {
   switch (t) {

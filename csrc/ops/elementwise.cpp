@@ -257,36 +257,26 @@ Registrar reg_nan_to_num("nan_to_num", [](Ctx& c) {
 
 // --- binary arithmetic
 
+// add/sub/rsub's `alpha` (argument 2) times v, when given.
+Value timesAlpha(Ctx& c, ir::Builder& b, const Value& v) {
+  return c.has(2) ? mul(b, v, b.broadcastTo(c.scalar(2, v.dtype()), v.shape())) : v;
+}
+std::vector<Value> subtract(Ctx& c) {
+  return arith(c, [&c](ir::Builder& b, const Value& x, const Value& y) { return sub(b, x, timesAlpha(c, b, y)); });
+}
+std::vector<Value> multiply(Ctx& c) {
+  return arith(c, [](ir::Builder& b, const Value& x, const Value& y) { return mul(b, x, y); });
+}
 Registrar reg_add("add", [](Ctx& c) {
-  return arith(c, [&c](ir::Builder& b, const Value& x, const Value& y) {
-    Value yy = c.has(2) ? mul(b, y, b.broadcastTo(c.scalar(2, y.dtype()), y.shape())) : y;
-    return add(b, x, yy);
-  });
+  return arith(c, [&c](ir::Builder& b, const Value& x, const Value& y) { return add(b, x, timesAlpha(c, b, y)); });
 });
-Registrar reg_sub("sub", [](Ctx& c) {
-  return arith(c, [&c](ir::Builder& b, const Value& x, const Value& y) {
-    Value yy = c.has(2) ? mul(b, y, b.broadcastTo(c.scalar(2, y.dtype()), y.shape())) : y;
-    return sub(b, x, yy);
-  });
-});
-Registrar reg_subtract("subtract", [](Ctx& c) {
-  return arith(c, [&c](ir::Builder& b, const Value& x, const Value& y) {
-    Value yy = c.has(2) ? mul(b, y, b.broadcastTo(c.scalar(2, y.dtype()), y.shape())) : y;
-    return sub(b, x, yy);
-  });
-});
+Registrar reg_sub("sub", subtract);
+Registrar reg_subtract("subtract", subtract);
 Registrar reg_rsub("rsub", [](Ctx& c) {
-  return arith(c, [&c](ir::Builder& b, const Value& x, const Value& y) {
-    Value xx = c.has(2) ? mul(b, x, b.broadcastTo(c.scalar(2, x.dtype()), x.shape())) : x;
-    return sub(b, y, xx);
-  });
+  return arith(c, [&c](ir::Builder& b, const Value& x, const Value& y) { return sub(b, y, timesAlpha(c, b, x)); });
 });
-Registrar reg_mul("mul", [](Ctx& c) {
-  return arith(c, [](ir::Builder& b, const Value& x, const Value& y) { return mul(b, x, y); });
-});
-Registrar reg_multiply("multiply", [](Ctx& c) {
-  return arith(c, [](ir::Builder& b, const Value& x, const Value& y) { return mul(b, x, y); });
-});
+Registrar reg_mul("mul", multiply);
+Registrar reg_multiply("multiply", multiply);
 
 std::vector<Value> divide(Ctx& c) {
   std::string mode = c.kind(2) == Arg::Kind::String ? c.str(2) : "";

@@ -2,6 +2,7 @@
 // with their backward ops.
 #include <cmath>
 #include <optional>
+#include <utility>
 
 #include "ops/common.h"
 #include "ops/kernel_slots.h"
@@ -206,16 +207,26 @@ std::vector<Value> evalStats(Ctx& c, const BnResult& r, DType st) {
   return {r.out, emptyStat(c.b, st), emptyStat(c.b, st)};
 }
 
+// Writes the updated running statistics back into arguments 3 and 4.
+void writeRunningStats(Ctx& c, const BnResult& r) {
+  if (r.rm.valid()) c.mutate(3, r.rm);
+  if (r.rv.valid()) c.mutate(4, r.rv);
+}
+
+// (out, save_mean, save_invstd), the saved statistics empty in evaluation.
+std::vector<Value> batchNormResults(Ctx& c, const BnResult& r, bool training, const Value& x) {
+  writeRunningStats(c, r);
+  if (!training) return evalStats(c, r, accOf(x.dtype()));
+  return {r.out, r.save_mean, r.save_invstd};
+}
+
 // native_batch_norm(input, w?, b?, rm?, rv?, training, momentum, eps) -> (out, save_mean, save_invstd)
 Registrar reg_native_batch_norm("native_batch_norm", [](Ctx& c) {
   Value x = c.tensor(0);
   bool training = c.flag(5);
   auto r =
       batchNorm(c, x, c.optTensor(1), c.optTensor(2), c.optTensor(3), c.optTensor(4), training, c.f64(6), c.f64(7));
-  if (r.rm.valid()) c.mutate(3, r.rm);
-  if (r.rv.valid()) c.mutate(4, r.rv);
-  if (!training) return evalStats(c, r, accOf(x.dtype()));
-  return std::vector<Value>{r.out, r.save_mean, r.save_invstd};
+  return batchNormResults(c, r, training, x);
 });
 // _native_batch_norm_legit(input, w?, b?, rm!, rv!, training, momentum, eps) and .no_stats
 Registrar reg_native_batch_norm_legit("_native_batch_norm_legit", [](Ctx& c) {
@@ -225,17 +236,13 @@ Registrar reg_native_batch_norm_legit("_native_batch_norm_legit", [](Ctx& c) {
   bool training = c.flag(o);
   std::optional<Value> rm = no_stats ? std::nullopt : c.optTensor(3), rv = no_stats ? std::nullopt : c.optTensor(4);
   auto r = batchNorm(c, x, c.optTensor(1), c.optTensor(2), rm, rv, training, c.f64(o + 1), c.f64(o + 2));
-  if (r.rm.valid()) c.mutate(3, r.rm);
-  if (r.rv.valid()) c.mutate(4, r.rv);
-  if (!training) return evalStats(c, r, accOf(x.dtype()));
-  return std::vector<Value>{r.out, r.save_mean, r.save_invstd};
+  return batchNormResults(c, r, training, x);
 });
 // _batch_norm_with_update(input, w?, b?, rm!, rv!, momentum, eps) -> (out, save_mean, save_invstd, reserve)
 Registrar reg_batch_norm_with_update("_batch_norm_with_update", [](Ctx& c) {
   Value x = c.tensor(0);
   auto r = batchNorm(c, x, c.optTensor(1), c.optTensor(2), c.optTensor(3), c.optTensor(4), true, c.f64(5), c.f64(6));
-  if (r.rm.valid()) c.mutate(3, r.rm);
-  if (r.rv.valid()) c.mutate(4, r.rv);
+  writeRunningStats(c, r);
   return std::vector<Value>{r.out, r.save_mean, r.save_invstd, c.b.constantInt(0, DType::U8, {0})};
 });
 Registrar reg_batch_norm_no_update("_batch_norm_no_update", [](Ctx& c) {
@@ -386,13 +393,12 @@ Value convWeightGrad(ir::Builder& b, const Value& x, const Value& g, const Shape
                      const std::vector<int64_t>& stride, const std::vector<int64_t>& padding,
                      const std::vector<int64_t>& dilation, int64_t groups, DType acc) {
   int nsp = x.rank() - 2;
+  // The forward's dims with each pair's roles traded: x's batch and channels,
+  // g's output and input channels (g is the kernel), the result's two.
   ir::Builder::ConvDims dn = convDims(nsp);
-  dn.in_batch = 1;
-  dn.in_feature = 0;
-  dn.k_in = 0;
-  dn.k_out = 1;
-  dn.out_batch = 1;
-  dn.out_feature = 0;
+  std::swap(dn.in_batch, dn.in_feature);
+  std::swap(dn.k_in, dn.k_out);
+  std::swap(dn.out_batch, dn.out_feature);
   std::vector<std::pair<int64_t, int64_t>> pad;
   for (int i = 0; i < nsp; ++i) {
     int64_t k = w_shape[2 + i];
