@@ -318,18 +318,30 @@ PJRT_Device* Buffer::device() const {
   return args.device;
 }
 
-Executable::Executable(std::shared_ptr<const Api> api, PJRT_LoadedExecutable* exe) : api_(std::move(api)), exe_(exe) {
+namespace {
+// Calls fn(executable) on the PJRT_Executable behind `loaded` (a handle of its
+// own, destroyed after), then raises the error fn returned, if any.
+template <typename Fn>
+void onExecutable(const Api& api, PJRT_LoadedExecutable* loaded, const char* what, Fn fn) {
   auto gargs = makeArgs<PJRT_LoadedExecutable_GetExecutable_Args>();
-  gargs.loaded_executable = exe_;
-  api_->check(api_->raw()->PJRT_LoadedExecutable_GetExecutable(&gargs), "PJRT_LoadedExecutable_GetExecutable");
-  auto nargs = makeArgs<PJRT_Executable_NumOutputs_Args>();
-  nargs.executable = gargs.executable;
-  PJRT_Error* err = api_->raw()->PJRT_Executable_NumOutputs(&nargs);
+  gargs.loaded_executable = loaded;
+  api.check(api.raw()->PJRT_LoadedExecutable_GetExecutable(&gargs), "PJRT_LoadedExecutable_GetExecutable");
+  PJRT_Error* err = fn(gargs.executable);
   auto dargs = makeArgs<PJRT_Executable_Destroy_Args>();
   dargs.executable = gargs.executable;
-  api_->destroyError(api_->raw()->PJRT_Executable_Destroy(&dargs));
-  api_->check(err, "PJRT_Executable_NumOutputs");
-  num_outputs_ = nargs.num_outputs;
+  api.destroyError(api.raw()->PJRT_Executable_Destroy(&dargs));
+  api.check(err, what);
+}
+}  // namespace
+
+Executable::Executable(std::shared_ptr<const Api> api, PJRT_LoadedExecutable* exe) : api_(std::move(api)), exe_(exe) {
+  onExecutable(*api_, exe_, "PJRT_Executable_NumOutputs", [this](PJRT_Executable* e) {
+    auto args = makeArgs<PJRT_Executable_NumOutputs_Args>();
+    args.executable = e;
+    PJRT_Error* err = api_->raw()->PJRT_Executable_NumOutputs(&args);
+    if (!err) num_outputs_ = args.num_outputs;
+    return err;
+  });
 }
 
 Executable::~Executable() {
@@ -393,19 +405,16 @@ std::vector<std::unique_ptr<Buffer>> Executable::executeShard(const std::vector<
 }
 
 std::string Executable::serialize() const {
-  auto gargs = makeArgs<PJRT_LoadedExecutable_GetExecutable_Args>();
-  gargs.loaded_executable = exe_;
-  api_->check(api_->raw()->PJRT_LoadedExecutable_GetExecutable(&gargs), "PJRT_LoadedExecutable_GetExecutable");
-  auto sargs = makeArgs<PJRT_Executable_Serialize_Args>();
-  sargs.executable = gargs.executable;
-  PJRT_Error* err = api_->raw()->PJRT_Executable_Serialize(&sargs);
   std::string out;
-  if (!err) out.assign(sargs.serialized_bytes, sargs.serialized_bytes_size);
-  if (!err && sargs.serialized_executable_deleter) sargs.serialized_executable_deleter(sargs.serialized_executable);
-  auto dargs = makeArgs<PJRT_Executable_Destroy_Args>();
-  dargs.executable = gargs.executable;
-  api_->destroyError(api_->raw()->PJRT_Executable_Destroy(&dargs));
-  api_->check(err, "PJRT_Executable_Serialize");
+  onExecutable(*api_, exe_, "PJRT_Executable_Serialize", [this, &out](PJRT_Executable* e) {
+    auto args = makeArgs<PJRT_Executable_Serialize_Args>();
+    args.executable = e;
+    PJRT_Error* err = api_->raw()->PJRT_Executable_Serialize(&args);
+    if (err) return err;
+    out.assign(args.serialized_bytes, args.serialized_bytes_size);
+    if (args.serialized_executable_deleter) args.serialized_executable_deleter(args.serialized_executable);
+    return err;
+  });
   return out;
 }
 
@@ -620,6 +629,10 @@ void putVarint(std::string& out, uint64_t v) {
   }
   out += static_cast<char>(v);
 }
+void putInt(std::string& out, uint64_t field, uint64_t value) {
+  putVarint(out, fieldKey(field, kWireVarint));
+  putVarint(out, value);
+}
 void putBytes(std::string& out, uint64_t field, const std::string& bytes) {
   putVarint(out, fieldKey(field, kWireBytes));
   putVarint(out, bytes.size());
@@ -636,8 +649,7 @@ std::string compileOptions(bool portable, const OptionOverrides& overrides) {
   out += std::string("\x1a\x04\x20\x01\x28\x01", 6);
   for (const auto& [name, value] : overrides) {
     std::string override_value;
-    putVarint(override_value, fieldKey(3, kWireVarint));
-    putVarint(override_value, static_cast<uint64_t>(value));
+    putInt(override_value, 3, static_cast<uint64_t>(value));
     std::string entry;
     putBytes(entry, 1, name);
     putBytes(entry, 2, override_value);
@@ -656,16 +668,12 @@ std::string replicatedCompileOptions(const std::vector<int>& device_ids, const O
   std::string computation;
   putBytes(computation, 1, ids);
   std::string assignment;
-  putVarint(assignment, fieldKey(1, kWireVarint));
-  putVarint(assignment, n);
-  putVarint(assignment, fieldKey(2, kWireVarint));
-  putVarint(assignment, 1);
+  putInt(assignment, 1, n);
+  putInt(assignment, 2, 1);
   putBytes(assignment, 3, computation);
   std::string build;
-  putVarint(build, fieldKey(4, kWireVarint));
-  putVarint(build, n);
-  putVarint(build, fieldKey(5, kWireVarint));
-  putVarint(build, 1);
+  putInt(build, 4, n);
+  putInt(build, 5, 1);
   putBytes(build, 9, assignment);
   // The overrides as compileOptions writes them, after a non-portable head.
   std::string out = compileOptions(/*portable=*/false, overrides);
