@@ -34,20 +34,26 @@ runtime::Runtime& rt() {
   }
 }
 
+// Counters into `d`, in the order given.
+using Counter = std::pair<const char*, const std::atomic<int64_t>*>;
+void putCounters(py::dict& d, std::initializer_list<Counter> counters) {
+  for (const auto& [name, counter] : counters) d[name] = counter->load();
+}
+
 py::dict metricsDict() {
   auto& m = runtime::metrics();
   py::dict d;
-  d["compiles"] = m.compiles.load();
-  d["cache_hits"] = m.cache_hits.load();
-  d["cache_misses"] = m.cache_misses.load();
-  d["executions"] = m.executions.load();
-  d["donated_buffers"] = m.donated_buffers.load();
-  d["constant_reuses"] = m.constant_reuses.load();
+  putCounters(d, {{"compiles", &m.compiles},
+                  {"cache_hits", &m.cache_hits},
+                  {"cache_misses", &m.cache_misses},
+                  {"executions", &m.executions},
+                  {"donated_buffers", &m.donated_buffers},
+                  {"constant_reuses", &m.constant_reuses}});
   d["live_buffers"] = pjrt::Buffer::live();
-  d["h2d_bytes"] = m.h2d_bytes.load();
-  d["d2h_bytes"] = m.d2h_bytes.load();
-  d["h2d_transfers"] = m.h2d_transfers.load();
-  d["d2h_transfers"] = m.d2h_transfers.load();
+  putCounters(d, {{"h2d_bytes", &m.h2d_bytes},
+                  {"d2h_bytes", &m.d2h_bytes},
+                  {"h2d_transfers", &m.h2d_transfers},
+                  {"d2h_transfers", &m.d2h_transfers}});
   d["compile_seconds"] = m.compile_ns.load() / 1e9;
   py::dict fb, cb;
   {
@@ -58,23 +64,24 @@ py::dict metricsDict() {
   d["fallbacks"] = fb;
   d["compiles_by_op"] = cb;
   d["kernel_signatures"] = eager::strictCacheSize();
-  d["fused_lowerings"] = m.fused_lowerings.load();
-  d["operands_in_place"] = m.operands_in_place.load();
-  d["dist_collectives"] = m.dist_collectives.load();
-  d["dist_staged_bytes"] = m.dist_staged_bytes.load();
-  d["dist_xla_collectives"] = m.dist_xla_collectives.load();
-  d["dist_xla_bytes"] = m.dist_xla_bytes.load();
-  d["disk_hits"] = m.disk_hits.load();
+  putCounters(d, {{"fused_lowerings", &m.fused_lowerings},
+                  {"operands_in_place", &m.operands_in_place},
+                  {"dist_collectives", &m.dist_collectives},
+                  {"dist_staged_bytes", &m.dist_staged_bytes},
+                  {"dist_xla_collectives", &m.dist_xla_collectives},
+                  {"dist_xla_bytes", &m.dist_xla_bytes},
+                  {"disk_hits", &m.disk_hits}});
   d["recompile_reasons"] = runtime::recentCompileReasons();
   if (runtime::Runtime::initialized()) {
     auto& dc = runtime::Runtime::get().diskCache();
     py::dict disk;
     disk["dir"] = dc.dir();
-    disk["hits"] = dc.stats().hits.load();
-    disk["misses"] = dc.stats().misses.load();
-    disk["writes"] = dc.stats().writes.load();
-    disk["corrupt"] = dc.stats().corrupt.load();
-    disk["evicted"] = dc.stats().evicted.load();
+    const auto& st = dc.stats();
+    putCounters(disk, {{"hits", &st.hits},
+                       {"misses", &st.misses},
+                       {"writes", &st.writes},
+                       {"corrupt", &st.corrupt},
+                       {"evicted", &st.evicted}});
     d["disk_cache"] = disk;
   }
   return d;

@@ -206,15 +206,7 @@ std::shared_ptr<pjrt::Executable> collectiveExecutable(const CollectiveSpec& spe
   std::string text = collectiveProgram(spec);
   std::string key = text;
   for (int id : ids) key += "," + std::to_string(id);
-  {
-    std::lock_guard<std::mutex> g(mu);
-    auto it = cache.find(key);
-    if (it != cache.end()) {
-      metrics().cache_hits++;
-      return it->second;
-    }
-  }
-  metrics().cache_misses++;
+  if (auto hit = cachedProgram(mu, cache, key)) return hit;
   auto t0 = std::chrono::steady_clock::now();
   std::shared_ptr<pjrt::Executable> exe;
   try {
@@ -224,12 +216,7 @@ std::shared_ptr<pjrt::Executable> collectiveExecutable(const CollectiveSpec& spe
                              std::to_string(ids.size()) + " devices failed: " + e.what());
   }
   auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();
-  metrics().compiles++;
-  metrics().compile_ns += ns;
-  {
-    std::lock_guard<std::mutex> g(metrics().mu);
-    metrics().compiles_by_op[spec.name()]++;
-  }
+  metrics().countCompile(spec.name(), ns);
   std::lock_guard<std::mutex> g(mu);
   return cache.emplace(std::move(key), std::move(exe)).first->second;
 }

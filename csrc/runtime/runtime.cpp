@@ -29,6 +29,13 @@ void Metrics::reset() {
   compiles_by_op.clear();
 }
 
+int64_t Metrics::countCompile(const std::string& what, int64_t ns) {
+  compiles++;
+  compile_ns += ns;
+  std::lock_guard<std::mutex> g(mu);
+  return ++compiles_by_op[what];
+}
+
 std::string Metrics::report() {
   std::ostringstream os;
   os << "torch_tpu metrics\n"
@@ -222,15 +229,7 @@ std::shared_ptr<Program> Runtime::compile(const ir::Builder& b, const std::strin
   // The memory tier is keyed by the builder's running fingerprint: a hit
   // never prints the program.
   std::string fp = b.fingerprint();
-  {
-    std::lock_guard<std::mutex> g(mu_);
-    auto it = programs_.find(fp);
-    if (it != programs_.end()) {
-      metrics().cache_hits++;
-      return it->second;
-    }
-  }
-  metrics().cache_misses++;
+  if (auto hit = cachedProgram(mu_, programs_, fp)) return hit;
   std::string text = b.emit();
   auto prog = std::make_shared<Program>();
   prog->param_types = b.paramTypes();
@@ -260,13 +259,7 @@ std::shared_ptr<Program> Runtime::compile(const ir::Builder& b, const std::strin
     }
     auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();
     prog->compile_seconds = ns / 1e9;
-    metrics().compiles++;
-    metrics().compile_ns += ns;
-    int64_t compiles_of_op = 0;
-    {
-      std::lock_guard<std::mutex> g(metrics().mu);
-      compiles_of_op = ++metrics().compiles_by_op[what];
-    }
+    const int64_t compiles_of_op = metrics().countCompile(what, ns);
     // Many programs for one op: its shapes change call after call (a loop over a
     // growing sequence), and each new one costs a compile. Said once at 100 and at 1000.
     if (compiles_of_op == 100 || compiles_of_op == 1000)

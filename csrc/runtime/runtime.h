@@ -53,8 +53,26 @@ struct Metrics {
   std::map<std::string, int64_t> compiles_by_op;
   void reset();
   std::string report();
+  // Counts a compile of `what` that took `ns`; returns how many `what` has had.
+  int64_t countCompile(const std::string& what, int64_t ns);
 };
 Metrics& metrics();
+
+// The program cached under `key` in a memory tier guarded by `mu`, counted as
+// a hit; null, counted as a miss, when there is none.
+template <typename Cache>
+typename Cache::mapped_type cachedProgram(std::mutex& mu, const Cache& cache, const std::string& key) {
+  {
+    std::lock_guard<std::mutex> g(mu);
+    auto it = cache.find(key);
+    if (it != cache.end()) {
+      metrics().cache_hits++;
+      return it->second;
+    }
+  }
+  metrics().cache_misses++;
+  return nullptr;
+}
 
 // "Why did it compile?": each compile's reason (the difference from the
 // closest program compiled before). TORCH_TPU_LOG_RECOMPILES=1 prints them.
