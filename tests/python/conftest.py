@@ -16,6 +16,29 @@ import torch  # noqa: E402
 import torch_tpu  # noqa: E402,F401  (registers the "tpu" device)
 
 
+def assert_tpu_close(out, ref, **tol):
+    """`out`, computed on tpu, equals `ref`, computed on the CPU, by PyTorch's
+    tolerances (torch.testing.assert_close, which also checks dtype and shape):
+    tuples and lists element by element, other values exactly."""
+    if isinstance(ref, (tuple, list)):
+        assert len(out) == len(ref)
+        for o, r in zip(out, ref):
+            assert_tpu_close(o, r, **tol)
+        return
+    if isinstance(ref, torch.Tensor):
+        assert out.device.type == "tpu", f"result is on {out.device}"
+        torch.testing.assert_close(out.cpu(), ref, **tol)
+    else:
+        assert out == ref
+
+
+def check_against_cpu(fn, *args, **tol):
+    """fn on the CPU arguments, then on their tpu copies: the results agree."""
+    ref = fn(*args)
+    out = fn(*[a.to("tpu") if isinstance(a, torch.Tensor) else a for a in args])
+    assert_tpu_close(out, ref, **tol)
+
+
 @pytest.fixture
 def tpu() -> torch.device:
     return torch.device("tpu")

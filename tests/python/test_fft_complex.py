@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import torch_tpu
+from conftest import check_against_cpu
 
 
 @pytest.fixture(autouse=True)
@@ -22,11 +23,7 @@ def make(shape, dtype=torch.float32, seed=0):
     return torch.randn(shape, generator=g).to(dtype)
 
 
-def check(fn, *args, **tol):
-    ref = fn(*args)
-    out = fn(*[a.to("tpu") if isinstance(a, torch.Tensor) else a for a in args])
-    assert out.device.type == "tpu"
-    torch.testing.assert_close(out.cpu(), ref, **tol)
+check = check_against_cpu
 
 
 # FFT results are sums of many terms: allow float32 noise relative to the

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 import torch_tpu
+from conftest import assert_tpu_close, check_against_cpu
 
 @pytest.fixture(autouse=True)
 def _no_fallback():
@@ -35,17 +36,10 @@ def tpu(x):
 
 
 def compare(ref, out, **tol):
-    if isinstance(ref, (tuple, list)):
-        assert len(ref) == len(out)
-        for r, o in zip(ref, out):
-            compare(r, o, **tol)
-        return
-    assert out.device.type == "tpu"
-    torch.testing.assert_close(out.cpu(), ref, **tol)
+    assert_tpu_close(out, ref, **tol)
 
 
-def check(fn, *args, **tol):
-    compare(fn(*args), fn(*[tpu(a) if isinstance(a, torch.Tensor) else a for a in args]), **tol)
+check = check_against_cpu
 
 
 # ------------------------------------------------------------------ Cholesky

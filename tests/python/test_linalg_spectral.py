@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import torch_tpu
+from conftest import assert_tpu_close
 
 TOL = dict(rtol=1.3e-6, atol=1e-5)
 
@@ -23,8 +24,7 @@ def rand(*shape, seed=0):
 
 
 def close(ref, out, **tol):
-    assert out.device.type == "tpu"
-    torch.testing.assert_close(out.cpu(), ref, **(tol or TOL))
+    assert_tpu_close(out, ref, **(tol or TOL))
 
 
 @pytest.mark.parametrize("shape,full", [((5, 3), True), ((5, 3), False), ((3, 5), True), ((2, 4, 4), False)])

@@ -6,6 +6,9 @@ import torch
 import torch.nn.functional as F
 
 import torch_tpu
+from conftest import assert_tpu_close
+
+pytestmark = pytest.mark.mode_dependent  # the gate runs it in strict and fused eager
 
 FLOATS = [torch.float32, torch.bfloat16, torch.float16, torch.float64]
 INTS = [torch.int64, torch.int32]
@@ -36,16 +39,7 @@ def run_both(fn, *args, **kw):
 
 
 def compare(ref, out, **tol):
-    if isinstance(ref, (tuple, list)):
-        assert len(ref) == len(out)
-        for r, o in zip(ref, out):
-            compare(r, o, **tol)
-        return
-    if isinstance(ref, torch.Tensor):
-        assert out.device.type == "tpu", f"result is on {out.device}"
-        torch.testing.assert_close(out.cpu(), ref, **tol)
-    else:
-        assert ref == out
+    assert_tpu_close(out, ref, **tol)
 
 
 def check(fn, *args, **tol):

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import torch_tpu
+from conftest import assert_tpu_close
 
 S = torch.special
 INF, NAN = math.inf, math.nan
@@ -21,9 +22,7 @@ def _no_fallback():
 
 
 def close(out, ref):
-    assert out.device.type == "tpu"
-    assert out.dtype == ref.dtype and out.shape == ref.shape
-    torch.testing.assert_close(out.cpu(), ref, equal_nan=True)
+    assert_tpu_close(out, ref, equal_nan=True)
 
 
 POLYS = [
