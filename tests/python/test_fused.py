@@ -16,6 +16,8 @@ import torch_tpu
 from torch_tpu.data import CharTokenizer, batches, load_corpus
 from torch_tpu.models import GPT
 
+pytestmark = pytest.mark.mode_dependent  # the gate runs it in strict and fused eager
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 

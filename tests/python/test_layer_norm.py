@@ -15,6 +15,8 @@ import torch.nn.functional as F
 
 import torch_tpu
 
+pytestmark = pytest.mark.mode_dependent  # the gate runs it in strict and fused eager
+
 # (input shape, normalized shape, affine): rows that fill whole vectors, rows with a tail,
 # two normalized dims, no weight and bias, and a row too short for the kernel.
 CASES = [

@@ -19,6 +19,8 @@ import torch_tpu
 from torch_tpu.data import CharTokenizer, batches, load_corpus
 from torch_tpu.models import CNN, GPT, MLP, train_steps
 
+pytestmark = pytest.mark.mode_dependent  # the gate runs it in strict and fused eager
+
 STEPS = 20
 
 

@@ -11,6 +11,8 @@ import torch
 
 import torch_tpu
 
+pytestmark = pytest.mark.mode_dependent  # the gate runs it in strict and fused eager
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 

@@ -17,6 +17,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 sys.path.insert(0, os.path.join(ROOT, "tools"))
 from overlap_checks import INTERNAL, PARTIAL, overlap_cases, probe  # noqa: E402
 
+pytestmark = pytest.mark.mode_dependent  # the gate runs it in strict and fused eager
+
 
 def _outcome(fn, make, device):
     try:
@@ -51,6 +53,7 @@ def test_the_issue_examples():
     assert results[0] == results[1] and results[0][0] == [0, 16, 40, 6, 8, 10], results
 
 
+@pytest.mark.slow  # every OpInfo op (about 2 minutes): the full tier
 def test_every_inplace_opinfo_overlap_raises_as_on_the_cpu():
     mismatches, raised = [], 0
     for name, kind, fn, make in overlap_cases():
@@ -64,6 +67,7 @@ def test_every_inplace_opinfo_overlap_raises_as_on_the_cpu():
     assert raised > 100, raised
 
 
+@pytest.mark.slow
 def test_the_table_is_what_the_tool_finds():
     with open(os.path.join(ROOT, "torch_tpu", "_overlap_checks.json")) as f:
         committed = json.load(f)

@@ -26,7 +26,9 @@ def run_llm(model, extra_env=None, *extra_args):
     return json.loads(p.stdout.strip().splitlines()[-1])
 
 
-@pytest.mark.parametrize("kind,eager", [("llama", False), ("qwen3", False), ("llama", True)])
+# The gate starts the engine once (llama, compiled); the full tier runs the rest.
+@pytest.mark.parametrize("kind,eager", [("llama", False), pytest.param("qwen3", False, marks=pytest.mark.slow),
+                                        pytest.param("llama", True, marks=pytest.mark.slow)])
 def test_greedy_equals_hugging_face(models, kind, eager):
     # Compiled (vLLM's default: the model traced once by Dynamo, compiled by
     # torch_tpu's backend) and op by op (enforce_eager, strict eager).
@@ -60,6 +62,7 @@ def test_greedy_equals_hugging_face(models, kind, eager):
     assert got["top_k1"] == [r[:NEW] for r in ref[:2]]
 
 
+@pytest.mark.slow
 def test_cpu_platform_still_chosen_when_asked(models):
     # VLLM_TARGET_DEVICE=cpu keeps vLLM's own CPU backend: the plugin does not
     # take over an install that asks for the CPU.
@@ -69,6 +72,7 @@ def test_cpu_platform_still_chosen_when_asked(models):
     assert got["greedy"][0] == hf_greedy(models["llama"], PROMPTS, NEW)
 
 
+@pytest.mark.slow
 def test_a_full_kv_cache_preempts_and_loses_nothing(models):
     # 17 blocks of 16 tokens: one 256-token context and vLLM's null block. Four sequences
     # growing past 80 tokens each do not fit at once: vLLM preempts and

@@ -155,6 +155,7 @@ def test_bad_requests_get_vllm_errors_and_the_server_keeps_serving(server):
     assert status == 200 and [m["id"] for m in out["data"]] == ["tiny"]
 
 
+@pytest.mark.slow  # a second server start: the full tier
 def test_an_unknown_model_path_is_a_clear_error(tmp_path):
     missing = str(tmp_path / "no-such-model")
     p = subprocess.run([sys.executable, "-m", "torch_tpu.vllm", "serve", missing, "--port", str(free_port())],
