@@ -25,9 +25,10 @@ def _one(fused):
     return "ok" if r.returncode == 0 and r.stdout.strip().endswith("ok") else (r.stdout + r.stderr)[-2500:]
 
 
-@pytest.mark.slow
-def test_compiling_beside_an_eager_thread_20_times():
+# The gate runs each mode twice; the full tier 10 times each (the races were intermittent).
+@pytest.mark.parametrize("runs", [pytest.param(10, marks=pytest.mark.slow, id="20_times"), pytest.param(2, id="4_times")])
+def test_compiling_beside_an_eager_thread(runs):
     with ThreadPoolExecutor(2) as pool:
-        outcomes = list(pool.map(_one, [False] * 10 + [True] * 10))
+        outcomes = list(pool.map(_one, [False] * runs + [True] * runs))
     bad = [o for o in outcomes if o != "ok"]
-    assert not bad, f"{len(bad)} of 20 runs failed; first: {bad[0]}"
+    assert not bad, f"{len(bad)} of {2 * runs} runs failed; first: {bad[0]}"

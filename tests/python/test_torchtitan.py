@@ -70,8 +70,12 @@ def one_rank(workdir):
     return _run(workdir, "one", 1, "--training.local_batch_size", "4", "--parallelism.data_parallel_shard_degree", "1")
 
 
-# Slow (about 30 s each, and 35 s for the seed and 1-rank runs): the fused-eager pass of
-# scripts/test.sh leaves them out; the distributed tests cover FSDP2 and TP in fused eager.
+def test_one_rank_trains_natively(one_rank):
+    # The gate's TorchTitan run: the seed checkpoint and one rank's training (about 35 s).
+    assert one_rank[-1] < one_rank[0] - 0.3  # it learns
+
+
+# Slow (about 30 s each): the full tier; the distributed tests cover FSDP2 and TP in both modes.
 @pytest.mark.slow
 def test_fsdp2_over_2_ranks_matches_1_rank(workdir, one_rank):
     got = _run(workdir, "fsdp", 2, "--training.local_batch_size", "2", "--parallelism.data_parallel_shard_degree", "2")
