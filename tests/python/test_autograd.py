@@ -6,14 +6,8 @@ import torch.nn.functional as F
 
 import torch_tpu
 
-pytestmark = pytest.mark.mode_dependent  # the gate runs it in strict and fused eager
-
-
-@pytest.fixture(autouse=True)
-def _no_fallback():
-    torch_tpu.set_fallback("error")
-    yield
-    torch_tpu.set_fallback("warn")
+# Both modes in the gate; CPU fallback an error (conftest.py).
+pytestmark = [pytest.mark.mode_dependent, pytest.mark.usefixtures("fallback_error")]
 
 
 def grads_match(fn, *shapes, rtol=1e-4, atol=1e-5, seed=0):

@@ -9,14 +9,8 @@ import torch.nn.functional as F
 import torch_tpu
 from conftest import assert_tpu_close
 
-pytestmark = pytest.mark.mode_dependent  # the gate runs it in strict and fused eager
-
-
-@pytest.fixture(autouse=True)
-def _no_fallback():
-    torch_tpu.set_fallback("error")
-    yield
-    torch_tpu.set_fallback("warn")
+# Both modes in the gate; CPU fallback an error (conftest.py).
+pytestmark = [pytest.mark.mode_dependent, pytest.mark.usefixtures("fallback_error")]
 
 
 def tpu(t):

@@ -9,11 +9,7 @@ import torch_tpu
 from conftest import check_against_cpu
 
 
-@pytest.fixture(autouse=True)
-def _no_fallback():
-    torch_tpu.set_fallback("error")
-    yield
-    torch_tpu.set_fallback("warn")
+pytestmark = pytest.mark.usefixtures("fallback_error")  # conftest.py: CPU fallback raises
 
 
 def make(shape, dtype=torch.float32, seed=0):

@@ -11,11 +11,7 @@ from conftest import assert_tpu_close
 TOL = dict(rtol=1.3e-6, atol=1e-5)
 
 
-@pytest.fixture(autouse=True)
-def _no_fallback():
-    torch_tpu.set_fallback("error")
-    yield
-    torch_tpu.set_fallback("warn")
+pytestmark = pytest.mark.usefixtures("fallback_error")  # conftest.py: CPU fallback raises
 
 
 def rand(*shape, seed=0):

@@ -8,18 +8,12 @@ import torch.nn.functional as F
 import torch_tpu
 from conftest import assert_tpu_close
 
-pytestmark = pytest.mark.mode_dependent  # the gate runs it in strict and fused eager
+# Both modes in the gate; CPU fallback an error (conftest.py).
+pytestmark = [pytest.mark.mode_dependent, pytest.mark.usefixtures("fallback_error")]
 
 FLOATS = [torch.float32, torch.bfloat16, torch.float16, torch.float64]
 INTS = [torch.int64, torch.int32]
 ALL = FLOATS + INTS + [torch.bool]
-
-
-@pytest.fixture(autouse=True)
-def _no_fallback():
-    torch_tpu.set_fallback("error")
-    yield
-    torch_tpu.set_fallback("warn")
 
 
 def make(shape, dtype, low=-3, high=3, seed=0):

@@ -14,11 +14,7 @@ S = torch.special
 INF, NAN = math.inf, math.nan
 
 
-@pytest.fixture(autouse=True)
-def _no_fallback():
-    torch_tpu.set_fallback("error")
-    yield
-    torch_tpu.set_fallback("warn")
+pytestmark = pytest.mark.usefixtures("fallback_error")  # conftest.py: CPU fallback raises
 
 
 def close(out, ref):

@@ -7,14 +7,8 @@ import torch
 
 import torch_tpu
 
-pytestmark = pytest.mark.mode_dependent  # the gate runs it in strict and fused eager
-
-
-@pytest.fixture(autouse=True)
-def _no_fallback():
-    torch_tpu.set_fallback("error")
-    yield
-    torch_tpu.set_fallback("warn")
+# Both modes in the gate; CPU fallback an error (conftest.py).
+pytestmark = [pytest.mark.mode_dependent, pytest.mark.usefixtures("fallback_error")]
 
 
 def both(program):
