@@ -6,7 +6,6 @@ from __future__ import annotations
 import datetime
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -17,6 +16,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import torch  # noqa: E402
 
 import torch_tpu  # noqa: E402,F401
+from torch_tpu._sysinfo import cpu_model  # noqa: E402
 
 
 def sync(device: str) -> None:
@@ -93,15 +93,7 @@ def provenance() -> dict:
             commit += "+dirty"
     except Exception:
         commit = "unknown"
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    cpu = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
+    cpu = cpu_model()
     gpu = {}
     if torch.cuda.is_available():
         gpu = {"gpu": torch.cuda.get_device_name(0), "cuda": torch.version.cuda}

@@ -308,16 +308,10 @@ def read_list(path):
 def machine_info():
     import torch
 
-    cpu = ""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    cpu = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
     from torch_tpu import _env
+    from torch_tpu._sysinfo import cpu_model
+
+    cpu = cpu_model()
 
     return {"host": platform.node(), "platform": platform.platform(), "cpu": cpu,
             "cores": os.cpu_count(), "python": platform.python_version(),

@@ -229,11 +229,9 @@ def environment() -> dict:
     env = {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
            "python": platform.python_version(), "torch": torch.__version__, "machine": platform.machine(),
            "host": platform.node(), "cores": os.cpu_count()}
-    try:
-        with open("/proc/cpuinfo") as f:
-            env["cpu"] = next(ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
+    from ._sysinfo import cpu_model
+
+    env["cpu"] = cpu_model()
     try:
         import torch_tpu  # noqa: F401
 
