@@ -21,7 +21,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from common import provenance, provenance_lines  # noqa: E402
+from common import median_ratio_line, provenance, provenance_lines, write_markdown  # noqa: E402
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
@@ -104,11 +104,8 @@ def main(argv=None):
         for r in rows:
             lines.append(f"| {r['op']} | {r['bytes']} | {r['cpu'][0]:.1f} | {r['cpu'][2]:.3f} | {r['tpu'][0]:.1f} | "
                          f"{r['tpu'][2]:.3f} | {r['ratio']:.2f} |")
-        ratios = [r["ratio"] for r in rows]
-        lines += ["", f"Median time ratio tpu_dist / gloo: {statistics.median(ratios):.2f}x "
-                  f"(range {min(ratios):.2f}-{max(ratios):.2f}x)."]
-        with open(args.markdown, "w") as f:
-            f.write("\n".join(lines) + "\n")
+        lines += ["", median_ratio_line("tpu_dist / gloo", [r["ratio"] for r in rows])]
+        write_markdown(args.markdown, lines)
     dist.destroy_process_group()
 
 

@@ -114,6 +114,22 @@ def write_json(path, out: dict) -> None:
             json.dump(out, f, indent=1)
 
 
+def write_markdown(path, lines: list, echo: bool = False) -> str:
+    """Joins a report's lines; prints it when asked, writes it where path points (nothing without)."""
+    text = "\n".join(lines) + "\n"
+    if echo:
+        print(text)
+    if path:
+        with open(path, "w") as f:
+            f.write(text)
+    return text
+
+
+def median_ratio_line(label: str, ratios: list) -> str:
+    return (f"Median time ratio {label}: {statistics.median(ratios):.2f}x "
+            f"(range {min(ratios):.2f}-{max(ratios):.2f}x).")
+
+
 def provenance_lines(prov: dict) -> list:
     """The run's provenance as markdown list items, for the docs the benchmarks write."""
     gpu = [f"- GPU: {prov['gpu']} (CUDA {prov['cuda']})"] if "gpu" in prov else []

@@ -25,7 +25,7 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import provenance, provenance_lines  # noqa: E402
+from common import provenance, provenance_lines, write_markdown  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -89,11 +89,7 @@ def main(argv=None):
         b, a = statistics.median(before), statistics.median(after)
         noise = max(spread(before), spread(after))
         lines.append(f"| {name} | {b:.3g} | {a:.3g} | {a / b:.3f} | {noise:.3f} |")
-    text = "\n".join(lines) + "\n"
-    print(text)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(text)
+    write_markdown(args.out, lines, echo=True)
     return figures
 
 

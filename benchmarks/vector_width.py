@@ -17,7 +17,7 @@ import subprocess
 import sys
 import tempfile
 
-from common import provenance, provenance_lines
+from common import provenance, provenance_lines, write_markdown
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 WIDTHS = ("256", "512")
@@ -112,11 +112,7 @@ def main():
         a, b = statistics.median(gpt[("256", m)]), statistics.median(gpt[("512", m)])
         runs = lambda w: " ".join(f"{t:.2f}" for t in gpt[(w, m)])  # noqa: E731
         lines.append(f"| {m} | {a:.2f} | {b:.2f} | {b / a:.2f} | {runs('256')} | {runs('512')} |")
-    text = "\n".join(lines) + "\n"
-    print(text)
-    if args.markdown:
-        with open(args.markdown, "w") as f:
-            f.write(text)
+    write_markdown(args.markdown, lines, echo=True)
 
 
 if __name__ == "__main__":
