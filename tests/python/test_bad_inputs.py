@@ -175,20 +175,23 @@ def _has_libtpu() -> bool:
     return importlib.util.find_spec("libtpu") is not None
 
 
-@pytest.mark.skipif(_has_libtpu(), reason="libtpu is installed here")
-def test_missing_tpu_plugin_says_what_to_install():
-    r = _run_with_plugin("tpu")
+def _failure_with_plugin(plugin: str) -> str:
+    """The output of a process that must fail to start the runtime with this plugin."""
+    r = _run_with_plugin(plugin)
     out = r.stdout + r.stderr
     assert r.returncode != 0, out
     assert "NO ERROR" not in out
+    return out
+
+
+@pytest.mark.skipif(_has_libtpu(), reason="libtpu is installed here")
+def test_missing_tpu_plugin_says_what_to_install():
+    out = _failure_with_plugin("tpu")
     assert "pip install libtpu" in out, out[-2000:]
 
 
 def test_nonexistent_plugin_path():
-    r = _run_with_plugin("/nonexistent/plugin.so")
-    out = r.stdout + r.stderr
-    assert r.returncode != 0, out
-    assert "NO ERROR" not in out
+    out = _failure_with_plugin("/nonexistent/plugin.so")
     assert "/nonexistent/plugin.so" in out, out[-2000:]
     assert "TORCH_TPU_PLUGIN" in out, out[-2000:]
 
