@@ -100,3 +100,48 @@ def test_plugin_include_guard_catches_an_include_from_outside(tmp_path, include)
     _write(tmp_path, "csrc/runtime/plugin.h", '#include "pjrt/pjrt.h"\n')
     _write(tmp_path, "csrc/ops/nn.cpp", f'#include "ops/common.h"\n{include}\n// plugins/cpu is fine here\n')
     assert plugin_includes_outside_plugins(str(tmp_path)) == [f"csrc/ops/nn.cpp:2: {include.strip()}"]
+
+
+# The layers, top to bottom: a file may include its own layer and the layers below it. The same
+# order is stated in docs/architecture.md ("Layers"). plugins/ sits above ops/ and runtime/:
+# a plugin fills the kernel slots and registers with the runtime; nothing below includes it.
+LAYERS = ["python", "distributed", "aten", "compile", "eager", "plugins", "ops", "runtime", "ir", "pjrt"]
+# Upward includes that exist today; issue 59's item 4 (the shared steps in a layer below the
+# modes, capture state in compile/) removes them. A new one fails; a removed one must leave here.
+KNOWN_UPWARD = {
+    "csrc/compile/capture.cpp -> aten",
+    "csrc/eager/modes.h -> aten",
+    "csrc/eager/operand_layout.h -> aten",
+    "csrc/eager/fused.cpp -> compile",
+}
+LOCAL_INCLUDE = re.compile(r'^\s*#\s*include\s*"([a-z_]+)/')
+
+
+def upward_includes(root: str) -> set[str]:
+    """Includes from a layer of csrc/ into a layer above it, as 'path -> layer'."""
+    out = set()
+    for rel, path in _cpp_sources(root):
+        layer = rel.split("/")[1]
+        if layer not in LAYERS:
+            continue
+        with open(path, encoding="utf-8", errors="replace") as f:
+            for line in f:
+                m = LOCAL_INCLUDE.match(line)
+                if m and m.group(1) in LAYERS and LAYERS.index(m.group(1)) < LAYERS.index(layer):
+                    out.add(f"{rel} -> {m.group(1)}")
+    return out
+
+
+def test_includes_go_down_the_layers():
+    found = upward_includes(REPO_ROOT)
+    new, gone = sorted(found - KNOWN_UPWARD), sorted(KNOWN_UPWARD - found)
+    assert not new, (f"includes up the layers ({' > '.join(LAYERS)}): {new}. Move what the lower layer needs "
+                     "down (or behind an interface the upper layer implements) instead of including upwards.")
+    assert not gone, f"{gone} no longer include upwards: remove them from KNOWN_UPWARD in this file"
+
+
+def test_layer_guard_catches_an_upward_include(tmp_path):
+    _write(tmp_path, "csrc/ops/nn.cpp", '#include "ops/common.h"\n#include "ir/ir.h"\n#include "runtime/runtime.h"\n')
+    _write(tmp_path, "csrc/runtime/runtime.cpp", '#include "ir/ir.h"\n#include "eager/modes.h"\n')
+    _write(tmp_path, "csrc/pjrt/pjrt.cpp", '#include "pjrt_c_api.h"\n')
+    assert upward_includes(str(tmp_path)) == {"csrc/runtime/runtime.cpp -> eager"}
