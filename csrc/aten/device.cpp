@@ -146,8 +146,11 @@ bool loweringDisabled(const std::string& base) {
 }
 void setDisabledLowerings(std::vector<std::string> names) {
   auto s = std::make_shared<std::unordered_set<std::string>>(names.begin(), names.end());
-  std::lock_guard<std::mutex> lock(g_disabled_mu);
-  g_disabled = std::move(s);
+  {
+    std::lock_guard<std::mutex> lock(g_disabled_mu);
+    g_disabled = std::move(s);
+  }
+  opTablesChanged();
 }
 std::vector<std::string> disabledLowerings() {
   auto s = disabledSet();

@@ -4,10 +4,23 @@
 // to the mode in force (eager/modes.h): fused eager when it is on and the op's
 // result sizes do not depend on data, else strict eager. An op with no
 // lowering, or one its lowering cannot take, runs on the CPU (fallback.cpp).
+//
+// Every op pays for what is decided here, so what depends on the op alone (its
+// lowering, its refusal rows, its overlap checks, which of its arguments it
+// writes) is worked out once per op and thread (OpFacts, on first sight) and
+// found again by one hash lookup keyed by the op; what depends on the
+// arguments costs a pass over them and a few hash lookups, never a walk over a
+// table. tpu::_dispatch_stats() counts both (tests/python/test_dispatch_cost.py
+// holds them) and, when turned on, the host time per op the dispatcher and
+// each mode add (benchmarks/host_cost.py).
 #include <ATen/MemoryOverlap.h>
+#include <c10/util/SmallVector.h>
 #include <torch/library.h>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <memory>
 #include <set>
 #include <unordered_map>
 #include <unordered_set>
@@ -18,6 +31,23 @@
 
 namespace tpu::aten {
 namespace {
+
+// Counters of the dispatcher's own work, for the calling thread
+// (tpu::_dispatch_stats). Plain thread-local adds: no atomics on the op path.
+struct DispatchStats {
+  int64_t ops = 0;  // ops the dispatcher received (those it runs itself too)
+  int64_t facts_lookups = 0, facts_built = 0;
+  int64_t table_reads = 0;      // reads of the tables below and the lowering registry (buildFacts' only)
+  int64_t refusal_probes = 0;   // hash lookups into an op's refusal rows
+  int64_t strict_ops = 0, fused_ops = 0, fallback_ops = 0;
+  // Host nanoseconds, counted only while timing is on (steady_clock reads):
+  int64_t dispatch_ns = 0;  // entry to the mode (or to the fallback)
+  int64_t strict_ns = 0, fused_ns = 0;  // in the mode, its launches included
+  int64_t fallback_ns = 0;
+};
+thread_local DispatchStats t_stats;
+thread_local int t_depth = 0;
+std::atomic<bool> g_timing{false};
 
 // Ops whose lowerings compute in the promoted (complex) type, so a complex
 // scalar keeps its imaginary part; elsewhere (linspace computes in float)
@@ -43,22 +73,27 @@ bool complexScalarsAllowed(const std::string& base) {
                                             "index_put",
                                             "_index_put_impl",
                                             "copy"};
+  ++t_stats.table_reads;
   return ops.count(base) > 0;
+}
+
+// Calls f on the tensors of one argument, inside lists too.
+template <typename F>
+void forEachTensorIn(const IValue& v, F&& f) {
+  if (v.isTensor()) {
+    f(v.toTensor());
+  } else if (v.isTensorList()) {
+    for (const at::Tensor& t : v.toTensorList()) f(t);
+  } else if (v.isList()) {
+    for (const IValue& e : v.toList())
+      if (e.isTensor()) f(e.toTensor());
+  }
 }
 
 // Calls f on every tensor argument, inside lists too.
 template <typename F>
 void forEachTensor(const std::vector<IValue>& args, F&& f) {
-  for (const auto& v : args) {
-    if (v.isTensor()) {
-      f(v.toTensor());
-    } else if (v.isTensorList()) {
-      for (const at::Tensor& t : v.toTensorList()) f(t);
-    } else if (v.isList()) {
-      for (const IValue& e : v.toList())
-        if (e.isTensor()) f(e.toTensor());
-    }
-  }
+  for (const auto& v : args) forEachTensorIn(v, f);
 }
 
 // What PyTorch's CPU kernels refuse: an op overload with these tensor dtypes
@@ -76,60 +111,75 @@ struct Refusal {
   std::string message;
 };
 
-struct Refusals {
-  std::unordered_map<c10::OperatorName, std::vector<Refusal>> overloads;
-  std::unordered_map<std::string, std::vector<Refusal>> ops;  // by base name: every overload
-};
-
-Refusals& refusals() {
-  static Refusals table;
-  return table;
-}
-
-void raise(const Refusal& r) {
-  TORCH_CHECK_NOT_IMPLEMENTED(!r.not_implemented, r.message);
-  TORCH_CHECK(false, r.message);
-}
-
 std::vector<int> asSet(std::vector<int> dtypes) {
   std::sort(dtypes.begin(), dtypes.end());
   dtypes.erase(std::unique(dtypes.begin(), dtypes.end()), dtypes.end());
   return dtypes;
 }
 
-void refuseLikeCpu(const c10::OperatorHandle& op, const std::string& base, const std::vector<IValue>& args) {
-  const Refusals& table = refusals();
-  auto exact = table.overloads.find(op.operator_name());
-  auto whole = table.ops.find(base);
-  if (exact == table.overloads.end() && whole == table.ops.end()) return;
-  // The tensors' dtypes and dtype arguments, in schema order (as the table's writer lists them).
-  // `unwrapped` leaves out Python numbers made tensors (torch.floor_divide(t, 2)):
-  // the kernel computes them in the other operands' dtype.
-  std::vector<int> dtypes, unwrapped;
-  const auto& formals = op.schema().arguments();
-  for (size_t i = 0; i < args.size(); ++i) {
-    const IValue& v = args[i];
-    if (v.isInt() && i < formals.size() && baseType(formals[i].real_type())->kind() == c10::TypeKind::ScalarTypeType) {
-      dtypes.push_back(static_cast<int>(v.toInt()) + kDtypeArgument);
-      unwrapped.push_back(dtypes.back());
-    } else {
-      forEachTensor({v}, [&](const at::Tensor& t) {
-        if (!t.defined()) return;
-        dtypes.push_back(static_cast<int>(t.scalar_type()));
-        if (!t.unsafeGetTensorImpl()->is_wrapped_number()) unwrapped.push_back(dtypes.back());
-      });
-    }
+// A set of dtypes as two bit masks (tensors' ScalarTypes, dtype arguments'):
+// a call's set is built without allocating and found by one hash lookup.
+static_assert(static_cast<int>(c10::ScalarType::NumOptions) <= 64, "ScalarType codes must fit a 64-bit mask");
+struct DtypeSet {
+  uint64_t tensors = 0, arguments = 0;
+  void add(int code) {
+    if (code >= kDtypeArgument)
+      arguments |= uint64_t{1} << (code - kDtypeArgument);
+    else
+      tensors |= uint64_t{1} << code;
   }
-  const auto set = asSet(dtypes), unwrapped_set = asSet(unwrapped);
-  const auto matches = [&](const std::vector<int>& row) {
-    return row == set || (!unwrapped_set.empty() && row == unwrapped_set);
-  };
-  if (exact != table.overloads.end())
-    for (const Refusal& r : exact->second)
-      if (r.dtypes == dtypes || matches(asSet(r.dtypes))) raise(r);
-  if (whole != table.ops.end())
-    for (const Refusal& r : whole->second)
-      if (matches(r.dtypes)) raise(r);
+  bool empty() const { return tensors == 0 && arguments == 0; }
+  bool operator==(const DtypeSet& o) const { return tensors == o.tensors && arguments == o.arguments; }
+};
+struct DtypeSetHash {
+  size_t operator()(const DtypeSet& s) const noexcept {
+    return std::hash<uint64_t>{}(s.tensors * 0x9E3779B97F4A7C15ull ^ s.arguments);
+  }
+};
+
+// A dtype sequence's hash (schema order).
+template <typename Seq>
+uint64_t sequenceHash(const Seq& codes) {
+  uint64_t h = 1469598103934665603ull;
+  for (int c : codes) h = (h ^ static_cast<uint64_t>(c)) * 1099511628211ull;
+  return h;
+}
+
+// One op's (or overload's) rows, indexed: a call's dtypes find the first row
+// that refuses them in a few hash lookups, however many rows the op has.
+struct RefusalRows {
+  std::vector<Refusal> rows;
+  std::unordered_map<DtypeSet, size_t, DtypeSetHash> by_set;  // every row by its dtypes as a set: the first row
+  std::unordered_map<uint64_t, std::vector<size_t>> by_order;  // an overload's rows by sequenceHash, in order
+  bool add(Refusal r, bool whole_op) {
+    DtypeSet set;
+    for (int d : r.dtypes) {
+      const int code = d >= kDtypeArgument ? d - kDtypeArgument : d;
+      if (code < 0 || code >= 64) return false;  // no ScalarType: nothing could match it
+      set.add(d);
+    }
+    const size_t i = rows.size();
+    by_set.emplace(set, i);  // emplace keeps the first row's index
+    if (!whole_op) by_order[sequenceHash(r.dtypes)].push_back(i);
+    rows.push_back(std::move(r));
+    return true;
+  }
+};
+
+struct Refusals {
+  std::unordered_map<c10::OperatorName, RefusalRows> overloads;
+  std::unordered_map<std::string, RefusalRows> ops;  // by base name: every overload
+};
+
+Refusals& refusals() {
+  static Refusals table;
+  ++t_stats.table_reads;
+  return table;
+}
+
+void raise(const Refusal& r) {
+  TORCH_CHECK_NOT_IMPLEMENTED(!r.not_implemented, r.message);
+  TORCH_CHECK(false, r.message);
 }
 
 // Ops whose PyTorch kernels refuse to write through memory that overlaps
@@ -143,20 +193,188 @@ struct OverlapChecks {
 
 OverlapChecks& overlapChecks() {
   static OverlapChecks checks;
+  ++t_stats.table_reads;
   return checks;
 }
 
-void checkOverlaps(const c10::OperatorHandle& op, const std::string& base, const std::vector<IValue>& args) {
+// ---------------------------------------------------------------- per-op facts
+
+// What the dispatcher needs to know about an op that does not depend on its
+// arguments, worked out on first sight (buildFacts) from the tables above and
+// the lowering registry. The tables change only when torch_tpu hands them over
+// (import), when lowerings are turned off or on, and when an op's schema is
+// removed (its OperatorHandle's address may be reused): each bumps
+// g_generation, and every thread's cache starts again.
+struct OpFacts {
+  bool ours = false;  // aten:: or tpu:: (others' ops have no lowering here)
+  std::string base;   // "add" for aten::add_.Tensor
+  const ops::Lowering* low = nullptr;  // null: none, or turned off
+  bool foreach_expand = false;
+  bool complex_ok = false;      // complexScalarsAllowed
+  bool moves_indices = false;   // index, index_put, ...: CPU indices and masks are moved first
+  bool fill_value_check = false;  // fill_.Scalar and its relatives: the value must fit the dtype
+  bool fill_range = false;      // aten::fill_.Scalar and aten::zero_: the strict-only range shortcut
+  bool zero = false;            // aten::zero_
+  bool overlap_internal = false, overlap_partial = false;
+  std::vector<char> writes;     // per schema argument: the op writes it
+  std::vector<char> dtype_arg;  // per schema argument: a ScalarType (dtype=) argument
+  const RefusalRows* exact = nullptr;  // this overload's refusal rows, if any
+  const RefusalRows* whole = nullptr;  // the base op's, if any
+};
+
+std::atomic<uint64_t> g_generation{1};
+
+int64_t nowNs() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+// The base name of an op: "add" for aten::add and aten::add_,
+// "stablehlo_call" for tpu::stablehlo_call.
+std::string baseName(const std::string& full) {
+  std::string base = full.substr(full.find("::") + 2);
+  if (base.size() > 1 && base.back() == '_' && base.rfind("__", 0) != 0) base.pop_back();
+  return base;
+}
+
+// The lowering of `base` (`foreach_expand`: of X for _foreach_X, run on each
+// element); null when it has none or it is turned off.
+const ops::Lowering* loweringFor(const std::string& base, const std::string& overload, bool& foreach_expand) {
+  foreach_expand = false;
+  ++t_stats.table_reads;
+  if (loweringDisabled(base)) return nullptr;
+  if (const ops::Lowering* low = ops::findLowering(base, overload)) return low;
+  if (base.rfind("_foreach_", 0) != 0) return nullptr;
+  const ops::Lowering* low = ops::findLowering(base.substr(9), "");
+  foreach_expand = low != nullptr;
+  return low;
+}
+
+std::shared_ptr<const OpFacts> buildFacts(const c10::OperatorHandle& op) {
+  auto f = std::make_shared<OpFacts>();
+  const auto& schema = op.schema();
+  const std::string& name = schema.name();
+  const std::string& overload = schema.overload_name();
+  f->ours = name.rfind("aten::", 0) == 0 || name.rfind("tpu::", 0) == 0;
+  f->base = baseName(name);
+  const std::string& base = f->base;
+  if (f->ours) f->low = loweringFor(base, overload, f->foreach_expand);
+  f->complex_ok = complexScalarsAllowed(base);
+  f->moves_indices = base == "index" || base == "index_put" || base == "_index_put_impl" || base == "_unsafe_index" ||
+                     base == "_unsafe_index_put";
+  f->fill_value_check = base == "fill" && overload == "Scalar";
+  f->zero = name == "aten::zero_";
+  f->fill_range = f->zero || (name == "aten::fill_" && overload == "Scalar");
   const OverlapChecks& checks = overlapChecks();
-  const bool internal = checks.internal.count(base) > 0, partial = checks.partial.count(base) > 0;
-  if (!internal && !partial) return;
-  const auto& formals = op.schema().arguments();
-  for (size_t i = 0; i < args.size() && i < formals.size(); ++i) {
-    const auto* alias = formals[i].alias_info();
-    if (!alias || !alias->isWrite() || !args[i].isTensor()) continue;
+  f->overlap_internal = checks.internal.count(base) > 0;
+  f->overlap_partial = checks.partial.count(base) > 0;
+  for (const auto& a : schema.arguments()) {
+    f->writes.push_back(a.alias_info() && a.alias_info()->isWrite());
+    f->dtype_arg.push_back(baseType(a.real_type())->kind() == c10::TypeKind::ScalarTypeType);
+  }
+  const Refusals& table = refusals();
+  if (auto it = table.overloads.find(op.operator_name()); it != table.overloads.end()) f->exact = &it->second;
+  if (auto it = table.ops.find(base); it != table.ops.end()) f->whole = &it->second;
+  return f;
+}
+
+// The op's facts: one hash lookup by the op's address in this thread's cache.
+// Held by a shared pointer: a table handed over by another thread while this
+// op runs starts the cache again, and the facts stay valid until the op ends.
+std::shared_ptr<const OpFacts> factsOf(const c10::OperatorHandle& op) {
+  struct Cache {
+    uint64_t generation = 0;
+    std::unordered_map<const void*, std::shared_ptr<const OpFacts>> by_op;
+  };
+  thread_local Cache cache;
+  const uint64_t generation = g_generation.load(std::memory_order_acquire);
+  if (cache.generation != generation) {
+    cache.by_op.clear();
+    cache.generation = generation;
+  }
+  ++t_stats.facts_lookups;
+  const void* key = &op.operator_name();
+  if (auto it = cache.by_op.find(key); it != cache.by_op.end()) return it->second;
+  ++t_stats.facts_built;
+  return cache.by_op.emplace(key, buildFacts(op)).first->second;
+}
+
+// An op's schema removed: its handle's address may come back as another op's.
+struct SchemaRemovals final : c10::OpRegistrationListener {
+  void onOperatorRegistered(const c10::OperatorHandle&) override {}
+  void onOperatorDeregistered(const c10::OperatorHandle&) override { opTablesChanged(); }
+};
+[[maybe_unused]] const bool kListening = [] {
+  // Never destroyed: at exit the dispatcher may be gone first.
+  new c10::RegistrationHandleRAII(c10::Dispatcher::singleton().addRegistrationListener(std::make_unique<SchemaRemovals>()));
+  return true;
+}();
+
+size_t firstRow(const RefusalRows& rows, const DtypeSet& key) {
+  ++t_stats.refusal_probes;
+  auto it = rows.by_set.find(key);
+  return it == rows.by_set.end() ? SIZE_MAX : it->second;
+}
+
+template <typename Seq>
+size_t firstRowInOrder(const RefusalRows& rows, const Seq& codes) {
+  ++t_stats.refusal_probes;
+  auto it = rows.by_order.find(sequenceHash(codes));
+  if (it == rows.by_order.end()) return SIZE_MAX;
+  for (size_t i : it->second)  // the rows whose sequences hash alike: almost always one
+    if (std::equal(codes.begin(), codes.end(), rows.rows[i].dtypes.begin(), rows.rows[i].dtypes.end())) return i;
+  return SIZE_MAX;
+}
+
+void refuseLikeCpu(const OpFacts& f, const std::vector<IValue>& args) {
+  if (!f.exact && !f.whole) return;
+  // The tensors' dtypes and dtype arguments, in schema order (as the table's writer lists them),
+  // and as sets; `unwrapped` leaves out Python numbers made tensors (torch.floor_divide(t, 2)):
+  // the kernel computes them in the other operands' dtype.
+  c10::SmallVector<int, 16> dtypes;
+  DtypeSet all, unwrapped;
+  bool wrapped = false;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const IValue& v = args[i];
+    if (v.isInt() && i < f.dtype_arg.size() && f.dtype_arg[i]) {
+      const int code = static_cast<int>(v.toInt()) + kDtypeArgument;
+      dtypes.push_back(code);
+      all.add(code);
+      unwrapped.add(code);
+    } else {
+      forEachTensorIn(v, [&](const at::Tensor& t) {
+        if (!t.defined()) return;
+        const int code = static_cast<int>(t.scalar_type());
+        dtypes.push_back(code);
+        all.add(code);
+        if (t.unsafeGetTensorImpl()->is_wrapped_number())
+          wrapped = true;
+        else
+          unwrapped.add(code);
+      });
+    }
+  }
+  // The first row (in the table's order) whose dtypes are the call's as a set,
+  // or without its Python numbers; an overload's rows also by schema order.
+  const auto first = [&](const RefusalRows& rows, bool by_order) {
+    size_t i = firstRow(rows, all);
+    if (wrapped && !unwrapped.empty()) i = std::min(i, firstRow(rows, unwrapped));
+    if (by_order) i = std::min(i, firstRowInOrder(rows, dtypes));
+    return i;
+  };
+  if (f.exact)
+    if (size_t i = first(*f.exact, true); i != SIZE_MAX) raise(f.exact->rows[i]);
+  if (f.whole)
+    if (size_t i = first(*f.whole, false); i != SIZE_MAX) raise(f.whole->rows[i]);
+}
+
+void checkOverlaps(const OpFacts& f, const std::vector<IValue>& args) {
+  if (!f.overlap_internal && !f.overlap_partial) return;
+  for (size_t i = 0; i < args.size() && i < f.writes.size(); ++i) {
+    if (!f.writes[i] || !args[i].isTensor()) continue;
     const at::Tensor& written = args[i].toTensor();
-    if (internal) at::assert_no_internal_overlap(written);
-    if (partial)
+    if (f.overlap_internal) at::assert_no_internal_overlap(written);
+    if (f.overlap_partial)
       for (size_t j = 0; j < args.size(); ++j)
         if (j != i && args[j].isTensor() && args[j].toTensor().defined())
           at::assert_no_partial_overlap(written, args[j].toTensor());
@@ -232,66 +450,46 @@ void moveIndicesToDevice(torch::jit::Stack* stack, size_t n) {
 // PyTorch lets some ops (copies, matrix products) see tensors with a lazy
 // conj/neg bit; lowerings read raw memory, so read-only arguments with a bit
 // are materialized first (copyInto applies the bit on the device).
-void resolveMathBits(const c10::FunctionSchema& schema, std::vector<IValue>& args) {
+void resolveMathBits(const OpFacts& f, std::vector<IValue>& args) {
   auto resolve = [](const at::Tensor& t) {
-    if (!t.defined() || t.device().type() != kTpu || (!t.is_conj() && !t.is_neg())) return t;
     at::Tensor r = emptyTpu(t.sizes(), t.scalar_type(), t.device().index());
     copyInto(r, t);
     return r;
   };
-  for (size_t i = 0; i < args.size() && i < schema.arguments().size(); ++i) {
-    const auto& a = schema.arguments()[i];
-    if (a.alias_info() && a.alias_info()->isWrite()) continue;
+  auto has_bit = [](const at::Tensor& t) {
+    return t.defined() && t.device().type() == kTpu && (t.is_conj() || t.is_neg());
+  };
+  for (size_t i = 0; i < args.size() && i < f.writes.size(); ++i) {
+    if (f.writes[i]) continue;
     if (args[i].isTensor()) {
-      args[i] = resolve(args[i].toTensor());
+      if (has_bit(args[i].toTensor())) args[i] = resolve(args[i].toTensor());
     } else if (args[i].isTensorList()) {
       bool any = false;
-      for (const at::Tensor& t : args[i].toTensorList()) any |= t.defined() && (t.is_conj() || t.is_neg());
+      for (const at::Tensor& t : args[i].toTensorList()) any |= has_bit(t);
       if (!any) continue;
       c10::List<at::Tensor> list;  // a new list: the caller's stays as it was
-      for (const at::Tensor& t : args[i].toTensorList()) list.push_back(resolve(t));
+      for (const at::Tensor& t : args[i].toTensorList()) list.push_back(has_bit(t) ? resolve(t) : t);
       args[i] = IValue(list);
     }
   }
 }
 
-// The base name of an op: "add" for aten::add and aten::add_,
-// "stablehlo_call" for tpu::stablehlo_call.
-std::string baseName(const std::string& full) {
-  std::string base = full.substr(full.find("::") + 2);
-  if (base.size() > 1 && base.back() == '_' && base.rfind("__", 0) != 0) base.pop_back();
-  return base;
-}
-
-// The lowering of `base` (`foreach_expand`: of X for _foreach_X, run on each
-// element); null when it has none or it is turned off.
-const ops::Lowering* loweringFor(const std::string& base, const std::string& overload, bool& foreach_expand) {
-  foreach_expand = false;
-  if (loweringDisabled(base)) return nullptr;
-  if (const ops::Lowering* low = ops::findLowering(base, overload)) return low;
-  if (base.rfind("_foreach_", 0) != 0) return nullptr;
-  const ops::Lowering* low = ops::findLowering(base.substr(9), "");
-  foreach_expand = low != nullptr;
-  return low;
-}
-
 // Why the op's arguments keep it off tpu (dtypes the device cannot hold,
 // complex scalars its lowering would drop); empty when nothing does.
-std::string unsupportedArguments(const std::string& base, const std::vector<IValue>& args) {
-  const bool complex_ok = complexScalarsAllowed(base);
+std::string unsupportedArguments(const OpFacts& f, const std::vector<IValue>& args) {
   for (const auto& v : args) {
     if (v.isTensor() && v.toTensor().defined() && !supported(v.toTensor().scalar_type()) &&
-        !(complex_ok && isComplexNumber(v.toTensor())))
+        !(f.complex_ok && isComplexNumber(v.toTensor())))
       return std::string("dtype ") + c10::toString(v.toTensor().scalar_type());
-    if (v.isComplexDouble() && !complex_ok) return "complex scalar";
+    if (v.isComplexDouble() && !f.complex_ok) return "complex scalar";
   }
   return "";
 }
 
 // fill_ with a value the tensor's dtype cannot hold raises, as on the CPU
 // (PyTorch's checked conversion), in every mode.
-void checkFillValue(const c10::OperatorHandle& op, const std::vector<IValue>& args) {
-  if (op.schema().overload_name() != "Scalar" || !args[0].isTensor() || !args[1].isScalar()) return;
+void checkFillValue(const std::vector<IValue>& args) {
+  if (!args[0].isTensor() || !args[1].isScalar()) return;
   const at::Tensor& self = args[0].toTensor();
   const at::Scalar v = args[1].toScalar();
   if (self.is_complex() || v.isComplex()) return;
@@ -304,16 +502,14 @@ void checkFillValue(const c10::OperatorHandle& op, const std::vector<IValue>& ar
 // every length shares one program per tensor size (serving fills the padded
 // tail of a per-step buffer, a new length each step; the op's own program
 // is per view shape). False when the op takes the general path.
-bool fillContiguousRange(const c10::OperatorHandle& op, torch::jit::Stack* stack, const std::vector<IValue>& args) {
-  const std::string& name = op.schema().name();
-  const bool zero = name == "aten::zero_";
-  if (!zero && !(name == "aten::fill_" && op.schema().overload_name() == "Scalar")) return false;
+bool fillContiguousRange(const OpFacts& f, torch::jit::Stack* stack, const std::vector<IValue>& args) {
+  if (!f.fill_range) return false;
   const at::Tensor& self = args[0].toTensor();
   if (self.is_complex() || self.numel() == 0 || !self.is_contiguous() || self.is_neg() || self.is_conj()) return false;
   runtime::DeviceArray& a = arrayOf(self);
   const ir::DType t = toIr(self.scalar_type());
   if (static_cast<int64_t>(a.nbytes() / ir::itemSize(t)) <= self.numel()) return false;  // the whole tensor
-  const at::Scalar v = zero ? at::Scalar(0) : args[1].toScalar();
+  const at::Scalar v = f.zero ? at::Scalar(0) : args[1].toScalar();
   if (v.isComplex()) return false;
   const int dev = self.device().index();
   runtime::BufferPtr value = ir::isFloat(t) ? runtime::scalarBuffer(t, v.toDouble(), dev)
@@ -324,39 +520,80 @@ bool fillContiguousRange(const c10::OperatorHandle& op, torch::jit::Stack* stack
   return true;
 }
 
+// Where an op's host time goes (DispatchStats): the dispatcher's own work up
+// to the mode, then the mode (or the CPU fallback). Only an op entered from
+// outside the dispatcher is timed; ops it runs itself are part of its time.
+class OpTimer {
+ public:
+  enum class Route { Dispatch, Strict, Fused, Fallback };
+  OpTimer() : outer_(t_depth++ == 0) {
+    ++t_stats.ops;
+    timing_ = outer_ && g_timing.load(std::memory_order_relaxed);
+    if (timing_) mark_ = nowNs();
+  }
+  ~OpTimer() {
+    --t_depth;
+    if (timing_) close(nowNs());
+  }
+  OpTimer(const OpTimer&) = delete;
+  OpTimer& operator=(const OpTimer&) = delete;
+  void enter(Route r) {
+    ++(r == Route::Strict ? t_stats.strict_ops : r == Route::Fused ? t_stats.fused_ops : t_stats.fallback_ops);
+    if (timing_) close(nowNs());
+    route_ = r;
+  }
+
+ private:
+  void close(int64_t now) {
+    int64_t& slot = route_ == Route::Dispatch ? t_stats.dispatch_ns
+                    : route_ == Route::Strict ? t_stats.strict_ns
+                    : route_ == Route::Fused  ? t_stats.fused_ns
+                                              : t_stats.fallback_ns;
+    slot += now - mark_;
+    mark_ = now;
+  }
+  bool outer_, timing_ = false;
+  Route route_ = Route::Dispatch;
+  int64_t mark_ = 0;
+};
+using Route = OpTimer::Route;
+
 void boxedKernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-  const auto& schema = op.schema();
-  // ATen's ops, and the device's own (tpu::, user kernels); others' ops have
-  // no lowering here.
-  if (schema.name().rfind("aten::", 0) != 0 && schema.name().rfind("tpu::", 0) != 0) return cpuFallback(op, stack, "");
-  const std::string base = baseName(schema.name());
-  bool foreach_expand = false;
-  const ops::Lowering* low = loweringFor(base, schema.overload_name(), foreach_expand);
-  const size_t n = schema.arguments().size();
-  // Before the CPU fallback too: its copies of the arguments no longer overlap.
-  checkOverlaps(op, base, std::vector<IValue>(stack->end() - n, stack->end()));
-  if (!low) {
-    findDevice(op, std::vector<IValue>(stack->end() - n, stack->end()));  // mixing devices is an error here too
+  OpTimer timer;
+  const std::shared_ptr<const OpFacts> facts = factsOf(op);
+  const OpFacts& f = *facts;
+  if (!f.ours) {  // others' ops have no lowering here
+    timer.enter(Route::Fallback);
     return cpuFallback(op, stack, "");
   }
-  if (base == "index" || base == "index_put" || base == "_index_put_impl" || base == "_unsafe_index" ||
-      base == "_unsafe_index_put")
-    moveIndicesToDevice(stack, n);
+  const size_t n = f.writes.size();
+  // Before the CPU fallback too: its copies of the arguments no longer overlap.
+  if (f.overlap_internal || f.overlap_partial) checkOverlaps(f, std::vector<IValue>(stack->end() - n, stack->end()));
+  if (!f.low) {
+    findDevice(op, std::vector<IValue>(stack->end() - n, stack->end()));  // mixing devices is an error here too
+    timer.enter(Route::Fallback);
+    return cpuFallback(op, stack, "");
+  }
+  if (f.moves_indices) moveIndicesToDevice(stack, n);
   PlannedOp p{op, stack, std::vector<IValue>(stack->end() - n, stack->end())};
-  refuseLikeCpu(op, base, p.args);
-  resolveMathBits(schema, p.args);
+  refuseLikeCpu(f, p.args);
+  resolveMathBits(f, p.args);
   p.device = findDevice(op, p.args);
-  if (std::string why = unsupportedArguments(base, p.args); !why.empty()) return cpuFallback(op, stack, why);
-  p.low = low;
-  p.foreach_expand = foreach_expand;
-  p.base = base;
-  p.key = signature(op, p.args, low);
-  if (base == "fill") checkFillValue(op, p.args);
+  if (std::string why = unsupportedArguments(f, p.args); !why.empty()) {
+    timer.enter(Route::Fallback);
+    return cpuFallback(op, stack, why);
+  }
+  p.low = f.low;
+  p.foreach_expand = f.foreach_expand;
+  p.base = f.base;
+  p.key = signature(op, p.args, f.low);
+  if (f.fill_value_check) checkFillValue(p.args);
   auto& fusion = runtime::Fusion::get();
-  if (!fusion.enabled() && fillContiguousRange(op, stack, p.args)) return;
   // The mode: fused eager when it is on, unless the op's result sizes depend
   // on data (then what is pending runs first, and the op runs strict).
-  const bool fused = fusion.enabled() && !low->data_dependent;
+  const bool fused = fusion.enabled() && !f.low->data_dependent;
+  timer.enter(fused ? Route::Fused : Route::Strict);
+  if (!fusion.enabled() && fillContiguousRange(f, stack, p.args)) return;
   if (fusion.enabled() && !fused) fusion.flush(p.device);
   std::optional<std::string> why;
   try {
@@ -366,7 +603,10 @@ void boxedKernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   } catch (const std::exception& e) {
     rethrow(e, "torch_tpu: " + describe(op, p.args));
   }
-  if (why) cpuFallback(op, stack, *why);
+  if (why) {
+    timer.enter(Route::Fallback);
+    cpuFallback(op, stack, *why);
+  }
 }
 
 }  // namespace
@@ -417,8 +657,9 @@ namespace {
 // checks the table, then runs the composite as the dispatcher would have. It sits at the
 // autograd key and at the backend key (inference mode skips the autograd key).
 void compositeRefusalGuard(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-  const size_t n = op.schema().arguments().size();
-  refuseLikeCpu(op, baseName(op.schema().name()), std::vector<IValue>(stack->end() - n, stack->end()));
+  const std::shared_ptr<const OpFacts> facts = factsOf(op);
+  const size_t n = facts->writes.size();
+  refuseLikeCpu(*facts, std::vector<IValue>(stack->end() - n, stack->end()));
   // The ops the composite calls are dispatched from the top again, autograd included.
   op.callBoxedForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd, *stack);
 }
@@ -482,21 +723,44 @@ void setDtypeRefusals(
       if (std::all_of(r.dtypes.begin(), r.dtypes.end(), [](int d) { return d >= kDtypeArgument; })) {
         Refusal as_tensors = r;
         for (int& d : as_tensors.dtypes) d -= kDtypeArgument;
-        table.ops[name].push_back(std::move(as_tensors));
+        table.ops[name].add(std::move(as_tensors), true);
       }
-      table.ops[name].push_back(std::move(r));
+      table.ops[name].add(std::move(r), true);
     } else {
       const auto dot = name.find('.');
       c10::OperatorName op(name.substr(0, dot), dot == std::string::npos ? "" : name.substr(dot + 1));
-      table.overloads[op].push_back(std::move(r));
+      table.overloads[op].add(std::move(r), false);
     }
   }
   refusals() = std::move(table);
+  opTablesChanged();
   guardCompositeRefusals();
 }
 
 void setOverlapChecks(std::vector<std::string> internal, std::vector<std::string> partial) {
   overlapChecks() = {{internal.begin(), internal.end()}, {partial.begin(), partial.end()}};
+  opTablesChanged();
+}
+
+void opTablesChanged() { g_generation.fetch_add(1, std::memory_order_acq_rel); }
+
+// tpu::_dispatch_stats(): the calling thread's DispatchStats, in the order of
+// tpu::_dispatch_stat_names(); tpu::_dispatch_timing(on): turns the host-time
+// counters on or off (off by default: three clock reads per op), returns the
+// previous setting. benchmarks/host_cost.py and tests/python/test_dispatch_cost.py read them.
+TORCH_LIBRARY_FRAGMENT(tpu, m) {
+  m.def("_dispatch_stat_names() -> str[]", [] {
+    return std::vector<std::string>{"ops",         "facts_lookups", "facts_built", "table_reads",
+                                    "refusal_probes", "strict_ops", "fused_ops",  "fallback_ops",
+                                    "dispatch_ns", "strict_ns",     "fused_ns",   "fallback_ns"};
+  });
+  m.def("_dispatch_stats() -> int[]", [] {
+    const DispatchStats& s = t_stats;
+    return std::vector<int64_t>{s.ops,        s.facts_lookups, s.facts_built, s.table_reads,
+                                s.refusal_probes, s.strict_ops, s.fused_ops,  s.fallback_ops,
+                                s.dispatch_ns, s.strict_ns,    s.fused_ns,    s.fallback_ns};
+  });
+  m.def("_dispatch_timing(bool on) -> bool", [](bool on) { return g_timing.exchange(on); });
 }
 
 TORCH_LIBRARY_IMPL(_, PrivateUse1, m) { m.fallback(torch::CppFunction::makeFromBoxedFunction<&boxedKernel>()); }

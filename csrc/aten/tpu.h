@@ -82,4 +82,9 @@ bool loweringDisabled(const std::string& base);
 void setDisabledLowerings(std::vector<std::string> names);
 std::vector<std::string> disabledLowerings();
 
+// The tables the dispatcher consults per op changed (dtype refusals, overlap
+// checks, lowerings turned off, an op's schema removed): it works each op's
+// facts out again on next sight (dispatcher.cpp).
+void opTablesChanged();
+
 }  // namespace tpu::aten
