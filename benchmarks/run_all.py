@@ -4,6 +4,8 @@
     python benchmarks/run_all.py                  # all of them
     python benchmarks/run_all.py --only serving   # the serving section alone, the rest kept
     python benchmarks/run_all.py --only fused     # fused against strict eager alone, the rest kept
+    python benchmarks/run_all.py --only host --before /work/before-0cc1e88     # host cost per op, and an A/B
+    python benchmarks/run_all.py --only warmup --before /work/before-0cc1e88   # cold warm-up, and an A/B
 """
 
 from __future__ import annotations
@@ -15,7 +17,9 @@ import subprocess
 import compiled
 import fused_vs_strict
 import gpt_train
+import host_cost
 import op_overhead
+import warmup
 from common import provenance, provenance_lines
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -77,6 +81,76 @@ def fused_section(prov: dict | None = None) -> list[str]:
     return lines
 
 
+HOST = "## Host time per op: what the dispatcher and the modes add"
+
+
+def side_args(before: list[str] | None) -> list[str]:
+    """--side NAME=TREE for each earlier build (named by its folder), then this one."""
+    out = []
+    for tree in before or []:
+        out += ["--side", f"{os.path.basename(os.path.abspath(tree))}={tree}"]
+    return out + ["--side", f"now={ROOT}"]
+
+
+def host_section(before: list[str] | None = None, prov: dict | None = None) -> list[str]:
+    """benchmarks/host_cost.py: host time per op split by the dispatcher's timers, and the
+    instructions per op under callgrind; with `before`, the same counted for those builds."""
+    t = host_cost.main(["--rounds", "3", "--inner", "3"])
+    sides = side_args(before)
+    cg = host_cost.main(["--callgrind", "--rounds", "1", *sides])
+    lines = [HOST, ""]
+    if prov:
+        lines += ["Rerun alone (`run_all.py --only host`):", "", *provenance_lines(prov), ""]
+    lines += [
+        f"The ops of the per-op table ({t['size']}x{t['size']} float32), strict and fused eager. Host time is what the",
+        "calling thread spends outside PJRT: the runtime loads benchmarks/pjrt_timer.c, a PJRT plugin that wraps the",
+        "real one and times its launches, waits, copies and compiles, so the figure leaves the device's own work",
+        "out and carries to an accelerator. `host CPU` is the thread's CPU time less its CPU time inside PJRT;",
+        "`host wall` is wall time less time inside PJRT. The split (from passes with the dispatcher's timers on,",
+        "`tpu::_dispatch_timing`): `dispatcher` is csrc/aten/dispatcher.cpp from entry to the mode, `mode` the",
+        "mode's own work (launches excluded), `sync` the host part of the final `torch.tpu.synchronize()` (fused",
+        "eager runs its graph there), `the rest` Python, PyTorch's dispatch above the device and torch_tpu's kernels",
+        "that do not pass the dispatcher (views, copies: `contiguous` is a copy, so its row has no split).",
+        f"Medians of {t['rounds']} processes x {t['inner']} timings of {t['iters']} calls; noise: the spread of the",
+        "processes' medians over their median. On a shared 2-core machine it is large; the instruction counts",
+        "below are not.",
+        "",
+        *host_cost.table(t),
+        "",
+        "Instructions per op on the calling thread outside PJRT (`host_cost.py --callgrind`: valgrind's callgrind,",
+        f"instrumentation on only around {cg['iters']} calls of each case; thousands). `dispatcher`: boxedKernel",
+        "inclusive less the modes; `mode`: runStrict/runFused/the CPU fallback inclusive less PJRT. Counts repeat to",
+        "within a few percent from run to run (allocator state).",
+        "",
+        *host_cost.callgrind_table(cg),
+        "",
+    ]
+    return lines
+
+
+WARMUP = "## Cold warm-up: the GPT's first steps"
+
+
+def warmup_section(before: list[str] | None = None, prov: dict | None = None) -> list[str]:
+    w = warmup.main(["--rounds", "2", *side_args(before)])
+    lines = [WARMUP, ""]
+    if prov:
+        lines += ["Rerun alone (`run_all.py --only warmup`):", "", *provenance_lines(prov), ""]
+    lines += [
+        "`benchmarks/warmup.py`: a fresh process, an empty `TORCH_TPU_CACHE_DIR`, the GPT's first",
+        f"{w['steps']} training steps (fused_vs_strict.py's GPT and step, the loss read each step), strict and fused",
+        "eager. The timer starts",
+        "after `import torch_tpu` and PyTorch's own lazy imports (torch._dynamo, which any device's first optimizer",
+        "imports) and stops when the last loss is on the host. Seconds: median of "
+        f"{w['rounds']} runs; the breakdown: one run through the PJRT timer plugin (compiles with their",
+        "program text and XLA seconds, launches; host = wall - time inside PJRT).",
+        "",
+        *warmup.table(w),
+        "",
+    ]
+    return lines
+
+
 def replace_section(text: str, heading: str, section: list[str]) -> str:
     """text with the section under `heading` (up to the next "## ") replaced, or appended."""
     start = text.find(heading + "\n")
@@ -88,13 +162,20 @@ def replace_section(text: str, heading: str, section: list[str]) -> str:
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--only", choices=["serving", "fused"], help="rerun one section and keep the rest of the file")
+    ap.add_argument("--only", choices=["serving", "fused", "host", "warmup"],
+                    help="rerun one section and keep the rest of the file")
+    ap.add_argument("--before", action="append", default=[],
+                    help="host and warmup sections: an earlier build's tree to compare (repeatable)")
     args = ap.parse_args()
     if args.only:
         with open(DOC) as f:
             text = f.read()
         if args.only == "serving":
             text = replace_section(text, SERVING, serving_section())
+        elif args.only == "host":
+            text = replace_section(text, HOST, host_section(args.before, provenance()))
+        elif args.only == "warmup":
+            text = replace_section(text, WARMUP, warmup_section(args.before, provenance()))
         else:
             text = replace_section(text, FUSED, fused_section(provenance()))
         with open(DOC, "w") as f:
@@ -151,6 +232,8 @@ def main():
                      f"{r['final_loss']:.4f} |")
     lines += ["", f"tpu / CPU throughput: {gpt['ratio']:.2f}x", ""]
     lines += fused_section()
+    lines += host_section(args.before)
+    lines += warmup_section(args.before)
     cp = compiled.main([])
     lines += [
         "## torch.compile(backend=\"tpu\") against eager and inductor",
