@@ -8,6 +8,7 @@ The host time per op itself is benchmarks/host_cost.py's (docs/benchmarks.md).
 
 import warnings
 
+import pytest
 import torch
 
 import torch_tpu
@@ -105,3 +106,47 @@ def test_dispatch_timing_counts_host_time():
     d = delta(before, stats())
     assert d["dispatch_ns"] == 0 and d["strict_ns"] == 0 and d["fused_ns"] == 0, d  # off: no clock reads
 
+
+def test_small_fills_compile_nothing_and_kept_buffers_do_not_leak():
+    # Strict eager uploads a whole small tensor's fill (zeros, ones_like, full, fill_) instead of
+    # compiling a program per shape; the buffers are kept and handed out again once free.
+    fused = torch_tpu._C._fused()
+    dtypes = [torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int64, torch.int32, torch.int8,
+              torch.uint8, torch.bool]
+    before = torch_tpu.metrics()
+    for dt in dtypes:
+        for shape, value in [((3, 5), 0), ((7,), 1), ((2, 3, 4), 3), ((), 1)]:
+            t = torch.full(shape, value, dtype=dt, device="tpu")
+            torch.testing.assert_close(t.cpu(), torch.full(shape, value, dtype=dt))
+    t = torch.empty(6, 4, device="tpu").fill_(2.5)
+    torch.testing.assert_close(t.cpu(), torch.full((6, 4), 2.5))
+    torch.testing.assert_close(torch.ones_like(t).cpu(), torch.ones(6, 4))
+    after = torch_tpu.metrics()
+    if not fused:
+        fills = {k: v for k, v in after["compiles_by_op"].items()
+                 if k in ("aten::fill_", "aten::zero_") and v != before["compiles_by_op"].get(k, 0)}
+        assert not fills, f"small fills compiled programs: {fills}"
+    # A holder's updates never reach the kept buffer, nor another holder.
+    a = torch.zeros(64, 64, device="tpu")
+    del a
+    a = torch.zeros(64, 64, device="tpu")  # the kept buffer, handed out again
+    b = torch.zeros(64, 64, device="tpu")  # `a` holds it: b gets its own
+    a.add_(1)
+    b.mul_(3).add_(2)
+    c = torch.zeros(64, 64, device="tpu")
+    c[0, :5] = 7.0  # a partial write over the kept buffer
+    d = torch.zeros(64, 64, device="tpu")
+    want_c = torch.zeros(64, 64)
+    want_c[0, :5] = 7.0
+    torch.testing.assert_close(a.cpu(), torch.ones(64, 64))
+    torch.testing.assert_close(b.cpu(), torch.full((64, 64), 2.0))
+    torch.testing.assert_close(c.cpu(), want_c)
+    torch.testing.assert_close(d.cpu(), torch.zeros(64, 64))
+    # Views and big tensors take the programs' path, and still fill right.
+    big = torch.zeros(300, 1024, device="tpu")
+    big[10:20].fill_(4.0)
+    want = torch.zeros(300, 1024)
+    want[10:20] = 4.0
+    torch.testing.assert_close(big.cpu(), want)
+    with pytest.raises(RuntimeError):
+        torch.zeros(4, dtype=torch.uint8, device="tpu").fill_(300)  # the value must fit, as on the CPU
