@@ -18,7 +18,6 @@
 #include "aten/tpu.h"
 #include "ops/lowering.h"
 #include "runtime/env.h"
-#include "runtime/fused_graph.h"
 
 namespace tpu::aten {
 
@@ -156,6 +155,12 @@ std::vector<std::string> disabledLowerings() {
   auto s = disabledSet();
   return {s->begin(), s->end()};
 }
+
+namespace {
+std::atomic<uint64_t> g_op_tables_generation{1};
+}  // namespace
+void opTablesChanged() { g_op_tables_generation.fetch_add(1, std::memory_order_acq_rel); }
+uint64_t opTablesGeneration() { return g_op_tables_generation.load(std::memory_order_acquire); }
 
 // ---------------------------------------------------------------- devices
 
@@ -318,14 +323,13 @@ at::Tensor wrapBuffer(runtime::BufferPtr b, at::IntArrayRef sizes, at::ScalarTyp
 
 // ---------------------------------------------------------------- copies
 
-namespace {
-// Physically applies a source's conjugate / negative bits (PyTorch's lazy
-// conj() and _neg_view()) to its elements, in the source dtype.
 ir::Value applyMathBits(ir::Builder& b, ir::Value x, bool conj, bool neg) {
   if (conj && ir::isComplex(x.dtype())) x = b.complex(b.real(x), b.unary("negate", b.imag(x)));
   if (neg) x = b.unary("negate", x);
   return x;
 }
+
+namespace {
 
 // Converts and broadcasts a dense buffer (cached per signature), applying
 // the conj/neg bits asked for.
@@ -361,40 +365,15 @@ runtime::BufferPtr convertBuffer(const runtime::BufferPtr& b, ir::DType from, co
 }  // namespace
 
 namespace {
-// Fused eager: a copy into a tpu tensor is one more step of the pending graph.
-bool copyLazy(const at::Tensor& dst, const at::Tensor& src) {
-  auto& fusion = runtime::Fusion::get();
-  if (!fusion.enabled() || dst.device().type() != kTpu) return false;
-  bool same = src.device() == dst.device();
-  if (!same && !src.device().is_cpu()) return false;
-  std::lock_guard<runtime::FusionMutex> lock(fusion.mutex());
-  auto& graph = fusion.graph(dst.device().index());
-  ir::Builder& b = graph.builder();
-  ir::DType dd = toIr(dst.scalar_type());
-  ir::Value v;
-  if (same) {
-    v = graph.read(arrayOf(src), geometryOf(src));
-  } else {
-    at::Tensor c = src.resolve_conj().resolve_neg();
-    if (dst.is_conj()) c = c.conj_physical();
-    if (dst.is_neg()) c = c.neg();
-    c = c.contiguous();
-    auto buf = rt().upload(c.data_ptr(), toIr(c.scalar_type()), {c.numel()}, dst.device().index());
-    v = b.reshape(graph.input(buf, {toIr(c.scalar_type()), {c.numel()}}), c.sizes().vec());
-  }
-  // dst's bits mean its memory holds conj/neg of its value: a bit set on
-  // one side only is applied to the elements.
-  v = applyMathBits(b, v, same && src.is_conj() != dst.is_conj(), same && src.is_neg() != dst.is_neg());
-  v = b.broadcastTo(b.convert(v, dd), dst.sizes().vec());
-  graph.write(arrayOf(dst), geometryOf(dst), v);
-  return true;
-}
+DeferredCopies g_deferred;  // constant-initialised; fused eager installs its hooks at static initialisation
 }  // namespace
+
+void setDeferredCopies(const DeferredCopies& hooks) { g_deferred = hooks; }
 
 void copyInto(const at::Tensor& dst, const at::Tensor& src) {
   if (dst.numel() == 0) return;
   try {
-    if (copyLazy(dst, src)) return;
+    if (g_deferred.record && g_deferred.record(dst, src)) return;
     if (dst.device().type() == kTpu && src.device().type() == kTpu && dst.device() == src.device()) {
       runtime::BufferPtr b = readTensor(src);
       auto sd = toIr(src.scalar_type()), dd = toIr(dst.scalar_type());
@@ -421,8 +400,7 @@ void copyInto(const at::Tensor& dst, const at::Tensor& src) {
     // now, even if `src` does not need it. In a training loop that reads the
     // loss, the backward and optimizer ops recorded after the loss then run
     // while the host records the next step, instead of joining its graph.
-    auto& fusion = runtime::Fusion::get();
-    if (fusion.enabled() && !fusion.wholeGraph()) fusion.flush(src.device().index());
+    if (g_deferred.host_read) g_deferred.host_read(src.device().index());
     runtime::BufferPtr b = readTensor(src);
     at::Tensor host = at::empty(src.sizes(), src.options().device(at::kCPU).dtype(src.scalar_type()));
     if (host.numel() > 0) rt().download(*b, host.data_ptr(), host.nbytes());

@@ -41,6 +41,19 @@ at::Tensor emptyTpu(at::IntArrayRef sizes, at::ScalarType dtype, c10::DeviceInde
 // Copies between cpu and tpu or tpu and tpu; dst and src may be views,
 // differ in dtype, and src broadcasts to dst.
 void copyInto(const at::Tensor& dst, const at::Tensor& src);
+// A mode that defers ops (fused eager) installs these at static
+// initialisation, so that this layer never includes it: `record` makes a copy
+// into a tpu tensor a step of its pending graph (false: not deferred, and
+// copyInto copies now); `host_read` runs before a copy to the host waits for
+// the device's data.
+struct DeferredCopies {
+  bool (*record)(const at::Tensor& dst, const at::Tensor& src) = nullptr;
+  void (*host_read)(c10::DeviceIndex device) = nullptr;
+};
+void setDeferredCopies(const DeferredCopies& hooks);
+// Physically applies a source's conjugate / negative bits (PyTorch's lazy
+// conj() and _neg_view()) to its elements, in the source dtype.
+ir::Value applyMathBits(ir::Builder& b, ir::Value x, bool conj, bool neg);
 
 // Grows or shrinks a storage's bytes, keeping its contents.
 void resizeStorageBytes(c10::StorageImpl* storage, size_t nbytes);
@@ -84,7 +97,9 @@ std::vector<std::string> disabledLowerings();
 
 // The tables the dispatcher consults per op changed (dtype refusals, overlap
 // checks, lowerings turned off, an op's schema removed): it works each op's
-// facts out again on next sight (dispatcher.cpp).
+// facts out again on next sight (dispatch/dispatcher.cpp), which compares the
+// generation it built them at with opTablesGeneration().
 void opTablesChanged();
+uint64_t opTablesGeneration();
 
 }  // namespace tpu::aten

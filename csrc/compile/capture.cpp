@@ -2,7 +2,9 @@
 // recording is fused eager's pending graph with whole-graph mode on: no loop
 // or size cuts, scalars and view offsets baked in as constants, and the graph
 // arguments' arrays read as inputs of their own, so that a replay can hand
-// the program new arguments' buffers in their place.
+// the program new arguments' buffers in their place. This mode reaches that
+// engine only through op_steps/recording.h (the Recorder fused eager
+// installs), never by including the fused mode.
 #include "compile/capture.h"
 
 #include <cstdio>
@@ -10,9 +12,9 @@
 #include <thread>
 #include <unordered_map>
 
-#include "aten/op_plan.h"
+#include "op_steps/op_plan.h"
+#include "op_steps/recording.h"
 #include "runtime/env.h"
-#include "runtime/fused_graph.h"
 
 namespace tpu::compile {
 
@@ -77,7 +79,7 @@ struct OutputSpec {
 
 struct CapturedGraph {
   std::vector<ArgSignature> signature;  // per argument
-  runtime::CaptureResult run;
+  steps::CaptureResult run;
   int device = 0;
   std::vector<int> array_group;                   // per argument: the first argument sharing its storage (-1: CPU/none)
   std::vector<std::pair<int, int>> input_writes;  // (argument, program result)
@@ -116,14 +118,14 @@ std::optional<std::vector<int>> arrayGroups(const std::vector<at::Tensor>& input
 }  // namespace
 
 bool captureBegin(const std::vector<at::Tensor>& inputs, bool all_inputs) {
-  auto& fusion = runtime::Fusion::get();
-  std::lock_guard<runtime::FusionMutex> lock(fusion.mutex());
+  auto& rec = steps::recorder();
+  std::lock_guard<steps::Recorder> lock(rec);
   if (g_capture.active) return false;
   c10::DeviceIndex dev = -1;
   auto groups = arrayGroups(inputs, &dev);
   if (!groups) return false;
   if (dev < 0) dev = currentDevice();
-  if (!fusion.beginWholeGraph()) return false;  // another thread is recording
+  if (!rec.beginWholeGraph()) return false;  // another thread is recording
   g_capture = CaptureState{};
   g_capture.was_fused = true;
   g_capture.owner = std::this_thread::get_id();
@@ -144,45 +146,44 @@ bool captureBegin(const std::vector<at::Tensor>& inputs, bool all_inputs) {
       arrays.emplace(&arrayOf(t), static_cast<int>(i));
     }
   }
-  auto& graph = fusion.graph(dev);
-  graph.setCaptureInputs(std::move(arrays));
-  graph.setBakeScalars(true);
-  g_capture.materializations = graph.materializations();
+  rec.setCaptureInputs(dev, std::move(arrays));
+  rec.setBakeScalars(dev, true);
+  g_capture.materializations = rec.materializations(dev);
   return true;
 }
 
 void captureAbort() {
-  auto& fusion = runtime::Fusion::get();
-  std::lock_guard<runtime::FusionMutex> lock(fusion.mutex());
+  auto& rec = steps::recorder();
+  std::lock_guard<steps::Recorder> lock(rec);
   if (!g_capture.active || g_capture.owner != std::this_thread::get_id()) return;
-  fusion.graph(g_capture.device).setCaptureInputs({});
-  fusion.graph(g_capture.device).setBakeScalars(false);
+  rec.setCaptureInputs(g_capture.device, {});
+  rec.setBakeScalars(g_capture.device, false);
   g_capture.active = false;
-  fusion.endWholeGraph(g_capture.was_fused);
+  rec.endWholeGraph(g_capture.was_fused);
 }
 
 std::shared_ptr<CapturedGraph> captureEnd(const std::vector<at::Tensor>& outputs) {
-  auto& fusion = runtime::Fusion::get();
-  std::lock_guard<runtime::FusionMutex> lock(fusion.mutex());
+  auto& rec = steps::recorder();
+  std::lock_guard<steps::Recorder> lock(rec);
   if (!g_capture.active || g_capture.owner != std::this_thread::get_id()) return nullptr;
-  auto& graph = fusion.graph(g_capture.device);
+  const int dev = g_capture.device;
   auto cg = std::make_shared<CapturedGraph>();
-  cg->device = g_capture.device;
-  cg->ops = graph.ops();
-  bool split = graph.materializations() != g_capture.materializations;
-  const int external = g_capture.all_inputs ? graph.externalReads() : 0;
+  cg->device = dev;
+  cg->ops = rec.ops(dev);
+  bool split = rec.materializations(dev) != g_capture.materializations;
+  const int external = g_capture.all_inputs ? rec.externalReads(dev) : 0;
   struct Finish {  // the caller's mode comes back whatever happens
-    runtime::Fusion& f;
-    runtime::LazyGraph& g;
+    steps::Recorder& r;
+    int device;
     ~Finish() {
-      g.setCaptureInputs({});
-      g.setBakeScalars(false);
+      r.setCaptureInputs(device, {});
+      r.setBakeScalars(device, false);
       g_capture.active = false;
-      f.endWholeGraph(g_capture.was_fused);
+      r.endWholeGraph(g_capture.was_fused);
     }
-  } finish{fusion, graph};
+  } finish{rec, dev};
   try {
-    graph.materialize(&cg->run);
+    rec.materialize(dev, cg->run);
   } catch (const std::exception& e) {
     rethrow(e, "torch_tpu: compiled graph");
   }
@@ -210,7 +211,7 @@ std::shared_ptr<CapturedGraph> captureEnd(const std::vector<at::Tensor>& outputs
     const auto& tag = cg->run.tags[p];
     bool written = std::any_of(cg->input_writes.begin(), cg->input_writes.end(),
                                [&](const auto& w) { return w.first == tag.index; });
-    if (tag.kind == runtime::InputTag::Kind::Input && written) cg->donated.push_back(p);
+    if (tag.kind == steps::InputTag::Kind::Input && written) cg->donated.push_back(p);
   }
   for (const at::Tensor& t : outputs) {
     OutputSpec o;
@@ -253,11 +254,11 @@ at::Tensor onStorageOf(const at::Tensor& holder, const OutputSpec& o) {
 }  // namespace
 
 std::optional<std::vector<at::Tensor>> replay(CapturedGraph& g, const std::vector<at::Tensor>& inputs) {
-  auto& fusion = runtime::Fusion::get();
+  auto& rec = steps::recorder();
   if (inputs.size() != g.signature.size()) return std::nullopt;
   for (size_t i = 0; i < inputs.size(); ++i)
     if (!g.signature[i].matches(inputs[i])) return std::nullopt;
-  std::lock_guard<runtime::FusionMutex> lock(fusion.mutex());
+  std::lock_guard<steps::Recorder> lock(rec);
   c10::DeviceIndex dev = -1;
   auto groups = arrayGroups(inputs, &dev);
   if (!groups || *groups != g.array_group || (dev >= 0 && dev != g.device)) return std::nullopt;
@@ -268,10 +269,10 @@ std::optional<std::vector<at::Tensor>> replay(CapturedGraph& g, const std::vecto
     const auto& tag = g.run.tags[k];
     const ir::Type& want = prog.param_types[k];
     switch (tag.kind) {
-      case runtime::InputTag::Kind::Fixed:
+      case steps::InputTag::Kind::Fixed:
         bufs.push_back(g.run.inputs[k]);
         break;
-      case runtime::InputTag::Kind::Input: {
+      case steps::InputTag::Kind::Input: {
         runtime::DeviceArray& a = arrayOf(inputs[tag.index]);
         runtime::flushIfLazy(a);
         if (!a.materialized()) runtime::ensureTyped(a, want.dtype);  // unwritten: zeros
@@ -279,10 +280,10 @@ std::optional<std::vector<at::Tensor>> replay(CapturedGraph& g, const std::vecto
         bufs.push_back(a.buffer());
         break;
       }
-      case runtime::InputTag::Kind::CpuInput:
+      case steps::InputTag::Kind::CpuInput:
         bufs.push_back(cpuScalarBuffer(inputs[tag.index], want.dtype, g.device));
         break;
-      case runtime::InputTag::Kind::Rng: {
+      case steps::InputTag::Kind::Rng: {
         at::Generator gen = defaultGenerator(g.device);
         const std::array<uint64_t, 2> st = nextRngState(gen);
         bufs.push_back(runtime::Runtime::get().upload(st.data(), ir::DType::U64, {2}, g.device));
@@ -353,15 +354,20 @@ void noteCpuFallback() {
   if (capturingHere()) g_capture.broken = true;
 }
 
-void noteCpuScalarInput(runtime::LazyGraph& graph, const at::Tensor& t) {
-  if (!capturingHere()) return;
-  auto it = g_capture.cpu_inputs.find(t.unsafeGetTensorImpl());
-  if (it != g_capture.cpu_inputs.end())
-    graph.tagLastInput({runtime::InputTag::Kind::CpuInput, it->second});
-  else if (!g_capture.cpu_inputs.empty())
-    // A CPU value computed inside the graph may derive from a CPU argument;
-    // without CPU arguments it is a constant of the graph.
-    g_capture.broken = true;
+namespace {
+// Fused eager made the CPU scalar tensor `impl` the graph's last input: the
+// argument it is, or -1 (then the recording cannot be replayed if the graph
+// has CPU arguments). Called under the recorder's lock (op_steps/recording.h).
+int cpuScalarArgument(const void* impl) {
+  if (!capturingHere()) return -1;
+  auto it = g_capture.cpu_inputs.find(static_cast<const c10::TensorImpl*>(impl));
+  if (it != g_capture.cpu_inputs.end()) return it->second;
+  // A CPU value computed inside the graph may derive from a CPU argument;
+  // without CPU arguments it is a constant of the graph.
+  if (!g_capture.cpu_inputs.empty()) g_capture.broken = true;
+  return -1;
 }
+const bool g_installed = (steps::setCpuScalarArgument(&cpuScalarArgument), true);
+}  // namespace
 
 }  // namespace tpu::compile

@@ -1,5 +1,6 @@
 // torch.compile(backend="tpu"): the first call of a compiled graph records it
-// through fused eager (whole-graph, scalars baked in) as one program; later
+// through fused eager's engine (whole-graph, scalars baked in; reached through
+// op_steps/recording.h) as one program; later
 // calls with arguments of the same kinds replay that program with the new
 // arguments, lowering nothing. The Dynamo backend (torch_tpu/_compile.py)
 // drives these calls.
@@ -10,10 +11,6 @@
 #include <memory>
 #include <optional>
 #include <vector>
-
-namespace tpu::runtime {
-class LazyGraph;
-}
 
 namespace tpu::compile {
 
@@ -39,12 +36,8 @@ std::optional<std::vector<at::Tensor>> replay(CapturedGraph& g, const std::vecto
 // How many ops the graph's recording held.
 int capturedOps(const CapturedGraph& g);
 
-// What the modes tell a recording in progress (no-ops when none is):
-// an op ran on the CPU, so the recording cannot be replayed;
+// The dispatcher ran an op on the CPU: a recording in progress on this thread
+// cannot be replayed (a no-op when none is).
 void noteCpuFallback();
-// fused eager made the CPU scalar tensor `t` the graph's last input: it is
-// tagged as the argument it is, or the recording cannot be replayed.
-// Called under the fusion lock.
-void noteCpuScalarInput(runtime::LazyGraph& graph, const at::Tensor& t);
 
 }  // namespace tpu::compile

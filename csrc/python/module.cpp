@@ -7,11 +7,11 @@
 #include "aten/tpu.h"
 #include "compile/capture.h"
 #include "distributed/tpu_dist.h"
-#include "eager/modes.h"
+#include "fused/engine/fused_graph.h"
 #include "ops/kernel_slots.h"
 #include "ops/lowering.h"
 #include "runtime/env.h"
-#include "runtime/fused_graph.h"
+#include "strict/strict.h"
 
 namespace tpu::aten {
 int registerLoweredKernels();

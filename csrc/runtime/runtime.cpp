@@ -9,7 +9,7 @@
 #include <sstream>
 
 #include "runtime/env.h"
-#include "runtime/fused_graph.h"
+#include "runtime/pending.h"
 #include "runtime/slow_watch.h"
 #include "runtime/views.h"
 
@@ -200,7 +200,7 @@ Runtime::Runtime() {
   reads_in_place_ = plugin_->readsInPlace();
   option_overrides_ = plugin_->compileOverrides();
   options_ = pjrt::compileOptions(/*portable=*/true, option_overrides_);
-  struct stat st {};
+  struct stat st{};
   ::stat(path.c_str(), &st);
   identity_ = path + "|" + std::to_string(st.st_size) + "|" + std::to_string(st.st_mtime) + "|" +
               client_->platformName() + "|" + client_->platformVersion() + "|" + std::to_string(api->majorVersion()) +
@@ -386,11 +386,7 @@ DeviceArray::~DeviceArray() {
   // their values' owner pointers (autograd's device thread frees tensors while
   // the main thread replays a compiled graph): detach under the graph's lock,
   // so the materialisation either finishes first or no longer sees this array.
-  if (Fusion::inUse()) {
-    std::lock_guard<FusionMutex> lock(Fusion::get().mutex());
-    if (lazy_ && lazy_->owner == this) lazy_->owner = nullptr;
-    lazy_.reset();
-  }
+  if (auto detach = pendingHooks().detach) detach(this, lazy_);
   Runtime::get().release(device_, nbytes_);
 }
 

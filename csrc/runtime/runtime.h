@@ -2,9 +2,10 @@
 // the process-wide Runtime (the loaded plugin and client, the compilation
 // cache in memory and on disk, memory accounting, metrics) and DeviceArray
 // (the contents of a tensor storage). Beside it: views.h (strided reads and
-// writes, launching programs), fused_graph.h (the pending graph of fused
-// eager and capture), disk_cache.h, env.h (the environment registry) and
-// plugin.h (the seam to what one plugin adds). No torch headers here.
+// writes, launching programs), pending.h (the hooks through which the
+// pending graph of fused eager, fused/engine/, computes what an array holds),
+// disk_cache.h, env.h (the environment registry) and plugin.h (the seam to
+// what one plugin adds). No torch headers here.
 #pragma once
 
 #include <atomic>

@@ -9,7 +9,7 @@
 #include <optional>
 
 #include "runtime/env.h"
-#include "runtime/fused_graph.h"
+#include "runtime/pending.h"
 
 namespace tpu::runtime {
 
@@ -44,6 +44,19 @@ std::string geomKey(const ViewGeometry& g, int64_t n) {
 }
 
 }  // namespace
+
+namespace {
+PendingHooks g_pending_hooks;  // constant-initialised: engines install theirs at static initialisation
+}  // namespace
+void setPendingHooks(const PendingHooks& hooks) { g_pending_hooks = hooks; }
+const PendingHooks& pendingHooks() { return g_pending_hooks; }
+
+ir::Value resultInShape(ir::Builder& b, const ir::Value& flat, const ir::Shape& shape) {
+  if (!ir::xlaCpuTuning() || shape.size() < 2) return flat;
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n == flat.type.numel() ? b.reshape(flat, shape) : flat;
+}
 
 // Reinterprets a flat array's bytes as another dtype.
 ir::Value reinterpret(ir::Builder& b, const ir::Value& v, ir::DType to) {
@@ -433,7 +446,7 @@ void checkPendingIndices(bool finished_only) {
 }
 
 void synchronize(int device) {
-  Fusion::get().flush(device);
+  if (auto flush = pendingHooks().flush) flush(device);
   checkPendingIndices();
   PendingSet s;
   {
@@ -446,7 +459,7 @@ void synchronize(int device) {
 
 // A pending array (fused eager) is computed before its buffer is used.
 void flushIfLazy(DeviceArray& a) {
-  if (a.lazy()) Fusion::get().flush(a.device());
+  if (a.lazy()) pendingHooks().flush(a.device());
   if (!a.error().empty()) throw std::runtime_error(a.error());
 }
 
@@ -592,10 +605,7 @@ BufferPtr scalarBuffer(ir::DType t, double v, int device) {
         static ProgramCache conv;
         auto p = cached(
             conv, std::to_string(static_cast<int>(t)),
-            [&](ir::Builder& b) {
-              b.output(b.convert(b.param({ir::DType::F64, {}}), t));
-            },
-            "scalar_convert");
+            [&](ir::Builder& b) { b.output(b.convert(b.param({ir::DType::F64, {}}), t)); }, "scalar_convert");
         return execute(*p, {uploadScalar<double>(ir::DType::F64, v, device)}, device)[0];
       }
     }

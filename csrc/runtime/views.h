@@ -31,6 +31,17 @@ ir::Value buildRead(ir::Builder& b, const ir::Value& flat, const ir::Value& offs
 ir::Value buildWrite(ir::Builder& b, const ir::Value& flat, const ir::Value& value, const ir::Value& offset,
                      const ViewGeometry& g);
 
+// A program result: the flat storage value `flat`, given the shape of the
+// tensor that holds it (`shape`, memory order) on the CPU plugin. XLA:CPU
+// emits the fusion that computes a result as a loop over the result's shape:
+// over a flat shape a broadcast operand is indexed modulo its size and the
+// loop is not vectorized (x * w + b over [1024, 64] in a compiled graph:
+// 8.3 us with flat results, 2.8 us with [1024, 64] ones). Later programs still
+// take the buffer as flat storage, which the CPU plugin accepts because both
+// are the same dense bytes; other plugins lay out an N-d buffer in tiles, so
+// there (and where `shape` does not cover `flat`) the result stays flat.
+ir::Value resultInShape(ir::Builder& b, const ir::Value& flat, const ir::Shape& shape);
+
 // Runs a program: inputs in order; returns its outputs. Counts executions.
 // In blocking mode (TPU_LAUNCH_BLOCKING) waits for the results. An aliased
 // input is donated when `inputs` holds its only reference, or, for the

@@ -1,5 +1,5 @@
 // Units for fused eager's pending graph (runtime layer).
-#include "runtime/fused_graph.h"
+#include "fused/engine/fused_graph.h"
 
 #include <gtest/gtest.h>
 

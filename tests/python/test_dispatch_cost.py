@@ -1,5 +1,5 @@
 """Guard: what every op pays in the dispatcher is a few hash lookups, not a walk
-(issue 59, item 6). csrc/aten/dispatcher.cpp works out what depends on the op
+(issue 59, item 6). csrc/dispatch/dispatcher.cpp works out what depends on the op
 alone (its lowering, dtype refusal rows, overlap checks, written arguments) once
 per op (OpFacts) and finds it again by one lookup keyed by the op; these tests
 count that work with tpu::_dispatch_stats() (deterministic counters, no timing).
@@ -13,7 +13,7 @@ import torch
 
 import torch_tpu
 
-FIX = ("Per-op work in csrc/aten/dispatcher.cpp must go through the op's cached OpFacts "
+FIX = ("Per-op work in csrc/dispatch/dispatcher.cpp must go through the op's cached OpFacts "
        "(factsOf/buildFacts): work out what depends on the op alone in buildFacts, and make what "
        "depends on the arguments a hash lookup (see RefusalRows), never a walk over a table.")
 

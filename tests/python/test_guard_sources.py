@@ -103,45 +103,94 @@ def test_plugin_include_guard_catches_an_include_from_outside(tmp_path, include)
 
 
 # The layers, top to bottom: a file may include its own layer and the layers below it. The same
-# order is stated in docs/architecture.md ("Layers"). plugins/ sits above ops/ and runtime/:
-# a plugin fills the kernel slots and registers with the runtime; nothing below includes it.
-LAYERS = ["python", "distributed", "aten", "compile", "eager", "plugins", "ops", "runtime", "ir", "pjrt"]
-# Upward includes that exist today; issue 59's item 4 (the shared steps in a layer below the
-# modes, capture state in compile/) removes them. A new one fails; a removed one must leave here.
-KNOWN_UPWARD = {
-    "csrc/compile/capture.cpp -> aten",
-    "csrc/eager/modes.h -> aten",
-    "csrc/eager/operand_layout.h -> aten",
-    "csrc/eager/fused.cpp -> compile",
-}
+# order is stated in docs/architecture.md ("Layers"). The dispatcher (dispatch/) sits above the
+# execution modes and hands each op to one; the modes (a tuple: one layer of siblings) run the
+# steps they share, which sit below them (op_steps/: plan, meta run, signature, lowering,
+# binding); aten/ is the PyTorch glue those steps build on. plugins/ sits above ops/ and
+# runtime/: a plugin fills the kernel slots and registers with the runtime; nothing below
+# includes it. A lower layer reaches a higher one only through an interface the higher one
+# installs (runtime/pending.h, aten/tpu.h's DeferredCopies, op_steps/recording.h).
+MODES = ("compile", "fused", "strict")
+LAYERS = ["python", "distributed", "dispatch", MODES, "op_steps", "aten", "plugins", "ops", "runtime", "ir",
+          "pjrt"]
+# Upward includes allowed by name ('path -> layer'); none today. A new one fails; a listed one
+# that is gone must leave here.
+KNOWN_UPWARD: set[str] = set()
 LOCAL_INCLUDE = re.compile(r'^\s*#\s*include\s*"([a-z_]+)/')
+
+
+def _rank(folder: str):
+    """The position of csrc/<folder> in LAYERS (0 = top), or None for a folder of no layer."""
+    for i, layer in enumerate(LAYERS):
+        if folder == layer or (isinstance(layer, tuple) and folder in layer):
+            return i
+    return None
+
+
+def _layer_text() -> str:
+    return " > ".join("{" + ", ".join(x) + "}" if isinstance(x, tuple) else x for x in LAYERS)
+
+
+def _local_includes(root: str):
+    """Yields (path relative to root, its csrc/ folder, the csrc/ folder it includes from)."""
+    for rel, path in _cpp_sources(root):
+        folder = rel.split("/")[1]
+        with open(path, encoding="utf-8", errors="replace") as f:
+            for line in f:
+                m = LOCAL_INCLUDE.match(line)
+                if m:
+                    yield rel, folder, m.group(1)
 
 
 def upward_includes(root: str) -> set[str]:
     """Includes from a layer of csrc/ into a layer above it, as 'path -> layer'."""
     out = set()
-    for rel, path in _cpp_sources(root):
-        layer = rel.split("/")[1]
-        if layer not in LAYERS:
-            continue
-        with open(path, encoding="utf-8", errors="replace") as f:
-            for line in f:
-                m = LOCAL_INCLUDE.match(line)
-                if m and m.group(1) in LAYERS and LAYERS.index(m.group(1)) < LAYERS.index(layer):
-                    out.add(f"{rel} -> {m.group(1)}")
+    for rel, folder, target in _local_includes(root):
+        mine, theirs = _rank(folder), _rank(target)
+        if mine is not None and theirs is not None and theirs < mine:
+            out.add(f"{rel} -> {target}")
     return out
+
+
+def mode_includes(root: str) -> set[str]:
+    """Includes from one execution mode's folder into another mode's, as 'path -> mode'."""
+    return {f"{rel} -> {target}" for rel, folder, target in _local_includes(root)
+            if folder in MODES and target in MODES and folder != target}
 
 
 def test_includes_go_down_the_layers():
     found = upward_includes(REPO_ROOT)
     new, gone = sorted(found - KNOWN_UPWARD), sorted(KNOWN_UPWARD - found)
-    assert not new, (f"includes up the layers ({' > '.join(LAYERS)}): {new}. Move what the lower layer needs "
-                     "down (or behind an interface the upper layer implements) instead of including upwards.")
+    assert not new, (f"includes up the layers ({_layer_text()}): {new}. Move what the lower layer needs "
+                     "down, or reach the upper layer through an interface it installs (as fused eager "
+                     "installs runtime/pending.h's hooks), instead of including upwards.")
     assert not gone, f"{gone} no longer include upwards: remove them from KNOWN_UPWARD in this file"
 
 
 def test_layer_guard_catches_an_upward_include(tmp_path):
     _write(tmp_path, "csrc/ops/nn.cpp", '#include "ops/common.h"\n#include "ir/ir.h"\n#include "runtime/runtime.h"\n')
-    _write(tmp_path, "csrc/runtime/runtime.cpp", '#include "ir/ir.h"\n#include "eager/modes.h"\n')
+    _write(tmp_path, "csrc/runtime/runtime.cpp", '#include "ir/ir.h"\n#include "strict/strict.h"\n')
+    _write(tmp_path, "csrc/op_steps/op_plan.cpp", '#include "aten/tpu.h"\n#include "dispatch/fallback.h"\n')
+    _write(tmp_path, "csrc/fused/fused.cpp", '#include "op_steps/op_plan.h"\n#include "fused/engine/x.h"\n')
     _write(tmp_path, "csrc/pjrt/pjrt.cpp", '#include "pjrt_c_api.h"\n')
-    assert upward_includes(str(tmp_path)) == {"csrc/runtime/runtime.cpp -> eager"}
+    assert upward_includes(str(tmp_path)) == {"csrc/runtime/runtime.cpp -> strict",
+                                              "csrc/op_steps/op_plan.cpp -> dispatch"}
+
+
+def test_no_mode_includes_another():
+    bad = sorted(mode_includes(REPO_ROOT))
+    assert not bad, (f"an execution mode includes another ({', '.join(MODES)}): {bad}. What two modes share "
+                     "goes down into op_steps/; where one mode needs another's engine (capture records "
+                     "through fused eager's pending graph), the engine installs an interface declared "
+                     "there (op_steps/recording.h) and the other mode calls that.")
+
+
+def test_mode_guard_catches_a_mode_including_another(tmp_path):
+    _write(tmp_path, "csrc/fused/fused.cpp", '#include "fused/fused.h"\n#include "op_steps/op_plan.h"\n')
+    _write(tmp_path, "csrc/fused/engine/fused_graph.h", '#include "runtime/runtime.h"\n')
+    _write(tmp_path, "csrc/compile/capture.cpp", '#include "op_steps/recording.h"\n#include "fused/engine/fused_graph.h"\n')
+    _write(tmp_path, "csrc/strict/strict.cpp", '#include "strict/strict.h"\n#include "compile/capture.h"\n')
+    _write(tmp_path, "csrc/dispatch/dispatcher.cpp", '#include "strict/strict.h"\n#include "fused/fused.h"\n')
+    assert mode_includes(str(tmp_path)) == {"csrc/compile/capture.cpp -> fused", "csrc/strict/strict.cpp -> compile"}
+    # Siblings are not above one another: the layer guard leaves them to this one.
+    assert upward_includes(str(tmp_path)) == set()

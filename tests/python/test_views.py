@@ -187,7 +187,7 @@ def test_strict_fills_take_one_program_and_read_no_buffer():
     # for it, so an unwritten tensor is not first filled with zeros (a second
     # program) and a view is not gathered before it is overwritten. A whole small
     # tensor's fill is an upload of its value instead of a program (no compile per
-    # shape: aten/dispatcher.cpp, fillWhole). A fill's result is kept: the same
+    # shape: dispatch/dispatcher.cpp, fillWhole). A fill's result is kept: the same
     # fill again takes no launch or transfer once nothing holds the kept result,
     # one while something does.
     def work():

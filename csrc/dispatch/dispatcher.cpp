@@ -1,9 +1,11 @@
 // The dispatcher: the boxed kernel every tpu op without a kernel of its own
 // enters. It finds the op's lowering, prepares its arguments (indices on the
 // device, lazy conj/neg bits resolved, one device), and hands the planned op
-// to the mode in force (eager/modes.h): fused eager when it is on and the op's
-// result sizes do not depend on data, else strict eager. An op with no
-// lowering, or one its lowering cannot take, runs on the CPU (fallback.cpp).
+// to the mode in force: fused eager (fused/fused.h) when it is on and the op's
+// result sizes do not depend on data, else strict eager (strict/strict.h). An
+// op with no lowering, or one its lowering cannot take, runs on the CPU
+// (fallback.cpp). This layer sits above the modes; the steps they share are
+// below them (op_steps/).
 //
 // Every op pays for what is decided here, so what depends on the op alone (its
 // lowering, its refusal rows, its overlap checks, which of its arguments it
@@ -29,9 +31,11 @@
 #include <unordered_map>
 #include <unordered_set>
 
-#include "aten/op_plan.h"
-#include "eager/modes.h"
-#include "runtime/fused_graph.h"
+#include "dispatch/fallback.h"
+#include "fused/engine/fused_graph.h"
+#include "fused/fused.h"
+#include "op_steps/op_plan.h"
+#include "strict/strict.h"
 
 namespace tpu::aten {
 namespace {
@@ -41,11 +45,11 @@ namespace {
 struct DispatchStats {
   int64_t ops = 0;  // ops the dispatcher received (those it runs itself too)
   int64_t facts_lookups = 0, facts_built = 0;
-  int64_t table_reads = 0;      // reads of the tables below and the lowering registry (buildFacts' only)
-  int64_t refusal_probes = 0;   // hash lookups into an op's refusal rows
+  int64_t table_reads = 0;     // reads of the tables below and the lowering registry (buildFacts' only)
+  int64_t refusal_probes = 0;  // hash lookups into an op's refusal rows
   int64_t strict_ops = 0, fused_ops = 0, fallback_ops = 0;
   // Host nanoseconds, counted only while timing is on (steady_clock reads):
-  int64_t dispatch_ns = 0;  // entry to the mode (or to the fallback)
+  int64_t dispatch_ns = 0;              // entry to the mode (or to the fallback)
   int64_t strict_ns = 0, fused_ns = 0;  // in the mode, its launches included
   int64_t fallback_ns = 0;
 };
@@ -153,7 +157,7 @@ uint64_t sequenceHash(const Seq& codes) {
 // that refuses them in a few hash lookups, however many rows the op has.
 struct RefusalRows {
   std::vector<Refusal> rows;
-  std::unordered_map<DtypeSet, size_t, DtypeSetHash> by_set;  // every row by its dtypes as a set: the first row
+  std::unordered_map<DtypeSet, size_t, DtypeSetHash> by_set;   // every row by its dtypes as a set: the first row
   std::unordered_map<uint64_t, std::vector<size_t>> by_order;  // an overload's rows by sequenceHash, in order
   bool add(Refusal r, bool whole_op) {
     DtypeSet set;
@@ -208,25 +212,24 @@ OverlapChecks& overlapChecks() {
 // the lowering registry. The tables change only when torch_tpu hands them over
 // (import), when lowerings are turned off or on, and when an op's schema is
 // removed (its OperatorHandle's address may be reused): each bumps
-// g_generation, and every thread's cache starts again.
+// the tables' generation (opTablesChanged, aten/tpu.h), and every thread's
+// cache starts again.
 struct OpFacts {
-  bool ours = false;  // aten:: or tpu:: (others' ops have no lowering here)
-  std::string base;   // "add" for aten::add_.Tensor
+  bool ours = false;                   // aten:: or tpu:: (others' ops have no lowering here)
+  std::string base;                    // "add" for aten::add_.Tensor
   const ops::Lowering* low = nullptr;  // null: none, or turned off
   bool foreach_expand = false;
-  bool complex_ok = false;      // complexScalarsAllowed
-  bool moves_indices = false;   // index, index_put, ...: CPU indices and masks are moved first
+  bool complex_ok = false;        // complexScalarsAllowed
+  bool moves_indices = false;     // index, index_put, ...: CPU indices and masks are moved first
   bool fill_value_check = false;  // fill_.Scalar and its relatives: the value must fit the dtype
-  bool fill_range = false;      // aten::fill_.Scalar and aten::zero_: the strict-only range shortcut
-  bool zero = false;            // aten::zero_
+  bool fill_range = false;        // aten::fill_.Scalar and aten::zero_: the strict-only range shortcut
+  bool zero = false;              // aten::zero_
   bool overlap_internal = false, overlap_partial = false;
-  std::vector<char> writes;     // per schema argument: the op writes it
-  std::vector<char> dtype_arg;  // per schema argument: a ScalarType (dtype=) argument
+  std::vector<char> writes;            // per schema argument: the op writes it
+  std::vector<char> dtype_arg;         // per schema argument: a ScalarType (dtype=) argument
   const RefusalRows* exact = nullptr;  // this overload's refusal rows, if any
   const RefusalRows* whole = nullptr;  // the base op's, if any
 };
-
-std::atomic<uint64_t> g_generation{1};
 
 int64_t nowNs() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
@@ -291,7 +294,7 @@ std::shared_ptr<const OpFacts> factsOf(const c10::OperatorHandle& op) {
     std::unordered_map<const void*, std::shared_ptr<const OpFacts>> by_op;
   };
   thread_local Cache cache;
-  const uint64_t generation = g_generation.load(std::memory_order_acquire);
+  const uint64_t generation = opTablesGeneration();
   if (cache.generation != generation) {
     cache.by_op.clear();
     cache.generation = generation;
@@ -310,7 +313,8 @@ struct SchemaRemovals final : c10::OpRegistrationListener {
 };
 [[maybe_unused]] const bool kListening = [] {
   // Never destroyed: at exit the dispatcher may be gone first.
-  new c10::RegistrationHandleRAII(c10::Dispatcher::singleton().addRegistrationListener(std::make_unique<SchemaRemovals>()));
+  new c10::RegistrationHandleRAII(
+      c10::Dispatcher::singleton().addRegistrationListener(std::make_unique<SchemaRemovals>()));
   return true;
 }();
 
@@ -806,23 +810,21 @@ void setOverlapChecks(std::vector<std::string> internal, std::vector<std::string
   opTablesChanged();
 }
 
-void opTablesChanged() { g_generation.fetch_add(1, std::memory_order_acq_rel); }
-
 // tpu::_dispatch_stats(): the calling thread's DispatchStats, in the order of
 // tpu::_dispatch_stat_names(); tpu::_dispatch_timing(on): turns the host-time
 // counters on or off (off by default: three clock reads per op), returns the
 // previous setting. benchmarks/host_cost.py and tests/python/test_dispatch_cost.py read them.
 TORCH_LIBRARY_FRAGMENT(tpu, m) {
   m.def("_dispatch_stat_names() -> str[]", [] {
-    return std::vector<std::string>{"ops",         "facts_lookups", "facts_built", "table_reads",
-                                    "refusal_probes", "strict_ops", "fused_ops",  "fallback_ops",
-                                    "dispatch_ns", "strict_ns",     "fused_ns",   "fallback_ns"};
+    return std::vector<std::string>{"ops",        "facts_lookups", "facts_built",  "table_reads", "refusal_probes",
+                                    "strict_ops", "fused_ops",     "fallback_ops", "dispatch_ns", "strict_ns",
+                                    "fused_ns",   "fallback_ns"};
   });
   m.def("_dispatch_stats() -> int[]", [] {
     const DispatchStats& s = t_stats;
-    return std::vector<int64_t>{s.ops,        s.facts_lookups, s.facts_built, s.table_reads,
-                                s.refusal_probes, s.strict_ops, s.fused_ops,  s.fallback_ops,
-                                s.dispatch_ns, s.strict_ns,    s.fused_ns,    s.fallback_ns};
+    return std::vector<int64_t>{s.ops,        s.facts_lookups, s.facts_built,  s.table_reads, s.refusal_probes,
+                                s.strict_ops, s.fused_ops,     s.fallback_ops, s.dispatch_ns, s.strict_ns,
+                                s.fused_ns,   s.fallback_ns};
   });
   m.def("_dispatch_timing(bool on) -> bool", [](bool on) { return g_timing.exchange(on); });
 }

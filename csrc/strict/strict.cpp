@@ -2,13 +2,14 @@
 // built once per signature (op, dtypes, shapes, attributes) and cached, and
 // launched asynchronously; the host waits only when it reads data. Debug
 // eager is this mode with every launch waited for (runtime::launchBlocking).
+#include "strict/strict.h"
+
 #include <cstring>
 #include <mutex>
 #include <unordered_map>
 
-#include "eager/modes.h"
-#include "eager/operand_layout.h"
-#include "runtime/fused_graph.h"
+#include "op_steps/operand_layout.h"
+#include "runtime/views.h"
 
 namespace tpu::eager {
 

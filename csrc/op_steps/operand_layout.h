@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "aten/op_plan.h"
+#include "op_steps/op_plan.h"
 
 namespace tpu::eager {
 

@@ -1,7 +1,7 @@
 // Planning an op, shared by every mode: its meta run (PyTorch's expected
 // results and errors), its signature (the cache key), and the helpers that
 // move arguments in and results out.
-#include "aten/op_plan.h"
+#include "op_steps/op_plan.h"
 
 #include <torch/csrc/utils/pybind.h>
 

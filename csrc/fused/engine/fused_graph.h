@@ -15,6 +15,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "op_steps/recording.h"
 #include "runtime/runtime.h"
 #include "runtime/views.h"
 
@@ -22,37 +23,12 @@ namespace tpu::runtime {
 
 class LazyGraph;
 
-// Where a graph input comes from, for replaying a captured graph
-// (torch.compile): a fixed buffer, a graph argument's array, a CPU scalar
-// argument, or a fresh random-number state.
-struct InputTag {
-  enum class Kind { Fixed, Input, CpuInput, Rng };
-  Kind kind = Kind::Fixed;
-  int index = -1;
-};
-
-// What a captured graph's final materialisation ran: enough to run it again
-// with other arguments without lowering anything.
-struct CaptureResult {
-  std::shared_ptr<Program> prog;
-  std::vector<BufferPtr> inputs;  // per param: the buffer of a Fixed one, else null
-  std::vector<InputTag> tags;
-  std::vector<DeviceArray*> out_owners;
-  std::vector<std::string> checks;
-};
+// What a captured graph's recording reports (op_steps/recording.h: the
+// capture mode reads it there, never including this engine).
+using steps::CaptureResult;
+using steps::InputTag;
 
 // A storage's pending contents: a flat [numel] value of `dtype` in `graph`.
-// A program result: the flat storage value `flat`, given the shape of the
-// tensor that holds it (`shape`, memory order) on the CPU plugin. XLA:CPU
-// emits the fusion that computes a result as a loop over the result's shape:
-// over a flat shape a broadcast operand is indexed modulo its size and the
-// loop is not vectorized (x * w + b over [1024, 64] in a compiled graph:
-// 8.3 us with flat results, 2.8 us with [1024, 64] ones). Later programs still
-// take the buffer as flat storage, which the CPU plugin accepts because both
-// are the same dense bytes; other plugins lay out an N-d buffer in tiles, so
-// there (and where `shape` does not cover `flat`) the result stays flat.
-ir::Value resultInShape(ir::Builder& b, const ir::Value& flat, const ir::Shape& shape);
-
 struct LazyValue {
   LazyGraph* graph = nullptr;
   ir::Value value;

@@ -1,10 +1,14 @@
 // Fused eager (TORCH_TPU_DEFER_AND_FUSE=1): an op does not run; it joins the
-// device's pending graph (runtime/fused_graph.h) as a call of its signature's
+// device's pending graph (fused/engine/fused_graph.h) as a call of its signature's
 // fragment, and its results are tensors whose storage is a pending value. The
 // graph runs as one program when the host needs data, at a sync, at a size
 // limit, when the op stream repeats or where a backward pass starts or ends.
 // torch.compile's capture records a whole graph through this mode
-// (compile/capture.cpp).
+// (compile/capture.cpp), reaching the engine through the Recorder this file
+// installs (op_steps/recording.h); copies into tpu tensors join the graph
+// through the hooks it installs in aten/tpu.h (DeferredCopies).
+#include "fused/fused.h"
+
 #include <torch/csrc/autograd/graph_task.h>
 
 #include <map>
@@ -12,10 +16,9 @@
 #include <optional>
 #include <unordered_map>
 
-#include "compile/capture.h"
-#include "eager/modes.h"
-#include "eager/operand_layout.h"
-#include "runtime/fused_graph.h"
+#include "fused/engine/fused_graph.h"
+#include "op_steps/operand_layout.h"
+#include "op_steps/recording.h"
 
 namespace tpu::eager {
 
@@ -149,7 +152,9 @@ std::vector<ir::Value> callOperands(const PlannedOp& p, const Fragment& frag, ru
     if (t.device().is_cpu()) {
       const ir::DType dt = cpuScalarIr(t);
       ir::Value v = graph.scalar(cpuScalarBuffer(t, dt, dev), dt);
-      compile::noteCpuScalarInput(graph, t);
+      // While a torch.compile graph is captured: the argument it is, if any.
+      const int arg = steps::cpuScalarArgument(t.unsafeGetTensorImpl());
+      if (arg >= 0) graph.tagLastInput({steps::InputTag::Kind::CpuInput, arg});
       return v;
     }
     return graph.read(arrayOf(t), geometryOf(t));
@@ -168,7 +173,7 @@ std::vector<ir::Value> callOperands(const PlannedOp& p, const Fragment& frag, ru
     const std::array<uint64_t, 2> st = nextRngState(*gen);
     ir::Value v =
         graph.input(runtime::Runtime::get().upload(st.data(), ir::DType::U64, {2}, dev), {ir::DType::U64, {2}});
-    graph.tagLastInput({runtime::InputTag::Kind::Rng, -1});
+    graph.tagLastInput({steps::InputTag::Kind::Rng, -1});
     return v;
   };
   std::vector<ir::Value> operands;
@@ -236,6 +241,70 @@ void bindCallResults(const PlannedOp& p, const Fragment& frag, runtime::LazyGrap
   if (frag.bounds_check) graph.check(results.back(), p.op.schema().name() + location);
   pushReturns(p.op, p.stack, args, returns, lists);
 }
+
+// A copy into a tpu tensor is one more step of the pending graph.
+bool copyLazy(const at::Tensor& dst, const at::Tensor& src) {
+  auto& fusion = runtime::Fusion::get();
+  if (!fusion.enabled() || dst.device().type() != kTpu) return false;
+  bool same = src.device() == dst.device();
+  if (!same && !src.device().is_cpu()) return false;
+  std::lock_guard<runtime::FusionMutex> lock(fusion.mutex());
+  auto& graph = fusion.graph(dst.device().index());
+  ir::Builder& b = graph.builder();
+  ir::DType dd = toIr(dst.scalar_type());
+  ir::Value v;
+  if (same) {
+    v = graph.read(arrayOf(src), geometryOf(src));
+  } else {
+    at::Tensor c = src.resolve_conj().resolve_neg();
+    if (dst.is_conj()) c = c.conj_physical();
+    if (dst.is_neg()) c = c.neg();
+    c = c.contiguous();
+    auto buf = runtime::Runtime::get().upload(c.data_ptr(), toIr(c.scalar_type()), {c.numel()}, dst.device().index());
+    v = b.reshape(graph.input(buf, {toIr(c.scalar_type()), {c.numel()}}), c.sizes().vec());
+  }
+  // dst's bits mean its memory holds conj/neg of its value: a bit set on
+  // one side only is applied to the elements.
+  v = applyMathBits(b, v, same && src.is_conj() != dst.is_conj(), same && src.is_neg() != dst.is_neg());
+  v = b.broadcastTo(b.convert(v, dd), dst.sizes().vec());
+  graph.write(arrayOf(dst), geometryOf(dst), v);
+  return true;
+}
+
+// Before a copy to the host waits for data, whatever is pending starts, even
+// if the copy's source does not need it. In a training loop that reads the
+// loss, the backward and optimizer ops recorded after the loss then run while
+// the host records the next step, instead of joining its graph.
+void beforeHostRead(c10::DeviceIndex device) {
+  auto& fusion = runtime::Fusion::get();
+  if (fusion.enabled() && !fusion.wholeGraph()) fusion.flush(device);
+}
+
+// The engine as torch.compile's capture sees it (op_steps/recording.h).
+class FusionRecorder final : public steps::Recorder {
+ public:
+  void lock() override { runtime::Fusion::get().mutex().lock(); }
+  void unlock() override { runtime::Fusion::get().mutex().unlock(); }
+  bool beginWholeGraph() override { return runtime::Fusion::get().beginWholeGraph(); }
+  void endWholeGraph(bool entered) override { runtime::Fusion::get().endWholeGraph(entered); }
+  void setCaptureInputs(int device, std::unordered_map<const runtime::DeviceArray*, int> arrays) override {
+    graph(device).setCaptureInputs(std::move(arrays));
+  }
+  void setBakeScalars(int device, bool on) override { graph(device).setBakeScalars(on); }
+  int ops(int device) override { return graph(device).ops(); }
+  int materializations(int device) override { return graph(device).materializations(); }
+  int externalReads(int device) override { return graph(device).externalReads(); }
+  void materialize(int device, steps::CaptureResult& ran) override { graph(device).materialize(&ran); }
+
+ private:
+  static runtime::LazyGraph& graph(int device) { return runtime::Fusion::get().graph(device); }
+};
+
+const bool g_installed = [] {
+  steps::setRecorder(new FusionRecorder());  // never destroyed: arrays freed at exit may still reach it
+  setDeferredCopies({&copyLazy, &beforeHostRead});
+  return true;
+}();
 
 }  // namespace
 

@@ -1,4 +1,4 @@
-#include "eager/operand_layout.h"
+#include "op_steps/operand_layout.h"
 
 #include "ops/kernel_slots.h"
 

@@ -1,8 +1,9 @@
 // The steps every execution mode shares, one place each: a planned op (what
 // the dispatcher hands a mode), its meta run (PyTorch's expected results),
 // its signature (the cache key), and lowering it onto a builder (arguments
-// bound to values, results bound to returns or written arguments). The modes
-// themselves are in eager/ (strict, fused) and compile/ (capture).
+// bound to values, results bound to returns or written arguments). This layer
+// (op_steps/) sits below the modes, which run these steps in order: strict/,
+// fused/ and compile/ (capture); the dispatcher (dispatch/) sits above them.
 #pragma once
 
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -129,12 +130,5 @@ std::vector<int64_t> permutedStrides(const OutputBinding& ob);
 // (`returns`, `lists`), or the written arguments they alias.
 void pushReturns(const c10::OperatorHandle& op, torch::jit::Stack* stack, const std::vector<IValue>& args,
                  std::vector<IValue>& returns, std::vector<c10::List<at::Tensor>>& lists);
-
-// ---- the CPU fallback (fallback.cpp)
-
-// Runs the op on the CPU (inputs copied in, results back), counted and warned
-// once per op; raises instead under TORCH_TPU_FALLBACK=error. `why` says why
-// it has no tpu program (empty: no lowering at all).
-void cpuFallback(const c10::OperatorHandle& op, torch::jit::Stack* stack, const std::string& why);
 
 }  // namespace tpu::aten

@@ -1,15 +1,20 @@
 // The CPU fallback, never silent: an op with no tpu program runs on the CPU
 // (its tpu inputs copied in, its results copied back), counted in metrics()
 // and warned once per op; TORCH_TPU_FALLBACK=error raises instead.
+#include "dispatch/fallback.h"
+
 #include <ATen/native/CPUFallback.h>
 
 #include <mutex>
 #include <set>
 
-#include "aten/op_plan.h"
+#include "aten/tpu.h"
 #include "compile/capture.h"
 
 namespace tpu::aten {
+
+using c10::IValue;
+
 namespace {
 std::mutex g_warn_mu;
 std::set<std::string> g_warned;

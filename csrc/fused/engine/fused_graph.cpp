@@ -1,8 +1,9 @@
-#include "runtime/fused_graph.h"
+#include "fused/engine/fused_graph.h"
 
 #include <cstdlib>
 
 #include "runtime/env.h"
+#include "runtime/pending.h"
 
 namespace tpu::runtime {
 
@@ -24,13 +25,6 @@ void LazyGraph::reset() {
   ops_ = 0;
   sigs_.clear();
   keys_.clear();
-}
-
-ir::Value resultInShape(ir::Builder& b, const ir::Value& flat, const ir::Shape& shape) {
-  if (!ir::xlaCpuTuning() || shape.size() < 2) return flat;
-  int64_t n = 1;
-  for (int64_t d : shape) n *= d;
-  return n == flat.type.numel() ? b.reshape(flat, shape) : flat;
 }
 
 ir::Value LazyGraph::input(const BufferPtr& buf, const ir::Type& type, const DeviceArray* owner) {
@@ -359,5 +353,19 @@ void Fusion::flush(int device) {
   for (size_t i = 0; i < graphs_.size(); ++i)
     if (graphs_[i] && (device < 0 || static_cast<int>(i) == device)) graphs_[i]->materialize();
 }
+
+namespace {
+// How the runtime reaches this engine (runtime/pending.h): it computes a
+// pending array before its buffer is used, and a freed array detaches from
+// its pending value under the fusion lock.
+void flushPending(int device) { Fusion::get().flush(device); }
+void detachPending(const DeviceArray* array, std::shared_ptr<LazyValue>& value) {
+  if (!Fusion::inUse()) return;
+  std::lock_guard<FusionMutex> lock(Fusion::get().mutex());
+  if (value && value->owner == array) value->owner = nullptr;
+  value.reset();
+}
+const bool g_pending_hooks_installed = (setPendingHooks({&flushPending, &detachPending}), true);
+}  // namespace
 
 }  // namespace tpu::runtime

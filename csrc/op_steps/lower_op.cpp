@@ -5,7 +5,7 @@
 // converted to PyTorch's dtype and flattened in memory order.
 #include <sstream>
 
-#include "aten/op_plan.h"
+#include "op_steps/op_plan.h"
 
 namespace tpu::aten {
 namespace {

@@ -1,0 +1,74 @@
+// Recording a whole graph (torch.compile's capture, compile/capture.h) through
+// the engine that defers ops (fused eager's pending graph,
+// fused/engine/fused_graph.h). Two modes meet here, so neither includes the
+// other: the fused mode installs the Recorder, the capture mode installs the
+// CPU-scalar hook, and each calls the other only through this header.
+// No torch headers: the engine (tpu_core) includes it for the two types below.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "runtime/runtime.h"
+
+namespace tpu::steps {
+
+// Where a graph input comes from, for replaying a captured graph: a fixed
+// buffer, a graph argument's array, a CPU scalar argument, or a fresh
+// random-number state.
+struct InputTag {
+  enum class Kind { Fixed, Input, CpuInput, Rng };
+  Kind kind = Kind::Fixed;
+  int index = -1;
+};
+
+// What a captured graph's final materialisation ran: enough to run it again
+// with other arguments without lowering anything.
+struct CaptureResult {
+  std::shared_ptr<runtime::Program> prog;
+  std::vector<runtime::BufferPtr> inputs;  // per param: the buffer of a Fixed one, else null
+  std::vector<InputTag> tags;
+  std::vector<runtime::DeviceArray*> out_owners;
+  std::vector<std::string> checks;
+};
+
+// What the capture mode asks of the engine that defers ops. lock()/unlock():
+// the engine's (recursive) lock, held across each capture step; the other
+// calls are made under it. Per device: the device's pending graph.
+class Recorder {
+ public:
+  virtual ~Recorder() = default;
+  virtual void lock() = 0;
+  virtual void unlock() = 0;
+  // Enters whole-graph recording on this thread (no loop or size cuts): runs
+  // what is pending; false while another thread records (then this thread's
+  // ops run strict). endWholeGraph runs the recorded graph as one program.
+  virtual bool beginWholeGraph() = 0;
+  virtual void endWholeGraph(bool entered) = 0;
+  // Reads of these arrays (argument index) become inputs of their own.
+  virtual void setCaptureInputs(int device, std::unordered_map<const runtime::DeviceArray*, int> arrays) = 0;
+  // Python scalars and view offsets become constants of the program.
+  virtual void setBakeScalars(int device, bool on) = 0;
+  virtual int ops(int device) = 0;
+  virtual int materializations(int device) = 0;
+  // Device arrays read since setCaptureInputs that are not capture inputs.
+  virtual int externalReads(int device) = 0;
+  // Runs the graph as one program and reports what ran.
+  virtual void materialize(int device, CaptureResult& ran) = 0;
+};
+// The installed recorder (fused eager's, installed at static initialisation).
+Recorder& recorder();
+void setRecorder(Recorder* r);
+
+// The capture mode's answer, while this thread records a graph, to "which
+// graph argument is the CPU scalar tensor `impl` (its TensorImpl) that fused
+// eager just made the graph's last input": its index, or -1 (then, if the
+// graph has CPU arguments, the recording cannot be replayed). -1 when no
+// capture mode is installed. Called under the recorder's lock.
+using CpuScalarArgument = int (*)(const void* impl);
+void setCpuScalarArgument(CpuScalarArgument f);
+int cpuScalarArgument(const void* impl);
+
+}  // namespace tpu::steps
