@@ -12,7 +12,6 @@ alternate the two transports; the median round is reported.
 
 from __future__ import annotations
 
-import argparse
 import datetime
 import os
 import statistics
@@ -21,7 +20,8 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from common import median_ratio_line, provenance, provenance_lines, write_markdown  # noqa: E402
+from common import (busbw_factors, collective_args, median_ratio_line, message_sizes, provenance,  # noqa: E402
+                    provenance_lines, write_markdown)
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
@@ -60,19 +60,11 @@ def run(op, device, nbytes, n, iters):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--max-mb", type=int, default=64)
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--markdown", default=None)
-    args = ap.parse_args(argv)
+    args = collective_args(argv, max_mb=64)
     dist.init_process_group("cpu:gloo,tpu:tpu_dist", timeout=datetime.timedelta(seconds=300))
     rank, n = dist.get_rank(), dist.get_world_size()
-    sizes = []
-    s = 1024
-    while s <= args.max_mb * 1024 * 1024:
-        sizes.append(s)
-        s *= 8 if s < 1024 * 1024 else 4
-    factor = {"all_reduce": 2 * (n - 1) / n, "all_gather": (n - 1) / n, "reduce_scatter": (n - 1) / n}
+    sizes = message_sizes(args.max_mb)
+    factor = busbw_factors(n)
     rows = []
     for op in ("all_reduce", "all_gather", "reduce_scatter"):
         for nbytes in sizes:

@@ -14,7 +14,6 @@ three; the median round is reported.
 
 from __future__ import annotations
 
-import argparse
 import datetime
 import os
 import statistics
@@ -24,7 +23,8 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from common import median_ratio_line, provenance, provenance_lines, write_markdown  # noqa: E402
+from common import (busbw_factors, collective_args, median_ratio_line, message_sizes, provenance,  # noqa: E402
+                    provenance_lines, write_markdown)
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
@@ -97,18 +97,11 @@ def one_launch(op, nbytes, iters):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--max-mb", type=int, default=16)
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--markdown", default=None)
-    args = ap.parse_args(argv)
+    args = collective_args(argv, max_mb=16)
     if torch.tpu.device_count() < N:
         raise SystemExit(f"needs {N} devices: run with TORCH_TPU_CPU_DEVICES={N}")
-    sizes, s = [], 1024
-    while s <= args.max_mb * 1024 * 1024:
-        sizes.append(s)
-        s *= 8 if s < 1024 * 1024 else 4
-    factor = {"all_reduce": 2 * (N - 1) / N, "all_gather": (N - 1) / N, "reduce_scatter": (N - 1) / N}
+    sizes = message_sizes(args.max_mb)
+    factor = busbw_factors(N)
     kinds = ("gloo", "xla", "launch")
     rows = []
     for op in OPS:

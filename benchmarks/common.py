@@ -125,6 +125,31 @@ def write_markdown(path, lines: list, echo: bool = False) -> str:
     return text
 
 
+def collective_args(argv, max_mb: int):
+    """The collective benchmarks' options: --max-mb (largest message), --rounds, --markdown."""
+    import argparse
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--max-mb", type=int, default=max_mb)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--markdown", default=None)
+    return ap.parse_args(argv)
+
+
+def message_sizes(max_mb: int) -> list:
+    """Message sizes from 1 KiB to max_mb MiB: x8 steps below 1 MiB, x4 above."""
+    sizes, s = [], 1024
+    while s <= max_mb * 1024 * 1024:
+        sizes.append(s)
+        s *= 8 if s < 1024 * 1024 else 4
+    return sizes
+
+
+def busbw_factors(n: int) -> dict:
+    """NCCL-tests' bus bandwidth factors for n ranks."""
+    return {"all_reduce": 2 * (n - 1) / n, "all_gather": (n - 1) / n, "reduce_scatter": (n - 1) / n}
+
+
 def median_ratio_line(label: str, ratios: list) -> str:
     return (f"Median time ratio {label}: {statistics.median(ratios):.2f}x "
             f"(range {min(ratios):.2f}-{max(ratios):.2f}x).")

@@ -305,12 +305,6 @@ Registrar reg_logit_backward("logit_backward", [](Ctx& c) {
   return std::vector<Value>{b.convert(r, outType(c, x.dtype()))};
 });
 
-}  // namespace
-}  // namespace tpu::ops
-
-namespace tpu::ops {
-namespace {
-
 // Picks, along `dim`, the element at position `pos` (shape of x without dim).
 Value pickAlong(ir::Builder& b, const Value& x, int64_t dim, const Value& pos) {
   std::vector<int64_t> keep;
@@ -516,12 +510,6 @@ Registrar reg_diag_embed("diag_embed", [](Ctx& c) {
   return std::vector<Value>{b.select(on, xb, b.constant(0.0, x.dtype(), out))};
 });
 
-}  // namespace
-}  // namespace tpu::ops
-
-namespace tpu::ops {
-namespace {
-
 // logspace(start, end, steps, base): base ** linspace(start, end, steps).
 Registrar reg_logspace("logspace", [](Ctx& c) {
   if (!c.hasExpected()) throw ir::Unsupported("logspace without a known size");
@@ -693,12 +681,6 @@ Registrar reg_masked_scatter("masked_scatter", [](Ctx& c) {
   return std::vector<Value>{b.reshape(r, xx.shape())};
 });
 
-}  // namespace
-}  // namespace tpu::ops
-
-namespace tpu::ops {
-namespace {
-
 Arg strArg(std::string s) {
   Arg a;
   a.kind = Arg::Kind::String;
@@ -754,12 +736,6 @@ Registrar reg_unfold_backward("unfold_backward", [](Ctx& c) {
   if (dim == rank - 1) perm.push_back(rank - 1);
   return std::vector<Value>{b.convert(b.transpose(r, perm), g.dtype())};
 });
-
-}  // namespace
-}  // namespace tpu::ops
-
-namespace tpu::ops {
-namespace {
 
 // Sums v down to `shape` (the reverse of broadcasting).
 Value sumTo(ir::Builder& b, const Value& v, const Shape& shape) {
@@ -850,12 +826,6 @@ Registrar reg_logcumsumexp("_logcumsumexp", [](Ctx& c) {
   return std::vector<Value>{b.convert(r[0], x.dtype())};
 });
 
-}  // namespace
-}  // namespace tpu::ops
-
-namespace tpu::ops {
-namespace {
-
 // isin(elements, test_elements, assume_unique, invert): a broadcast compare
 // against every test element.
 Registrar reg_isin("isin", [](Ctx& c) {
@@ -876,12 +846,6 @@ Registrar reg_isin("isin", [](Ctx& c) {
   Value r = b.compare(any, b.constantInt(0, DType::I32, e.shape()), c.flagOr(3, false) ? ir::Cmp::EQ : ir::Cmp::NE);
   return std::vector<Value>{r};
 });
-
-}  // namespace
-}  // namespace tpu::ops
-
-namespace tpu::ops {
-namespace {
 
 // histc(self, bins, min, max): equal-width bins; min == max takes the data's
 // range (widened by 1 each side when that is empty too). Integer inputs count

@@ -154,21 +154,26 @@ Value yCheb(ir::Builder& b, const Value& x, int nu) {
   return add(b, sub(b, mul(b, l, j1), div(b, k(b, 2 / M_PI, x), x)), mul(b, x, clenshaw(b, t, kY1Cheb)));
 }
 
+// The even and odd halves of an asymptotic series sum_j a_j (-1)^(j/2) z^j, as {P, Q}: both in
+// Horner form over z^2 (Hankel's P and Q for the Bessel functions, the Airy function's for
+// negative x), the signs folded into the coefficients. `like` gives the constants' dtype and shape.
+std::pair<Value, Value> asymptoticPQ(ir::Builder& b, const std::vector<double>& a, const Value& z, const Value& like) {
+  Value z2 = mul(b, z, z);
+  Value P, Q;
+  for (int j = static_cast<int>(a.size()) - 1; j >= 0; --j) {
+    double cf = a[j] * (((j / 2) % 2) ? -1.0 : 1.0);
+    Value& acc = (j % 2 == 0) ? P : Q;
+    acc = acc.valid() ? add(b, mul(b, acc, z2), k(b, cf, like)) : k(b, cf, like);
+  }
+  return {P, mul(b, Q, z)};
+}
+
 // Hankel's expansions for large x > 0: {J_nu(x), Y_nu(x)}.
 std::pair<Value, Value> hankel(ir::Builder& b, const Value& x, int nu) {
   double mu = 4.0 * nu * nu;
-  Value z = div(b, k(b, 1, x), x);
-  // P and Q in Horner form over z^2 with the alternating signs folded in.
   std::vector<double> a{1.0};
   for (int j = 1; j < kHankelTerms; ++j) a.push_back(a.back() * (mu - (2.0 * j - 1) * (2.0 * j - 1)) / (8.0 * j));
-  Value z2 = mul(b, z, z);
-  Value P, Q;
-  for (int j = kHankelTerms - 1; j >= 0; --j) {
-    double cf = a[j] * (((j / 2) % 2) ? -1.0 : 1.0);
-    Value& acc = (j % 2 == 0) ? P : Q;
-    acc = acc.valid() ? add(b, mul(b, acc, z2), k(b, cf, x)) : k(b, cf, x);
-  }
-  Q = mul(b, Q, z);
+  auto [P, Q] = asymptoticPQ(b, a, div(b, k(b, 1, x), x), x);
   // cos/sin of x - (nu/2 + 1/4) pi without rounding the shifted argument.
   double phi = (nu / 2.0 + 0.25) * M_PI;
   Value cx = un(b, "cosine", x), sx = un(b, "sine", x);
@@ -284,14 +289,7 @@ Value airyAi(ir::Builder& b, const Value& x) {
   std::vector<double> uk{1.0};
   for (int j = 1; j < kHankelTerms; ++j)
     uk.push_back(uk.back() * (6.0 * j - 5) * (6.0 * j - 3) * (6.0 * j - 1) / ((2.0 * j - 1) * 216.0 * j));
-  Value iz = div(b, k(b, 1, x), zn), iz2 = mul(b, iz, iz);
-  Value P, Q;
-  for (int j = kHankelTerms - 1; j >= 0; --j) {
-    double cf = uk[j] * (((j / 2) % 2) ? -1.0 : 1.0);
-    Value& acc = (j % 2 == 0) ? P : Q;
-    acc = acc.valid() ? add(b, mul(b, acc, iz2), k(b, cf, x)) : k(b, cf, x);
-  }
-  Q = mul(b, Q, iz);
+  auto [P, Q] = asymptoticPQ(b, uk, div(b, k(b, 1, x), zn), x);
   Value cz = un(b, "cosine", zn), sz = un(b, "sine", zn);
   Value cph = mul(b, add(b, cz, sz), k(b, M_SQRT1_2, x));  // cos(zeta - pi/4)
   Value sph = mul(b, sub(b, sz, cz), k(b, M_SQRT1_2, x));  // sin(zeta - pi/4)
