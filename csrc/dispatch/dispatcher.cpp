@@ -23,6 +23,7 @@
 #include <array>
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -224,6 +225,7 @@ struct OpFacts {
   bool fill_value_check = false;  // fill_.Scalar and its relatives: the value must fit the dtype
   bool fill_range = false;        // aten::fill_.Scalar and aten::zero_: the strict-only range shortcut
   bool zero = false;              // aten::zero_
+  bool arange = false;            // aten::arange.start_out / .out: the strict-only host upload
   bool overlap_internal = false, overlap_partial = false;
   std::vector<char> writes;            // per schema argument: the op writes it
   std::vector<char> dtype_arg;         // per schema argument: a ScalarType (dtype=) argument
@@ -272,6 +274,7 @@ std::shared_ptr<const OpFacts> buildFacts(const c10::OperatorHandle& op) {
   f->fill_value_check = base == "fill" && overload == "Scalar";
   f->zero = name == "aten::zero_";
   f->fill_range = f->zero || (name == "aten::fill_" && overload == "Scalar");
+  f->arange = name == "aten::arange" && (overload == "start_out" || overload == "out");
   const OverlapChecks& checks = overlapChecks();
   f->overlap_internal = checks.internal.count(base) > 0;
   f->overlap_partial = checks.partial.count(base) > 0;
@@ -528,63 +531,136 @@ bool fillContiguousRange(const OpFacts& f, torch::jit::Stack* stack, const std::
   return true;
 }
 
-// fill_(v) or zero_() of a whole small tensor in strict eager: the value's
-// bytes are uploaded, no program runs. A fill program is compiled per shape and
-// dtype: 9 of the GPT's 65 cold-start compiles (AdamW's zeros_like states, the
-// backward's seed), 0.4 s of about 4.5 s of compiling on this machine and more
-// on an accelerator, while an upload of at most kMaxBytes costs microseconds.
-// As strict eager keeps a fill program's results, the uploaded buffers are kept
-// and handed to a later fill of the same size and value once nobody holds them
-// (then no transfer at all); a holder cannot write a kept buffer in place, since
-// execute() donates only buffers nobody else holds. False: the op takes the
-// general path (bigger tensors, views, complex values).
-struct KeptFills {
+// Whole small tensors whose values the host knows: fill_(v) or zero_() of a
+// whole tensor, and arange into one (strict eager). Their bytes are uploaded
+// and no program runs; a program for them is compiled per shape and dtype
+// (an arange's per start, end and step too): 9 of the GPT's 65 cold-start
+// compiles were fills (AdamW's zeros_like states, the backward's seed) and one
+// its position ids' arange, each 10-70 ms of compiling on this machine and
+// more on an accelerator, while an upload of at most kMaxBytes costs
+// microseconds. As strict eager keeps a fill program's results, the uploaded
+// buffers are kept and handed to a later request for the same values once
+// nobody holds them (then no transfer at all); a holder cannot write a kept
+// buffer in place, since execute() donates only buffers nobody else holds.
+// Kept buffers are found by what they hold: the kind, device, dtype, length
+// and the values' bits, with whether each value is a double (1 and the
+// double whose bits are 1 are different values).
+struct KeptUploads {
   static constexpr int64_t kMaxBytes = 256 * 1024, kBudget = 16 * 1024 * 1024;
+  using Key = std::array<int64_t, 6>;  // kind, device, dtype, numel, value bits (a fill's; an arange's start, step)
   std::mutex mu;
-  std::map<std::array<int64_t, 4>, runtime::BufferPtr> kept;  // device, dtype, numel, value bits
+  std::map<Key, runtime::BufferPtr> kept;
   int64_t bytes = 0;
 };
 
-bool fillWhole(const OpFacts& f, torch::jit::Stack* stack, const std::vector<IValue>& args) {
-  if (!f.fill_range) return false;
-  const at::Tensor& self = args[0].toTensor();
+int64_t scalarBits(const at::Scalar& v) {
+  if (!v.isFloatingPoint()) return v.isBoolean() ? v.toBool() : v.toLong();
+  const double d = v.toDouble();
+  int64_t bits;
+  std::memcpy(&bits, &d, sizeof bits);
+  return bits;
+}
+
+// `self` holds its whole storage, contiguous, at most kMaxBytes: what an upload can replace.
+bool wholeSmall(const at::Tensor& self) {
   if (self.is_complex() || self.numel() == 0 || !self.is_contiguous() || self.is_neg() || self.is_conj() ||
       self.storage_offset() != 0)
     return false;
   const int64_t bytes = self.numel() * static_cast<int64_t>(self.element_size());
-  if (bytes > KeptFills::kMaxBytes || static_cast<int64_t>(arrayOf(self).nbytes()) != bytes) return false;
-  const at::Scalar v = f.zero ? at::Scalar(0) : args[1].toScalar();
-  if (v.isComplex()) return false;
-  int64_t bits;
-  if (v.isFloatingPoint()) {
-    const double d = v.toDouble();
-    std::memcpy(&bits, &d, sizeof bits);
-  } else {
-    bits = v.isBoolean() ? v.toBool() : v.toLong();
-  }
-  const int dev = self.device().index();
-  const std::array<int64_t, 4> key{dev, static_cast<int64_t>(self.scalar_type()), self.numel(), bits};
-  static KeptFills* fills = new KeptFills;  // never destroyed: buffers must not outlive the plugin's client
+  return bytes <= KeptUploads::kMaxBytes && static_cast<int64_t>(arrayOf(self).nbytes()) == bytes;
+}
+
+// Writes the bytes `key` names into `self` (wholeSmall): a kept buffer nobody
+// holds, else `host`'s bytes uploaded (and kept, within the budget).
+template <typename MakeHost>
+void writeKept(const at::Tensor& self, const KeptUploads::Key& key, MakeHost&& host) {
+  static KeptUploads* kept = new KeptUploads;  // never destroyed: buffers must not outlive the plugin's client
   runtime::BufferPtr buffer;
   {
-    std::lock_guard<std::mutex> g(fills->mu);
-    auto it = fills->kept.find(key);
-    if (it != fills->kept.end() && it->second.use_count() == 1) buffer = it->second;
+    std::lock_guard<std::mutex> g(kept->mu);
+    auto it = kept->kept.find(key);
+    if (it != kept->kept.end() && it->second.use_count() == 1) buffer = it->second;
   }
   if (buffer) {
     runtime::metrics().constant_reuses++;
   } else {
-    const at::Tensor host = at::full({self.numel()}, v, at::TensorOptions().dtype(self.scalar_type()));
-    buffer = runtime::Runtime::get().upload(host.data_ptr(), toIr(self.scalar_type()), {self.numel()}, dev);
-    std::lock_guard<std::mutex> g(fills->mu);
-    if (!fills->kept.count(key) && fills->bytes + bytes <= KeptFills::kBudget) {
-      fills->kept.emplace(key, buffer);
-      fills->bytes += bytes;
+    const at::Tensor h = host();
+    buffer = runtime::Runtime::get().upload(h.data_ptr(), toIr(self.scalar_type()), {self.numel()},
+                                            self.device().index());
+    const int64_t bytes = self.numel() * static_cast<int64_t>(self.element_size());
+    std::lock_guard<std::mutex> g(kept->mu);
+    if (!kept->kept.count(key) && kept->bytes + bytes <= KeptUploads::kBudget) {
+      kept->kept.emplace(key, buffer);
+      kept->bytes += bytes;
     }
   }
   writeTensor(self, buffer);
+}
+
+bool fillWhole(const OpFacts& f, torch::jit::Stack* stack, const std::vector<IValue>& args) {
+  if (!f.fill_range) return false;
+  const at::Tensor& self = args[0].toTensor();
+  if (!wholeSmall(self)) return false;
+  const at::Scalar v = f.zero ? at::Scalar(0) : args[1].toScalar();
+  if (v.isComplex()) return false;
+  const KeptUploads::Key key{v.isFloatingPoint() ? 1 : 0, self.device().index(), static_cast<int64_t>(self.scalar_type()),
+                             self.numel(), scalarBits(v), 0};
+  writeKept(self, key, [&] { return at::full({self.numel()}, v, at::TensorOptions().dtype(self.scalar_type())); });
   torch::jit::drop(*stack, args.size());
   torch::jit::push(*stack, self);
+  return true;
+}
+
+// Fused eager: a whole small fill of a tensor that holds nothing yet (a
+// fresh zeros_like, the backward's seed) is an upload too, so the pending
+// graph reads it as an input, as it reads that tensor in later steps. AdamW
+// makes its states with zeros_like in its first step: as constants of the
+// graph, the first update was a program of its own and the second step
+// compiled the update again. A tensor with contents (grad.zero_()) or a
+// pending value keeps the fill in the graph, a constant XLA folds; so does a
+// whole graph being recorded (torch.compile's capture computes its own fills).
+bool fillWholeDeferred(const OpFacts& f, torch::jit::Stack* stack, const std::vector<IValue>& args,
+                       runtime::Fusion& fusion) {
+  if (!f.fill_range || fusion.wholeGraph() || args[0].toTensor().numel() == 0) return false;
+  std::unique_lock<runtime::FusionMutex> lock(fusion.mutex());
+  const runtime::DeviceArray& a = arrayOf(args[0].toTensor());
+  if (a.lazy() || a.materialized()) return false;
+  return fillWhole(f, stack, args);
+}
+
+// arange.start_out(start, end, step, *, out) or arange.out(end, *, out) of
+// at most kMaxBytes, strict eager: PyTorch's CPU kernel computes it (its
+// checks, length and values) and the bytes are uploaded into a whole out,
+// kept like a fill's, or copied into an out that is a view. Longer ones take
+// the program's path.
+bool arangeWhole(const OpFacts& f, torch::jit::Stack* stack, const std::vector<IValue>& args) {
+  if (!f.arange) return false;
+  const size_t n = args.size();
+  if (n != 2 && n != 4) return false;
+  const bool has_start = n == 4;
+  const at::Tensor& out = args[n - 1].toTensor();
+  const at::Scalar start = has_start ? args[0].toScalar() : at::Scalar(int64_t{0});
+  const at::Scalar end = args[has_start ? 1 : 0].toScalar();
+  const at::Scalar step = has_start ? args[2].toScalar() : at::Scalar(int64_t{1});
+  if (start.isComplex() || end.isComplex() || step.isComplex() || out.is_complex() || out.is_neg() || out.is_conj())
+    return false;
+  const double len = std::ceil((end.toDouble() - start.toDouble()) / step.toDouble());
+  if (std::isfinite(len) && len * static_cast<double>(out.element_size()) > KeptUploads::kMaxBytes) return false;
+  at::Tensor host = at::empty({0}, at::TensorOptions().dtype(out.scalar_type()));
+  at::arange_out(host, start, end, step);  // raises as the CPU does (step 0, a bound the step never reaches)
+  if (out.sizes() != host.sizes()) out.resize_(host.sizes());  // as the program's path does
+  if (host.numel() > 0) {
+    if (wholeSmall(out)) {
+      const KeptUploads::Key key{2 + (start.isFloatingPoint() ? 1 : 0) + (step.isFloatingPoint() ? 2 : 0),
+                                 out.device().index(), static_cast<int64_t>(out.scalar_type()), out.numel(),
+                                 scalarBits(start), scalarBits(step)};
+      writeKept(out, key, [&] { return host; });
+    } else {
+      copyInto(out, host);
+    }
+  }
+  torch::jit::drop(*stack, args.size());
+  torch::jit::push(*stack, out);
   return true;
 }
 
@@ -661,7 +737,10 @@ void boxedKernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   // on data (then what is pending runs first, and the op runs strict).
   const bool fused = fusion.enabled() && !f.low->data_dependent;
   timer.enter(fused ? Route::Fused : Route::Strict);
-  if (!fusion.enabled() && (fillWhole(f, stack, p.args) || fillContiguousRange(f, stack, p.args))) return;
+  if (!fusion.enabled() ? fillWhole(f, stack, p.args) || fillContiguousRange(f, stack, p.args) ||
+                             arangeWhole(f, stack, p.args)
+                       : fillWholeDeferred(f, stack, p.args, fusion))
+    return;
   if (fusion.enabled() && !fused) fusion.flush(p.device);
   std::optional<std::string> why;
   try {

@@ -249,6 +249,18 @@ bool copyLazy(const at::Tensor& dst, const at::Tensor& src) {
   bool same = src.device() == dst.device();
   if (!same && !src.device().is_cpu()) return false;
   std::lock_guard<runtime::FusionMutex> lock(fusion.mutex());
+  // From the host into a whole tensor that holds nothing yet (model.to("tpu"),
+  // a batch's x.to("tpu")): an upload now (the caller's), not a step of the
+  // graph, so the graph reads the tensor as an input, as later steps do.
+  // Recorded, the first step's graph also computed each parameter and batch
+  // as a result: a program no later step runs (the GPT's forward compiled
+  // twice in its first two steps) and copies of the inputs every step.
+  if (!same && !fusion.wholeGraph() && dst.numel() > 0 && src.numel() == dst.numel() && dst.storage_offset() == 0 &&
+      dst.is_contiguous()) {
+    const runtime::DeviceArray& a = arrayOf(dst);
+    if (!a.lazy() && !a.materialized() && a.nbytes() == static_cast<size_t>(dst.numel()) * dst.element_size())
+      return false;
+  }
   auto& graph = fusion.graph(dst.device().index());
   ir::Builder& b = graph.builder();
   ir::DType dd = toIr(dst.scalar_type());

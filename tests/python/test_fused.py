@@ -263,3 +263,34 @@ def test_recompile_reasons_name_the_difference(tmp_path):
     fused = [l for l in lines if "fused graph" in l]
     assert len(fused) == 2  # the repeated n=3 graph is cached
     assert "differs from the last compiled graph" in fused[1] and "t6,4,4" in fused[1]
+
+
+def test_first_step_graphs_are_the_later_steps_graphs(fused):
+    # What a first step makes from the host's values is uploaded, not recorded, in fused eager, so
+    # its graphs read those tensors as inputs, as every later step does, and the second step runs
+    # the first step's programs: AdamW's states (zeros_like: a small fill of a tensor that holds
+    # nothing yet), and the model's and the batch's .to("tpu") (a copy from the host into such a
+    # tensor). Recorded, the states were constants of a first update program of its own, and the
+    # first forward also computed every parameter and the batch: the second step compiled both again.
+    def run(mode):
+        with torch_tpu.mode(mode):
+            torch.manual_seed(0)
+            model = torch.nn.Sequential(torch.nn.Linear(13, 11), torch.nn.Tanh(), torch.nn.Linear(11, 5)).to("tpu")
+            opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+            x = torch.randn(7, 13).to("tpu")
+            built = []
+            for _ in range(3):
+                loss = model(x).square().mean()
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                opt.step()
+                loss.item()
+                m = torch_tpu.metrics()
+                built.append(m["compiles"] + m["disk_hits"])  # programs this process had not built
+            return [p.detach().cpu() for p in model.parameters()], built
+
+    want, _ = run("strict")
+    got, built = run("fused")
+    assert built[1] == built[0] and built[2] == built[1], f"later steps built new programs: {built}"
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-6)
