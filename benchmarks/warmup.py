@@ -116,7 +116,8 @@ def worker(args) -> dict:
 
     return {"import_s": t_import, "lazy_imports_s": t_lazy, "build": diff(start, marks[0]),
             "steps": [diff(a, b) for a, b in zip(marks, marks[1:])], "total": diff(start, marks[-1]),
-            "compiles_by_op": torch_tpu.metrics().get("compiles_by_op", {})}
+            "compiles_by_op": torch_tpu.metrics().get("compiles_by_op", {}),
+            "compile_reasons": list(torch_tpu.metrics().get("recompile_reasons", []))}
 
 
 def run(tree: str, mode: str, variant: str, timer: str | None, args) -> dict:
@@ -162,7 +163,26 @@ def summarize(plain: list, timed: list) -> dict:
         "compiles_per_step": [s["compiles"] for s in t["steps"]],
         "top_compiles": sorted(t["compiles_by_op"].items(), key=lambda kv: -kv[1])[:8],
         "compile_log": t["compile_log"],
+        "by_op": by_op(t),
     }
+
+
+def by_op(t: dict) -> list:
+    """XLA seconds and program text per op (what compiled: "aten::mm", "fused graph", ...), largest
+    first, from the timed run: the runtime notes each compile's op in order (its recompile reasons),
+    the timer plugin each compile's seconds and size in the same order. Empty where the two do not
+    pair up (a build without the reasons, or more than the 200 it keeps)."""
+    reasons, log = t.get("compile_reasons", []), t["compile_log"]
+    if not reasons or len(reasons) != len(log):
+        return []
+    out = {}
+    for reason, (ns, size) in zip(reasons, log):
+        op = reason.split(": ", 1)[0]
+        r = out.setdefault(op, {"op": op, "compiles": 0, "xla_s": 0.0, "bytes": 0})
+        r["compiles"] += 1
+        r["xla_s"] += ns / 1e9
+        r["bytes"] += size
+    return sorted(out.values(), key=lambda r: -r["xla_s"])
 
 
 def main(argv=None):
@@ -225,6 +245,22 @@ def table(out: dict) -> list:
         lines.append(f"| {name} | {s['seconds']:.2f} | {steps} | {s['compiles']} | {s['xla_compile_s']:.2f} | {text} | "
                      f"{s['launches']} | {s['host_s']:.2f} | "
                      f"{', '.join(f'{v:.2f}' for v in s['runs'])} |")
+    return lines
+
+
+def breakdown(out: dict, top: int = 8) -> list:
+    """Markdown lines: per build and mode, compiles per step and where the XLA seconds went by op."""
+    lines = []
+    for name, s in out["summary"].items():
+        per_step = ", ".join(str(c) for c in s["compiles_per_step"])
+        ops = s.get("by_op") or []
+        if ops:
+            parts = [f"{r['op']} {r['compiles']} ({r['xla_s']:.2f} s, {r['bytes'] / 1e3:.0f} KB)" for r in ops[:top]]
+            more = sum(r["xla_s"] for r in ops[top:])
+            what = "; ".join(parts) + (f"; the rest {more:.2f} s" if ops[top:] else "")
+        else:
+            what = ", ".join(f"{op} {n}" for op, n in s["top_compiles"]) + " (compiles by op; no seconds per op)"
+        lines.append(f"- {name}: compiles per step {per_step}; {what}")
     return lines
 
 
