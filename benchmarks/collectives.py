@@ -20,8 +20,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from common import (busbw_factors, collective_args, median_ratio_line, message_sizes, provenance,  # noqa: E402
-                    provenance_lines, write_markdown)
+from common import busbw_factors, collective_args, message_sizes, write_collective_report  # noqa: E402
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
@@ -85,19 +84,16 @@ def main(argv=None):
                       f"tpu_dist {row['tpu'][0]:9.1f} us {row['tpu'][2]:6.2f} GB/s busbw   time x{row['ratio']:.2f}",
                       flush=True)
     if rank == 0 and args.markdown:
-        prov = provenance()
-        lines = ["# Collective bandwidth: tpu_dist (staged through the host) and gloo", "",
-                 "Written by `benchmarks/collectives.py` (2 processes, this machine); NCCL-tests"
-                 " conventions: algbw = bytes / time, busbw = algbw x 2(n-1)/n (all_reduce) or"
-                 " (n-1)/n. `time x` is tpu_dist's time over gloo's on the same sizes, in one run.", "",
-                 *provenance_lines(prov), "",
-                 "| op | bytes | gloo (us) | gloo busbw (GB/s) | tpu_dist (us) | tpu_dist busbw (GB/s) | time x |",
-                 "|---|---:|---:|---:|---:|---:|---:|"]
-        for r in rows:
-            lines.append(f"| {r['op']} | {r['bytes']} | {r['cpu'][0]:.1f} | {r['cpu'][2]:.3f} | {r['tpu'][0]:.1f} | "
-                         f"{r['tpu'][2]:.3f} | {r['ratio']:.2f} |")
-        lines += ["", median_ratio_line("tpu_dist / gloo", [r["ratio"] for r in rows])]
-        write_markdown(args.markdown, lines)
+        write_collective_report(
+            args.markdown,
+            ["# Collective bandwidth: tpu_dist (staged through the host) and gloo", "",
+             "Written by `benchmarks/collectives.py` (2 processes, this machine); NCCL-tests"
+             " conventions: algbw = bytes / time, busbw = algbw x 2(n-1)/n (all_reduce) or"
+             " (n-1)/n. `time x` is tpu_dist's time over gloo's on the same sizes, in one run."],
+            ["| op | bytes | gloo (us) | gloo busbw (GB/s) | tpu_dist (us) | tpu_dist busbw (GB/s) | time x |",
+             "|---|---:|---:|---:|---:|---:|---:|"], rows,
+            lambda r: (f"| {r['op']} | {r['bytes']} | {r['cpu'][0]:.1f} | {r['cpu'][2]:.3f} | {r['tpu'][0]:.1f} | "
+                       f"{r['tpu'][2]:.3f} | {r['ratio']:.2f} |"), "tpu_dist / gloo")
     dist.destroy_process_group()
 
 

@@ -23,8 +23,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from common import (busbw_factors, collective_args, median_ratio_line, message_sizes, provenance,  # noqa: E402
-                    provenance_lines, write_markdown)
+from common import busbw_factors, collective_args, message_sizes, write_collective_report  # noqa: E402
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
@@ -121,22 +120,20 @@ def main(argv=None):
             print(f"{op:15s} {nbytes:>9d} B  gloo {row['gloo'][0]:9.1f} us  xla ranks {row['xla'][0]:9.1f} us  "
                   f"one launch {row['launch'][0]:9.1f} us  xla/gloo x{row['ratio']:.2f}", flush=True)
     if args.markdown:
-        prov = provenance()
-        lines = ["# Collective bandwidth: tpu_dist's XLA transport over 4 devices of one process", "",
-                 "Written by `benchmarks/collectives_xla.py` (`TORCH_TPU_CPU_DEVICES=4`, this machine). gloo and"
-                 " the XLA transport each run 4 ranks as threads of one process (gloo on CPU tensors, XLA one"
-                 " device per rank); `one launch` is the same program launched once over the 4 devices from"
-                 " one thread (torch.tpu.comm). busbw = algbw x 2(n-1)/n (all_reduce) or (n-1)/n."
-                 " `xla / gloo` is the XLA ranks' time over gloo's, in one run.", "",
-                 *provenance_lines(prov), "",
-                 "| op | bytes | gloo (us) | gloo busbw (GB/s) | XLA ranks (us) | XLA busbw (GB/s) | one launch (us) |"
-                 " one launch busbw (GB/s) | xla / gloo |",
-                 "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
-        for r in rows:
-            lines.append(f"| {r['op']} | {r['bytes']} | {r['gloo'][0]:.1f} | {r['gloo'][1]:.3f} | {r['xla'][0]:.1f} | "
-                         f"{r['xla'][1]:.3f} | {r['launch'][0]:.1f} | {r['launch'][1]:.3f} | {r['ratio']:.2f} |")
-        lines += ["", median_ratio_line("XLA ranks / gloo", [r["ratio"] for r in rows])]
-        write_markdown(args.markdown, lines)
+        write_collective_report(
+            args.markdown,
+            ["# Collective bandwidth: tpu_dist's XLA transport over 4 devices of one process", "",
+             "Written by `benchmarks/collectives_xla.py` (`TORCH_TPU_CPU_DEVICES=4`, this machine). gloo and"
+             " the XLA transport each run 4 ranks as threads of one process (gloo on CPU tensors, XLA one"
+             " device per rank); `one launch` is the same program launched once over the 4 devices from"
+             " one thread (torch.tpu.comm). busbw = algbw x 2(n-1)/n (all_reduce) or (n-1)/n."
+             " `xla / gloo` is the XLA ranks' time over gloo's, in one run."],
+            ["| op | bytes | gloo (us) | gloo busbw (GB/s) | XLA ranks (us) | XLA busbw (GB/s) | one launch (us) |"
+             " one launch busbw (GB/s) | xla / gloo |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|"], rows,
+            lambda r: (f"| {r['op']} | {r['bytes']} | {r['gloo'][0]:.1f} | {r['gloo'][1]:.3f} | {r['xla'][0]:.1f} | "
+                       f"{r['xla'][1]:.3f} | {r['launch'][0]:.1f} | {r['launch'][1]:.3f} | {r['ratio']:.2f} |"),
+            "XLA ranks / gloo")
 
 
 if __name__ == "__main__":

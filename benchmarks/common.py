@@ -150,6 +150,14 @@ def busbw_factors(n: int) -> dict:
     return {"all_reduce": 2 * (n - 1) / n, "all_gather": (n - 1) / n, "reduce_scatter": (n - 1) / n}
 
 
+def write_collective_report(path, intro: list, header: list, rows: list, row_line, ratio_label: str) -> None:
+    """A collective benchmark's markdown: intro, provenance, the table (header lines, then
+    row_line(row) per row), and the median of the rows' 'ratio'."""
+    lines = [*intro, "", *provenance_lines(provenance()), "", *header, *(row_line(r) for r in rows), "",
+             median_ratio_line(ratio_label, [r["ratio"] for r in rows])]
+    write_markdown(path, lines)
+
+
 def median_ratio_line(label: str, ratios: list) -> str:
     return (f"Median time ratio {label}: {statistics.median(ratios):.2f}x "
             f"(range {min(ratios):.2f}-{max(ratios):.2f}x).")

@@ -75,6 +75,47 @@ def build_timer(out_dir: str) -> str:
 
 # ---------------------------------------------------------------- the worker (one process, one build)
 
+def timer_plugin():
+    """The PJRT timer plugin this process runs (TORCH_TPU_PLUGIN is benchmarks/pjrt_timer.c's build)."""
+    return ctypes.CDLL(os.environ["TORCH_TPU_PLUGIN"])
+
+
+def pjrt_stats_reader(timer=None):
+    """A function returning the timer plugin's counters as {STATS name: value}."""
+    timer = timer or timer_plugin()
+    buf = (ctypes.c_int64 * len(STATS))()
+
+    def read() -> dict:
+        timer.pjrt_timer_stats(buf)
+        return dict(zip(STATS, buf))
+
+    return read
+
+
+def dispatch_stat_names():
+    """The dispatcher's counter names, or None for a build without them (0cc1e88's)."""
+    import torch
+
+    try:
+        return list(torch.ops.tpu._dispatch_stat_names())
+    except (AttributeError, RuntimeError):
+        return None
+
+
+def report(out: dict, lines: list, args) -> dict:
+    """Adds the provenance, prints the table's lines and writes --json."""
+    sys.path.insert(0, HERE)
+    from common import provenance  # imports torch_tpu from this tree: the runner's own
+
+    out["provenance"] = provenance()
+    for line in lines(out):
+        print(line)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(out, f, indent=1)
+    return out
+
+
 def worker(args) -> dict:
     import torch
 
@@ -84,17 +125,9 @@ def worker(args) -> dict:
     assert os.path.realpath(torch_tpu.__file__).startswith(tree + os.sep), (torch_tpu.__file__, tree)
     import op_overhead  # after torch_tpu: its helpers import torch_tpu again, from this tree
 
-    timer = ctypes.CDLL(os.environ["TORCH_TPU_PLUGIN"])
-    buf = (ctypes.c_int64 * len(STATS))()
-
-    def pjrt():
-        timer.pjrt_timer_stats(buf)
-        return dict(zip(STATS, buf))
-
-    try:
-        names = list(torch.ops.tpu._dispatch_stat_names())
-    except (AttributeError, RuntimeError):
-        names = None
+    timer = timer_plugin()
+    pjrt = pjrt_stats_reader(timer)
+    names = dispatch_stat_names()
 
     def dstats():
         return dict(zip(names, torch.ops.tpu._dispatch_stats())) if names else {}
@@ -362,16 +395,7 @@ def main(argv=None):
     out = {"sides": {s: os.path.abspath(t) for s, t in sides.items()}, "rounds": args.rounds, "inner": args.inner,
            "iters": args.iters, "size": args.size, "modes": args.modes.split(","), "summary": summary,
            "paired": paired}
-    sys.path.insert(0, HERE)
-    from common import provenance  # imports torch_tpu from this tree: the runner's own
-
-    out["provenance"] = provenance()
-    for line in table(out):
-        print(line)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(out, f, indent=1)
-    return out
+    return report(out, table, args)
 
 
 def finish_callgrind(sides: dict, procs: dict, args) -> dict:
@@ -385,16 +409,7 @@ def finish_callgrind(sides: dict, procs: dict, args) -> dict:
             counts[side][label]["spread"] = (max(host) - min(host)) / counts[side][label]["host_instr"]
     out = {"sides": {s: os.path.abspath(t) for s, t in sides.items()}, "rounds": args.rounds, "iters": args.iters,
            "size": args.size, "modes": args.modes.split(","), "instructions": counts}
-    sys.path.insert(0, HERE)
-    from common import provenance
-
-    out["provenance"] = provenance()
-    for line in callgrind_table(out):
-        print(line)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(out, f, indent=1)
-    return out
+    return report(out, callgrind_table, args)
 
 
 def callgrind_table(out: dict) -> list:

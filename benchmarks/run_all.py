@@ -47,6 +47,14 @@ def serving_section() -> list[str]:
     return [SERVING, "", body, "", "How the plugin works and what limits it: [serving.md](serving.md).", ""]
 
 
+def section_head(title: str, only: str, prov: dict | None) -> list[str]:
+    """A section's title, and its own provenance when it is rerun alone (--only)."""
+    lines = [title, ""]
+    if prov:
+        lines += [f"Rerun alone (`run_all.py --only {only}`):", "", *provenance_lines(prov), ""]
+    return lines
+
+
 FUSED = "## Fused eager against strict eager"
 
 
@@ -54,9 +62,7 @@ def fused_section(prov: dict | None = None) -> list[str]:
     """benchmarks/fused_vs_strict.py as a section; `prov`: this section's own
     provenance, when it is rerun alone (--only fused)."""
     fv = fused_vs_strict.main([])
-    lines = [FUSED, ""]
-    if prov:
-        lines += ["Rerun alone (`run_all.py --only fused`):", "", *provenance_lines(prov), ""]
+    lines = section_head(FUSED, "fused", prov)
     lines += [
         "Same programs, same process: each case built and warmed up in both modes, then timed in turns,",
         f"{fv['rounds']} rounds (throughput of the median round; higher is better). fused / strict: the ratio of",
@@ -106,9 +112,7 @@ def host_section(before: list[str] | None = None, prov: dict | None = None) -> l
     last = list(t["summary"])[-1]
     now = {**t, "summary": {last: t["summary"][last]}}  # this build alone: its split
     cg = host_cost.main(["--callgrind", "--rounds", "1", *sides])
-    lines = [HOST, ""]
-    if prov:
-        lines += ["Rerun alone (`run_all.py --only host`):", "", *provenance_lines(prov), ""]
+    lines = section_head(HOST, "host", prov)
     lines += [
         f"The ops of the per-op table ({t['size']}x{t['size']} float32), strict and fused eager. Host time is what the",
         "calling thread spends outside PJRT: the runtime loads benchmarks/pjrt_timer.c, a PJRT plugin that wraps the",
@@ -153,9 +157,7 @@ WARMUP = "## Cold warm-up: the GPT's first steps"
 
 def warmup_section(before: list[str] | None = None, prov: dict | None = None) -> list[str]:
     w = warmup.main(["--rounds", "3", *side_args(before)])
-    lines = [WARMUP, ""]
-    if prov:
-        lines += ["Rerun alone (`run_all.py --only warmup`):", "", *provenance_lines(prov), ""]
+    lines = section_head(WARMUP, "warmup", prov)
     lines += [
         "`benchmarks/warmup.py`: a fresh process, an empty `TORCH_TPU_CACHE_DIR`, the GPT's first",
         f"{w['steps']} training steps (fused_vs_strict.py's GPT and step, the loss read each step), strict and fused",

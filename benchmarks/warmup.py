@@ -54,22 +54,12 @@ def worker(args) -> dict:
     import torch._inductor  # noqa: F401
 
     t_lazy = time.perf_counter() - t0
-    timer = None
-    if args.timed:
-        import ctypes
+    from host_cost import dispatch_stat_names, pjrt_stats_reader, timer_plugin
 
-        from host_cost import STATS
-
-        timer = ctypes.CDLL(os.environ["TORCH_TPU_PLUGIN"])
-        buf = (ctypes.c_int64 * len(STATS))()
-
-        def pjrt():
-            timer.pjrt_timer_stats(buf)
-            return dict(zip(STATS, buf))
-    try:
-        names = list(torch.ops.tpu._dispatch_stat_names())
-    except (AttributeError, RuntimeError):
-        names = None
+    timer = timer_plugin() if args.timed else None
+    if timer:
+        pjrt = pjrt_stats_reader(timer)
+    names = dispatch_stat_names()
 
     def snapshot():
         m = torch_tpu.metrics()
