@@ -323,8 +323,11 @@ def test_a_kernel_that_fails_to_lower():
 
 
 def test_kernel_names_and_attributes():
+    # A name of its own: with the suite spread over worker processes, another test's kernel may
+    # not have been registered in this one.
+    kernels.jax_op(lambda x: x + 1, name="test_taken")
     with pytest.raises(ValueError, match="exists already"):
-        kernels.Kernel("test_rejected")
+        kernels.Kernel("test_taken")
     with pytest.raises(ValueError, match="not a valid op name"):
         kernels.Kernel("has space")
     op = kernels.jax_op(lambda x, scale=1.0: x * scale, name="test_attrs")
