@@ -102,8 +102,8 @@ def dispatch_stat_names():
         return None
 
 
-def report(out: dict, lines: list, args) -> dict:
-    """Adds the provenance, prints the table's lines and writes --json."""
+def report(out: dict, lines, args) -> dict:
+    """Adds the provenance, prints lines(out) (a table's lines) and writes --json."""
     sys.path.insert(0, HERE)
     from common import provenance  # imports torch_tpu from this tree: the runner's own
 

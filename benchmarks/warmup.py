@@ -212,16 +212,11 @@ def main(argv=None):
                         print(f"round {r + 1} {s} {m} {v} done", flush=True)
     summary = {f"{s}, {m}" + ("" if v == "default" else f", {v}"): summarize(r["plain"], r["timed"])
                for (s, m, v), r in runs.items()}
-    from common import provenance
+    from host_cost import report
 
     out = {"sides": {s: os.path.abspath(t) for s, t in sides.items()}, "steps": args.steps, "rounds": args.rounds,
-           "summary": summary, "provenance": provenance()}
-    for line in table(out):
-        print(line)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(out, f, indent=1)
-    return out
+           "summary": summary}
+    return report(out, table, args)
 
 
 def table(out: dict) -> list:
