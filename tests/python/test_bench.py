@@ -102,18 +102,27 @@ def test_compare_merges_two_runs(sweep, tmp_path):
     assert (tmp_path / "cmp" / "throughput.png").read_bytes().startswith(PNG)
 
 
-def test_bad_input(tmp_path):
-    r = cli("--model", str(tmp_path / "no_such_model"))
-    assert r.returncode == 2 and "no such folder" in r.stderr
-    r = cli("--devices", "cuda")
-    assert r.returncode == 2 and "'cuda' is not present" in r.stderr
+def test_bad_input(tmp_path, capsys):
+    from torch_tpu import bench
+
+    def refused(*args):  # in this process: argument errors end before any worker starts
+        try:
+            rc = bench.main(["--no-progress", *args])
+        except SystemExit as e:
+            rc = e.code
+        return rc, capsys.readouterr().err
+
+    rc, err = refused("--model", str(tmp_path / "no_such_model"))
+    assert rc == 2 and "no such folder" in err
+    rc, err = refused("--devices", "cuda")
+    assert rc == 2 and "'cuda' is not present" in err
     prices = tmp_path / "prices.json"
     prices.write_text("{tpu: 1.2")
-    r = cli("--price", str(prices))
-    assert r.returncode == 2 and "prices file" in r.stderr
-    assert cli("--price", "tpu=cheap").returncode == 2
-    assert cli("--task", "train", "--optimizer", "lion").returncode == 2
-    assert cli("--compare", str(prices)).returncode == 2
+    rc, err = refused("--price", str(prices))
+    assert rc == 2 and "prices file" in err
+    assert refused("--price", "tpu=cheap")[0] == 2
+    assert refused("--task", "train", "--optimizer", "lion")[0] == 2
+    assert refused("--compare", str(prices))[0] == 2
     # A workload that fails in the worker: the row says why, the results are still written.
     r = cli("--model", "hf:no_such_architecture", "--devices", "cpu", "--modes", "strict", "--rounds", "1",
             "--out", str(tmp_path / "partial"))

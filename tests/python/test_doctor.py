@@ -74,6 +74,7 @@ def test_padding_estimate():
     assert doctor.scan_source("import torch.nn as nn\nnn.Linear(4096, 11008)\nnn.Linear(16, 16)\n") == []
 
 
+@pytest.mark.slow  # five fresh interpreters; the gate keeps the rewrites' text checks above
 def test_fix_rewrites_run_and_give_the_same_results(tmp_path):
     work = tmp_path / "code"
     shutil.copytree(FIXTURE, work)
@@ -188,6 +189,7 @@ def test_run_bad_input(tmp_path):
     assert r.returncode == 2 and "needs a script" in r.stderr
 
 
+@pytest.mark.slow  # Dynamo's first compile in a fresh interpreter; the gate keeps --run's report
 def test_run_reports_graph_breaks(tmp_path):
     script = tmp_path / "compiled.py"
     script.write_text("import torch\n"

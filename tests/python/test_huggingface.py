@@ -114,7 +114,7 @@ def test_generate_greedy_matches_cpu(name, _no_fallback):
     assert got.cpu().tolist() == expected.tolist()
 
 
-@pytest.mark.parametrize("num_beams", [1, 3])
+@pytest.mark.parametrize("num_beams", [1, pytest.param(3, marks=pytest.mark.slow)])
 def test_generate_left_padded_matches_cpu(num_beams, _no_fallback):
     cpu = _llama().eval()
     tpu = copy.deepcopy(cpu).to("tpu")
