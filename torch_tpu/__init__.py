@@ -91,6 +91,10 @@ from . import _patches  # noqa: E402
 
 _patches.install()
 
+from . import _dlpack  # noqa: E402
+
+_dlpack.install()  # tpu tensors report their DLPack device (kDLExtDev)
+
 from . import _accelerate  # noqa: E402
 
 _accelerate.install()  # Accelerate (and the transformers Trainer) picks the tpu device

@@ -256,8 +256,63 @@ TpuAllocator g_allocator;
 
 c10::Allocator* allocator() { return &g_allocator; }
 
+// ---------------------------------------------------------------- DLPack
+
+namespace {
+// Tensors exported through DLPack, by the address the capsule carries (the
+// tensor's data_ptr: its array's address plus its offset): torch.from_dlpack
+// makes a tpu tensor over that address with the capsule as owner, and
+// adoptExported turns it back into a view of the exporter's storage. Weak: an
+// entry keeps nothing alive (the capsule does); dead entries are pruned.
+std::mutex g_exported_mu;
+std::unordered_map<const void*, c10::weak_intrusive_ptr<c10::StorageImpl>> g_exported;
+
+c10::intrusive_ptr<c10::StorageImpl> exportedStorage(const void* p) {
+  std::lock_guard<std::mutex> g(g_exported_mu);
+  auto it = g_exported.find(p);
+  return it == g_exported.end() ? c10::intrusive_ptr<c10::StorageImpl>() : it->second.lock();
+}
+
+// The array behind a storage, or null for a zero-byte storage without one.
+// Memory torch_tpu did not allocate is an error, never a read through a
+// pointer that is not an array; a storage over an exported tensor's address
+// at offset 0 is that tensor's array.
+runtime::DeviceArray* arrayOfStorage(const c10::StorageImpl& s) {
+  const c10::DataPtr& dp = s.data_ptr();
+  if (dp.get_deleter() == &deleteArray) return static_cast<runtime::DeviceArray*>(dp.get_context());
+  if (s.nbytes() == 0) return nullptr;  // nothing to read: arrayOf gives it an array of its own
+  if (auto src = exportedStorage(dp.get()); src && src->data() == dp.get()) return arrayOfStorage(*src);
+  TORCH_CHECK(false, "torch_tpu: this tpu tensor's memory was not allocated by torch_tpu (from_blob on a tpu ",
+              "device, or a DLPack capsule that torch.from_dlpack did not take in); only tpu tensors made by ",
+              "torch_tpu, or shared from one through torch.from_dlpack, can be read or written");
+}
+}  // namespace
+
+void noteExported(const at::Tensor& t) {
+  if (t.numel() == 0) return;
+  std::lock_guard<std::mutex> g(g_exported_mu);
+  if (g_exported.size() >= 64) {
+    for (auto it = g_exported.begin(); it != g_exported.end();) it = it->second.expired() ? g_exported.erase(it) : ++it;
+  }
+  g_exported.insert_or_assign(t.data_ptr(), t.storage().getWeakStorageImpl());
+}
+
+at::Tensor adoptExported(const at::Tensor& t) {
+  if (t.device().type() != kTpu || t.numel() == 0 || t.storage().data_ptr().get_deleter() == allocator()->raw_deleter())
+    return t;
+  const char* p = static_cast<const char*>(t.storage().data_ptr().get());
+  auto src = exportedStorage(p);
+  if (!src) return t;  // reading it raises arrayOfStorage's error
+  const auto item = static_cast<int64_t>(t.dtype().itemsize());
+  const int64_t bytes = p - static_cast<const char*>(src->data());
+  if (bytes % item != 0) return t;
+  at::Tensor out = at::empty({0}, t.options());
+  out.set_(c10::Storage(std::move(src)), bytes / item + t.storage_offset(), t.sizes(), t.strides());
+  return out;
+}
+
 runtime::DeviceArray& arrayOf(const at::Tensor& t) {
-  void* p = t.storage().data_ptr().get_context();
+  void* p = arrayOfStorage(*t.storage().unsafeGetStorageImpl());
   TORCH_CHECK(p != nullptr || t.storage().nbytes() == 0, "torch_tpu: tensor has no device storage");
   if (!p) {
     // A zero-byte storage created outside the allocator: give it one.
@@ -420,7 +475,7 @@ void copyInto(const at::Tensor& dst, const at::Tensor& src) {
 void resizeStorageBytes(c10::StorageImpl* storage, size_t nbytes) {
   size_t old = storage->nbytes();
   if (nbytes == old) return;
-  auto* old_arr = static_cast<runtime::DeviceArray*>(storage->data_ptr().get_context());
+  runtime::DeviceArray* old_arr = arrayOfStorage(*storage);
   if (old_arr) runtime::flushIfLazy(*old_arr);
   c10::DeviceIndex dev = storage->device().index();
   c10::DeviceIndex prev = t_current;

@@ -27,6 +27,11 @@ c10::DeviceIndex currentDevice();
 void checkDeviceIndex(c10::DeviceIndex d);
 
 runtime::DeviceArray& arrayOf(const at::Tensor& t);
+// DLPack: note a tpu tensor a capsule is made of; a tensor torch.from_dlpack
+// made over such a capsule's address, as a view of the exporter's storage (any
+// other tensor as it is).
+void noteExported(const at::Tensor& t);
+at::Tensor adoptExported(const at::Tensor& t);
 runtime::ViewGeometry geometryOf(const at::Tensor& t);
 // The tensor's elements as a flat dense buffer.
 runtime::BufferPtr readTensor(const at::Tensor& t);

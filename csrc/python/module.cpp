@@ -115,6 +115,8 @@ PYBIND11_MODULE(_C, m) {
       return e.what();
     }
   });
+  m.def("_dlpack_note", [](const at::Tensor& t) { aten::noteExported(t); });
+  m.def("_dlpack_adopt", [](const at::Tensor& t) { return aten::adoptExported(t); });
   m.def("_platform", []() { return rt().client().platformName(); });
   m.def("_platform_version", []() { return rt().client().platformVersion(); });
   m.def("_plugin_path", []() { return rt().pluginPath(); });
