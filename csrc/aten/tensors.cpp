@@ -5,6 +5,8 @@
 #include <ATen/InferSize.h>
 #include <ATen/MemoryOverlap.h>
 #include <ATen/native/Resize.h>
+#include <ATen/native/ResizeCommon.h>
+#include <ATen/native/TensorFactories.h>
 #include <ATen/ops/_reshape_alias_native.h>
 #include <ATen/ops/as_strided_native.h>
 #include <ATen/ops/unfold_native.h>
@@ -30,6 +32,18 @@ void checkDtype(at::ScalarType t) {
                    "int16, int8, uint8, bool).");
 }
 
+bool fillsNewMemory() {
+  return at::globalContext().deterministicAlgorithms() && at::globalContext().deterministicFillUninitializedMemory();
+}
+
+// torch.use_deterministic_algorithms(True) fills new memory with NaN (or the
+// integer maximum), as on the CPU and CUDA, so that a read of memory nobody
+// wrote gives the same value every run; tpu memory otherwise reads as zeros.
+at::Tensor& fillIfDeterministic(at::Tensor& t) {
+  if (C10_UNLIKELY(fillsNewMemory()) && t.numel() > 0) at::native::fill_empty_deterministic_(t);
+  return t;
+}
+
 at::Tensor empty_memory_format(at::IntArrayRef size, std::optional<at::ScalarType> dtype,
                                std::optional<at::Layout> layout, std::optional<at::Device> device,
                                std::optional<bool> pin_memory, std::optional<at::MemoryFormat> memory_format) {
@@ -38,8 +52,9 @@ at::Tensor empty_memory_format(at::IntArrayRef size, std::optional<at::ScalarTyp
   TORCH_CHECK(!layout || *layout == at::kStrided, "torch_tpu: only strided tensors are supported on tpu");
   c10::DeviceIndex d = deviceIndexOf(device);
   c10::DeviceGuard g(c10::Device(kTpu, d));
-  return at::detail::empty_generic(size, allocator(), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), dt,
-                                   memory_format);
+  at::Tensor t = at::detail::empty_generic(size, allocator(), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), dt,
+                                           memory_format);
+  return fillIfDeterministic(t);
 }
 
 at::Tensor empty_strided(at::IntArrayRef size, at::IntArrayRef stride, std::optional<at::ScalarType> dtype,
@@ -49,8 +64,9 @@ at::Tensor empty_strided(at::IntArrayRef size, at::IntArrayRef stride, std::opti
   checkDtype(dt);
   c10::DeviceIndex d = deviceIndexOf(device);
   c10::DeviceGuard g(c10::Device(kTpu, d));
-  return at::detail::empty_strided_generic(size, stride, allocator(),
-                                           c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), dt);
+  at::Tensor t = at::detail::empty_strided_generic(size, stride, allocator(),
+                                                   c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), dt);
+  return fillIfDeterministic(t);
 }
 
 const at::Tensor& resize_(const at::Tensor& self, c10::SymIntArrayRef size,
@@ -63,8 +79,11 @@ const at::Tensor& resize_(const at::Tensor& self, c10::SymIntArrayRef size,
   if (memory_format && *memory_format != at::MemoryFormat::Preserve) impl->empty_tensor_restride(*memory_format);
   int64_t needed =
       at::detail::computeStorageNbytes(self.sizes(), self.strides(), self.dtype().itemsize(), self.storage_offset());
-  if (needed > static_cast<int64_t>(self.storage().nbytes()))
+  const auto old_bytes = static_cast<int64_t>(self.storage().nbytes());
+  if (needed > old_bytes) {
     resizeStorageBytes(self.storage().unsafeGetStorageImpl(), needed);
+    if (C10_UNLIKELY(fillsNewMemory())) at::native::fill_resize_deterministic_(self, old_bytes);
+  }
   return self;
 }
 

@@ -337,6 +337,13 @@ std::string signature(const c10::OperatorHandle& op, const std::vector<IValue>& 
       k += ';';
     }
   }
+  // Process state that changes what an op returns without being one of its
+  // arguments: the default dtype (the result type of an integer division or
+  // of a factory without a dtype). A program cached under one default must not
+  // serve another.
+  k += 'G';
+  k += static_cast<char>('a' + static_cast<int>(c10::typeMetaToScalarType(c10::get_default_dtype())));
+  k += ';';
   return k;
 }
 
