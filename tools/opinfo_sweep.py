@@ -84,7 +84,7 @@ def variant_name(op) -> str:
 
 
 def unit_key(variant: str, dtype: str, kind: str) -> str:
-    return f"{variant}|{'grad' if kind == 'grad' else dtype}"
+    return f"{variant}|{kind if kind in ('grad', 'special') else dtype}"
 
 
 # --------------------------------------------------------------------------------------
@@ -329,12 +329,36 @@ def _seed(seed=0):
         pass
 
 
-def _samples(op, dtype, requires_grad, max_samples):
+def _samples(op, dtype, requires_grad, max_samples, special=False):
     import itertools
 
     _seed(0)
-    return list(itertools.islice(op.sample_inputs("cpu", dtype, requires_grad=requires_grad),
-                                 max_samples))
+    samples = list(itertools.islice(op.sample_inputs("cpu", dtype, requires_grad=requires_grad),
+                                    max_samples))
+    if special:
+        for sample in samples:
+            for t in _tensors((sample.input, sample.args, sample.kwargs)):
+                _plant_special_values(t)
+    return samples
+
+
+SPECIAL_VALUES = (float("nan"), float("inf"), float("-inf"))
+
+
+def _plant_special_values(t) -> None:
+    """NaN, +inf and -inf at every 7th element of a floating tensor, in place (the NaN/inf walk:
+    ``--special``): clamps, min/max, compares, selects and reductions must treat them as the CPU
+    does."""
+    import torch
+
+    if not (t.is_floating_point() or t.is_complex()) or t.numel() == 0 or t.requires_grad:
+        return
+    flat = t.view(-1) if t.is_contiguous() else None
+    if flat is None:
+        return
+    with torch.no_grad():
+        for k, i in enumerate(range(0, flat.numel(), 7)):
+            flat[i] = SPECIAL_VALUES[k % 3]
 
 
 def _aggregate(outcomes, status_prefix, fallbacks):
@@ -408,13 +432,13 @@ def _tie_equivalent(variant, sample, ref, out):
         return False
 
 
-def run_forward(op, dtype_name, max_samples, meta_only, strict_check, send_progress):
+def run_forward(op, dtype_name, max_samples, meta_only, strict_check, send_progress, special=False):
     import torch
     import torch_tpu
 
     dtype = getattr(torch, dtype_name)
     variant = variant_name(op)
-    samples = _samples(op, dtype, False, max_samples)
+    samples = _samples(op, dtype, False, max_samples, special)
     if not samples:
         return {"status": "skip", "message": "no sample inputs", "samples": {}}
     keeps = _cpu_positions(op, dtype, False, samples)
@@ -647,7 +671,7 @@ def worker_main(fd_out: int) -> None:
                 result = run_grad(op, unit["max_samples"], meta_only, progress)
             else:
                 result = run_forward(op, unit["dtype"], unit["max_samples"], meta_only,
-                                     partial, progress)
+                                     partial, progress, special=unit["kind"] == "special")
         except Exception as e:  # noqa: BLE001  (e.g. sample_inputs itself failed)
             prefix = "grad_" if unit["kind"] == "grad" else ""
             result = {"status": prefix + "skip", "message": "harness: " + _first_line(e),
@@ -673,8 +697,9 @@ def load_op_db():
 
 
 def enumerate_units(op_db, ops=None, dtypes=DTYPE_NAMES, shard=(0, 1), grad=True,
-                    max_samples=8):
-    """Units in op_db order: dicts with variant, dtype, kind ("fwd" or "grad")."""
+                    max_samples=8, special=False):
+    """Units in op_db order: dicts with variant, dtype, kind ("fwd" or "grad"; with `special`,
+    "special" alone: float32 samples with NaN and infinities planted)."""
     import torch
 
     variants = []
@@ -689,6 +714,10 @@ def enumerate_units(op_db, ops=None, dtypes=DTYPE_NAMES, shard=(0, 1), grad=True
         if idx % n != i:
             continue
         supported = op.supported_dtypes("cpu")
+        if special:
+            if torch.float32 in supported:
+                units.append({"variant": v, "dtype": "float32", "kind": "special", "max_samples": max_samples})
+            continue
         for d in dtypes:
             if getattr(torch, d) in supported:
                 units.append({"variant": v, "dtype": d, "kind": "fwd", "max_samples": max_samples})
@@ -736,6 +765,8 @@ def main(argv=None):
     p.add_argument("--ops-file", default=None, help="file with one op name or variant a line")
     p.add_argument("--dtypes", default=",".join(DTYPE_NAMES))
     p.add_argument("--no-grad", action="store_true", help="skip the gradient units")
+    p.add_argument("--special", action="store_true",
+                   help="the NaN/inf walk: float32 forward units only, NaN, inf and -inf planted in the inputs")
     p.add_argument("--max-samples", type=int, default=8)
     p.add_argument("--out", default=None, help="results JSON (default: none)")
     p.add_argument("--workers", type=int, default=1)
@@ -774,7 +805,7 @@ def main(argv=None):
         unknown = sorted(ops - known)
         if unknown:
             p.error(f"not in op_db: {', '.join(unknown)}")
-    units = enumerate_units(op_db, ops, dtypes, (i, n), not args.no_grad, args.max_samples)
+    units = enumerate_units(op_db, ops, dtypes, (i, n), not args.no_grad, args.max_samples, args.special)
     partial_path = None
     if args.out:
         partial_path = args.out + ".partial.jsonl"

@@ -373,6 +373,9 @@ Value Builder::clamp(const Value& lo, const Value& x, const Value& hi) {
   Value r = fresh(x.type);
   emitLine(ref(r) + " = \"stablehlo.clamp\"(" + ref(lo) + ", " + ref(x) + ", " + ref(hi) + ") : (" + lo.type.str() +
            ", " + x.type.str() + ", " + hi.type.str() + ") -> " + r.type.str());
+  // A NaN stays NaN, as in PyTorch's clamps (relu6, hardtanh): XLA:CPU's clamp
+  // returned a bound for it.
+  if (isFloat(x.dtype())) r = select(compare(x, x, Cmp::NE), x, r);
   return r;
 }
 

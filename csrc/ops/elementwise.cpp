@@ -174,10 +174,19 @@ UNARY_SAME(positive, x);
 Registrar reg_abs("abs", [](Ctx& c) {
   Value x = c.tensor(0);  // complex: |z| in float32, not |re z|
   if (ir::isComplex(x.dtype())) return std::vector<Value>{c.b.convert(un(c.b, "abs", x), outType(c, DType::F32))};
-  return sameUnary(c, [](ir::Builder& b, const Value& x) { return x.dtype() == DType::Bool ? x : un(b, "abs", x); });
+  // stablehlo.abs refuses unsigned integers, which are their own absolute value.
+  return sameUnary(c, [](ir::Builder& b, const Value& x) { return ir::isUnsigned(x.dtype()) ? x : un(b, "abs", x); });
 });
-UNARY_SAME(sign, x.dtype() == DType::Bool ? x : un(b, "sign", x));
-UNARY_SAME(sgn, x.dtype() == DType::Bool ? x : un(b, "sign", x));
+// PyTorch's sign: (0 < x) - (x < 0), so NaN gives 0; stablehlo.sign gives
+// NaN, and refuses unsigned integers (whose sign is x != 0).
+Value signOf(ir::Builder& b, const Value& x) {
+  if (x.dtype() == DType::Bool) return x;
+  if (ir::isUnsigned(x.dtype())) return b.convert(b.compare(x, b.zeros(x.type), ir::Cmp::NE), x.dtype());
+  if (ir::isFloat(x.dtype())) return b.select(isnan(b, x), b.zeros(x.type), un(b, "sign", x));
+  return un(b, "sign", x);  // signed integers; complex: z / |z|
+}
+UNARY_SAME(sign, signOf(b, x));
+UNARY_SAME(sgn, signOf(b, x));
 UNARY_SAME(floor, ir::isFloat(x.dtype()) ? un(b, "floor", x) : x);
 UNARY_SAME(ceil, ir::isFloat(x.dtype()) ? un(b, "ceil", x) : x);
 UNARY_SAME(trunc, ir::isFloat(x.dtype()) ? mul(b, un(b, "sign", x), un(b, "floor", un(b, "abs", x))) : x);
@@ -699,8 +708,12 @@ Registrar reg_logit("logit", [](Ctx& c) {
   return floatUnary(c, [&c](ir::Builder& b, const Value& x0) {
     Value x = x0;
     if (c.has(1)) {
-      double eps = c.f64(1);
-      x = b.clamp(k(b, eps, x), x, k(b, 1 - eps, x));
+      // The bounds in the input's own type, as the CPU kernel holds them
+      // (bfloat16's 1 - 1e-3 is 1: logit is then inf there too).
+      const DType in = c.tensor(0).dtype();
+      const double eps = c.f64(1);
+      x = b.clamp(b.convert(b.convert(k(b, eps, x), in), x.dtype()), x,
+                  b.convert(b.convert(k(b, 1 - eps, x), in), x.dtype()));
     }
     return b.unary("log", div(b, x, sub(b, k(b, 1, x), x)));
   });

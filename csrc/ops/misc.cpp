@@ -74,9 +74,10 @@ Value shrink(Ctx& c, const Value& x, const Value& lambd, bool soft) {
   Value l = b.broadcastTo(lambd, x.shape());
   Value nl = b.unary("negate", l);
   Value zero = b.constant(0.0, x.dtype(), x.shape());
-  Value gt = b.compare(x, l, ir::Cmp::GT), lt = b.compare(x, nl, ir::Cmp::LT);
-  if (!soft) return b.select(b.binary("or", gt, lt), x, zero);
-  return b.select(gt, sub(b, x, l), b.select(lt, add(b, x, l), zero));
+  // Zero inside [-l, l], as PyTorch tests it: a NaN is not inside and stays NaN.
+  Value inside = b.binary("and", b.compare(x, nl, ir::Cmp::GE), b.compare(x, l, ir::Cmp::LE));
+  if (!soft) return b.select(inside, zero, x);
+  return b.select(inside, zero, b.select(b.compare(x, l, ir::Cmp::GT), sub(b, x, l), add(b, x, l)));
 }
 Registrar reg_hardshrink("hardshrink", [](Ctx& c) {
   Value x = c.tensor(0);

@@ -1,0 +1,140 @@
+"""NaN and infinities through clamps, min/max, compares and selects (issue 2/6, class 3): every
+lowering built from them treats NaN and +-inf as the CPU does. The sweep over all of PyTorch's
+OpInfos is `tools/opinfo_sweep.py --special` (docs/nan_walk.md); these are the ops it found and
+their neighbours."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from conftest import check_against_cpu
+
+pytestmark = pytest.mark.mode_dependent
+
+SPECIAL = torch.tensor([float("nan"), float("inf"), float("-inf"), -7.0, -1.0, -0.25, 0.0, 0.3, 1.0, 6.5, 9.0])
+
+UNARY = {
+    "relu6": F.relu6,
+    "hardtanh": F.hardtanh,
+    "hardtanh(-2, 3)": lambda x: F.hardtanh(x, -2.0, 3.0),
+    "hardshrink": F.hardshrink,
+    "softshrink": F.softshrink,
+    "hardsigmoid": F.hardsigmoid,
+    "hardswish": F.hardswish,
+    "relu": F.relu,
+    "leaky_relu": F.leaky_relu,
+    "elu": F.elu,
+    "selu": F.selu,
+    "celu": F.celu,
+    "gelu": F.gelu,
+    "silu": F.silu,
+    "mish": F.mish,
+    "softplus": F.softplus,
+    "threshold": lambda x: F.threshold(x, 0.1, 20.0),
+    "clamp": lambda x: x.clamp(-0.5, 0.5),
+    "clamp_min": lambda x: x.clamp(min=0.5),
+    "clamp_max": lambda x: x.clamp(max=0.5),
+    "nan_to_num": torch.nan_to_num,
+    "sign": torch.sign,
+    "sgn": torch.sgn,
+    "abs": torch.abs,
+    "round": torch.round,
+    "floor": torch.floor,
+    "trunc": torch.trunc,
+    "frac": torch.frac,
+    "logit(eps)": lambda x: torch.logit(x, eps=1e-3),
+    "sigmoid": torch.sigmoid,
+    "tanh": torch.tanh,
+    "erf": torch.erf,
+}
+
+
+# PyTorch's CPU kernel gives NaN for gelu(+inf), CUDA's and tpu's inf: +inf is left out there.
+NOT_PLUS_INF = {"gelu"}
+
+
+@pytest.mark.parametrize("name", sorted(UNARY))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_unary(name, dtype):
+    x = SPECIAL[SPECIAL != float("inf")] if name in NOT_PLUS_INF else SPECIAL
+    check_against_cpu(UNARY[name], x.to(dtype), equal_nan=True)
+
+
+@pytest.mark.parametrize("dtype", [torch.uint8, torch.int8, torch.int32, torch.int64, torch.bool])
+def test_sign_of_integers(dtype):
+    x = torch.tensor([0, 1, 5, 127] + ([] if dtype in (torch.uint8, torch.bool) else [-3, -128]), dtype=torch.int64)
+    x = x.to(dtype)
+    for fn in (torch.sign, torch.sgn) + (() if dtype == torch.bool else (torch.abs,)):
+        check_against_cpu(fn, x)
+
+
+BINARY = {
+    "maximum": torch.maximum,
+    "minimum": torch.minimum,
+    "fmax": torch.fmax,
+    "fmin": torch.fmin,
+    "clamp(t, lo, hi)": lambda x, y: torch.clamp(x, y - 1, y + 1),
+    "where(x > y)": lambda x, y: torch.where(x > y, x, y),
+    "remainder": torch.remainder,
+    "fmod": torch.fmod,
+    "atan2": torch.atan2,
+    "copysign": torch.copysign,
+    "hypot": torch.hypot,
+    "xlogy": torch.xlogy,
+    "lerp": lambda x, y: torch.lerp(x, y, 0.3),
+}
+
+
+@pytest.mark.parametrize("name", sorted(BINARY))
+def test_binary(name):
+    y = SPECIAL.flip(0)
+    check_against_cpu(BINARY[name], SPECIAL, y, equal_nan=True)
+
+
+REDUCTIONS = {
+    "max": lambda x: x.max(),
+    "min": lambda x: x.min(),
+    "amax": lambda x: x.amax(dim=1),
+    "amin": lambda x: x.amin(dim=1),
+    "max(dim)": lambda x: x.max(dim=1),
+    "min(dim)": lambda x: x.min(dim=1),
+    "argmax": lambda x: x.argmax(dim=1),
+    "argmin": lambda x: x.argmin(dim=1),
+    "aminmax": lambda x: torch.aminmax(x, dim=1),
+    "sum": lambda x: x.sum(dim=1),
+    "prod": lambda x: x.prod(dim=1),
+    "logsumexp": lambda x: x.logsumexp(dim=1),
+    "softmax": lambda x: x.softmax(dim=1),
+    "log_softmax": lambda x: x.log_softmax(dim=1),
+    "cummax": lambda x: torch.cummax(x, dim=1),
+    "cummin": lambda x: torch.cummin(x, dim=1),
+    "nansum": lambda x: x.nansum(dim=1),
+    "nanmean": lambda x: x.nanmean(dim=1),
+    "sort": lambda x: torch.sort(x, dim=1),
+    "topk": lambda x: torch.topk(x, 2, dim=1),
+    "norm": lambda x: x.norm(dim=1),
+}
+
+
+@pytest.mark.parametrize("name", sorted(REDUCTIONS))
+def test_reductions(name):
+    x = torch.tensor([[1.0, float("nan"), 3.0], [float("-inf"), 2.0, float("inf")], [0.5, -1.0, 4.0],
+                      [float("nan"), float("inf"), -2.0]])
+    check_against_cpu(REDUCTIONS[name], x, equal_nan=True)
+
+
+LOSSES = {
+    "mse": F.mse_loss,
+    "l1": F.l1_loss,
+    "smooth_l1": F.smooth_l1_loss,
+    "huber": F.huber_loss,
+    "soft_margin": F.soft_margin_loss,
+}
+
+
+@pytest.mark.parametrize("name", sorted(LOSSES))
+def test_losses(name):
+    check_against_cpu(lambda x, y: LOSSES[name](x, y, reduction="none"), SPECIAL, SPECIAL.flip(0) / 2,
+                      equal_nan=True)
