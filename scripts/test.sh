@@ -75,10 +75,11 @@ if [ -x build/tpu_core_tests ]; then stage ctest run_ctest; fi
 # mostly one-threaded Python and XLA compiles, so two halve its time on 2 cores.
 workers=${TORCH_TPU_TEST_WORKERS:-2}
 pytest_run() {
+  # The slowest tests of each pass are listed: what to make cheaper when the gate grows.
   if [ "$workers" -gt 1 ]; then
-    python -m pytest -q -p no:cacheprovider -n "$workers" --dist worksteal "$@"
+    python -m pytest -q -p no:cacheprovider --durations=15 -n "$workers" --dist worksteal "$@"
   else
-    python -m pytest -q -p no:cacheprovider "$@"
+    python -m pytest -q -p no:cacheprovider --durations=15 "$@"
   fi
 }
 # The environments of the later stages (vLLM's; torch 2.11's, about 5 GB of wheels) are

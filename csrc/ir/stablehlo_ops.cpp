@@ -134,6 +134,21 @@ Value Builder::convert(const Value& v, DType t) {
     Value z = constant(0.0, v.dtype(), v.shape());
     return compare(v, z, Cmp::NE);
   }
+  if (isFloat(v.dtype())) {
+    // PyTorch's CPU casts are C++ casts as x86 runs them: to 8- and 16-bit
+    // integers through int32, wrapping (300.0 -> int8 44, -1.0 -> uint8 255);
+    // to int32/int64, NaN and values out of range give the type's minimum.
+    // stablehlo.convert saturates instead.
+    if (t == DType::I8 || t == DType::I16 || t == DType::U8) return convert(convert(v, DType::I32), t);
+    if (t == DType::I32 || t == DType::I64) {
+      const double bound = t == DType::I32 ? 2147483648.0 : 9223372036854775808.0;
+      Value in = binary("and", compare(v, constant(-bound, v.dtype(), v.shape()), Cmp::GE),
+                        compare(v, constant(bound, v.dtype(), v.shape()), Cmp::LT));
+      emitLine(ref(r) + " = \"stablehlo.convert\"(" + ref(v) + ") : (" + v.type.str() + ") -> " + r.type.str());
+      const int64_t lowest = t == DType::I32 ? INT32_MIN : INT64_MIN;
+      return select(in, r, constantInt(lowest, t, v.shape()));
+    }
+  }
   emitLine(ref(r) + " = \"stablehlo.convert\"(" + ref(v) + ") : (" + v.type.str() + ") -> " + r.type.str());
   return r;
 }

@@ -138,3 +138,13 @@ LOSSES = {
 def test_losses(name):
     check_against_cpu(lambda x, y: LOSSES[name](x, y, reduction="none"), SPECIAL, SPECIAL.flip(0) / 2,
                       equal_nan=True)
+
+
+@pytest.mark.parametrize("src", [torch.float32, torch.float64, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("dst", [torch.int8, torch.int16, torch.uint8, torch.int32, torch.int64])
+def test_float_to_integer_casts_as_the_cpu_does(src, dst):
+    # The CPU's C++ casts: to 8- and 16-bit integers through int32, wrapping; NaN, infinities and
+    # values out of int32/int64 range give the minimum. XLA's convert saturated instead.
+    x = torch.tensor([40000.5, -40000.5, 300.0, -1.0, -129.7, 255.9, 1e10, -1e10, 3e9, -3e9, 65535.0, 70000.0,
+                      float("nan"), float("inf"), float("-inf"), 0.0, -0.0, 2.5])
+    check_against_cpu(lambda t: t.to(dst), x.to(src))
