@@ -40,9 +40,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from opinfo_sweep import _first_line, _samples, _to_device, load_op_db, variant_name  # noqa: E402
 from worker_pool import _git, machine_info, run_units  # noqa: E402
 
-# The dtypes tpu holds (complex128 and the rest run on the CPU, which raises for itself).
+# The dtypes tpu holds where the plugin computes them (the CPU plugin: all of these).
 DTYPES = ("bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32",
-          "float64", "complex64")
+          "float64", "complex64", "complex128", "uint16", "uint32", "uint64")
 # CPU messages that mean "this kernel takes no tensors of this dtype" (an exception raised
 # inside an ATen op; what Python raises before any op, tpu raises as well).
 REFUSALS = ("not implemented for", "not supported for complex", "is not supported for complex",

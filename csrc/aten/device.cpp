@@ -47,6 +47,10 @@ ir::DType toIr(at::ScalarType t) {
       return ir::DType::F64;
     case at::kComplexFloat:
       return ir::DType::C64;
+    case at::kComplexDouble:
+      return ir::DType::C128;
+    case at::kUInt16:
+      return ir::DType::U16;
     case at::kUInt32:
       return ir::DType::U32;
     case at::kUInt64:
@@ -80,6 +84,10 @@ at::ScalarType toAten(ir::DType t) {
       return at::kDouble;
     case ir::DType::C64:
       return at::kComplexFloat;
+    case ir::DType::C128:
+      return at::kComplexDouble;
+    case ir::DType::U16:
+      return at::kUInt16;
     case ir::DType::U32:
       return at::kUInt32;
     case ir::DType::U64:
@@ -89,12 +97,21 @@ at::ScalarType toAten(ir::DType t) {
 }
 
 bool supported(at::ScalarType t) {
+  ir::DType d;
   try {
-    toIr(t);
-    return true;
+    d = toIr(t);
   } catch (const ir::Unsupported&) {
     return false;
   }
+  return runtime::Runtime::get().computes(d);  // the plugin's compiler decides (a TPU: no float64, no complex128)
+}
+
+std::string supportedDtypes() {
+  std::string out;
+  for (auto t : {at::kFloat, at::kDouble, at::kBFloat16, at::kHalf, at::kComplexFloat, at::kComplexDouble, at::kLong,
+                 at::kInt, at::kShort, at::kChar, at::kByte, at::kUInt16, at::kUInt32, at::kUInt64, at::kBool})
+    if (supported(t)) out += (out.empty() ? "" : ", ") + std::string(ir::dtypeName(toIr(t)));
+  return out;
 }
 
 // ---------------------------------------------------------------- errors
@@ -188,7 +205,19 @@ void checkDeviceIndex(c10::DeviceIndex d) {
 // ---------------------------------------------------------------- allocator
 
 namespace {
-void deleteArray(void* p) { delete static_cast<runtime::DeviceArray*>(p); }
+// The live arrays by address: PyTorch's own code wraps a tpu storage's address
+// in a storage it does not own (legacy torch.save and pickling use from_blob
+// on the device), and such a storage at a live array's address is that array.
+std::mutex g_live_mu;
+std::unordered_set<const void*> g_live;
+
+void deleteArray(void* p) {
+  {
+    std::lock_guard<std::mutex> g(g_live_mu);
+    g_live.erase(p);
+  }
+  delete static_cast<runtime::DeviceArray*>(p);
+}
 
 // Allocation is lazy: a device array gets its buffer on first write, so
 // `empty` of any size is cheap (transformers' allocator warm-up relies on it).
@@ -203,6 +232,10 @@ struct TpuAllocator final : public c10::DeviceAllocator {
       a = new runtime::DeviceArray(d, nbytes);
     } catch (const std::exception& e) {
       rethrow(e, "");
+    }
+    {
+      std::lock_guard<std::mutex> g(g_live_mu);
+      g_live.insert(a);
     }
     return {a, a, &deleteArray, c10::Device(kTpu, d)};
   }
@@ -282,9 +315,13 @@ runtime::DeviceArray* arrayOfStorage(const c10::StorageImpl& s) {
   if (dp.get_deleter() == &deleteArray) return static_cast<runtime::DeviceArray*>(dp.get_context());
   if (s.nbytes() == 0) return nullptr;  // nothing to read: arrayOf gives it an array of its own
   if (auto src = exportedStorage(dp.get()); src && src->data() == dp.get()) return arrayOfStorage(*src);
+  {
+    std::lock_guard<std::mutex> g(g_live_mu);
+    if (g_live.count(dp.get())) return static_cast<runtime::DeviceArray*>(dp.get());
+  }
   TORCH_CHECK(false, "torch_tpu: this tpu tensor's memory was not allocated by torch_tpu (from_blob on a tpu ",
-              "device, or a DLPack capsule that torch.from_dlpack did not take in); only tpu tensors made by ",
-              "torch_tpu, or shared from one through torch.from_dlpack, can be read or written");
+              "device, a storage slice, or a DLPack capsule that torch.from_dlpack did not take in); only tpu ",
+              "tensors made by torch_tpu, or shared from one whole, can be read or written");
 }
 }  // namespace
 

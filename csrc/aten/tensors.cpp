@@ -27,9 +27,8 @@ c10::DeviceIndex deviceIndexOf(std::optional<at::Device> device) {
 }
 
 void checkDtype(at::ScalarType t) {
-  TORCH_CHECK_TYPE(supported(t), "torch_tpu: dtype ", c10::toString(t),
-                   " is not supported on tpu (supported: float32, float64, bfloat16, float16, complex64, int64, int32, "
-                   "int16, int8, uint8, bool).");
+  TORCH_CHECK_TYPE(supported(t), "torch_tpu: dtype ", c10::toString(t), " is not supported on tpu (",
+                   runtime::Runtime::get().client().platformName(), " supports: ", supportedDtypes(), ").");
 }
 
 bool fillsNewMemory() {
@@ -136,7 +135,7 @@ at::Tensor view_as_real(const at::Tensor& self) {
 at::Tensor view_as_complex(const at::Tensor& self) {
   auto t = self.scalar_type();
   TORCH_CHECK_TYPE((t != at::kFloat && t != at::kDouble && t != at::kHalf) || supported(c10::toComplexType(t)),
-                   "torch_tpu: dtype ", c10::toComplexType(t), " is not supported on tpu (complex64 is)");
+                   "torch_tpu: dtype ", c10::toComplexType(t), " is not supported on tpu (", supportedDtypes(), ")");
   return at::native::view_as_complex(self);
 }
 

@@ -21,6 +21,8 @@ constexpr c10::DeviceType kTpu = c10::DeviceType::PrivateUse1;
 ir::DType toIr(at::ScalarType t);
 at::ScalarType toAten(ir::DType t);
 bool supported(at::ScalarType t);
+// The dtypes tpu holds on this plugin, for messages ("float32, float64, ...").
+std::string supportedDtypes();
 
 c10::Allocator* allocator();
 c10::DeviceIndex currentDevice();

@@ -27,6 +27,8 @@ const char* mlirName(DType t) {
       return "i32";
     case DType::I64:
       return "i64";
+    case DType::U16:
+      return "ui16";
     case DType::U32:
       return "ui32";
     case DType::U64:
@@ -41,6 +43,8 @@ const char* mlirName(DType t) {
       return "f64";
     case DType::C64:
       return "complex<f32>";
+    case DType::C128:
+      return "complex<f64>";
   }
   return "?";
 }
@@ -59,6 +63,8 @@ const char* dtypeName(DType t) {
       return "int32";
     case DType::I64:
       return "int64";
+    case DType::U16:
+      return "uint16";
     case DType::U32:
       return "uint32";
     case DType::U64:
@@ -73,6 +79,8 @@ const char* dtypeName(DType t) {
       return "float64";
     case DType::C64:
       return "complex64";
+    case DType::C128:
+      return "complex128";
   }
   return "?";
 }
@@ -84,6 +92,7 @@ size_t itemSize(DType t) {
     case DType::I8:
       return 1;
     case DType::I16:
+    case DType::U16:
     case DType::F16:
     case DType::BF16:
       return 2;
@@ -96,6 +105,8 @@ size_t itemSize(DType t) {
     case DType::F64:
     case DType::C64:
       return 8;
+    case DType::C128:
+      return 16;
   }
   return 0;
 }
@@ -112,10 +123,12 @@ int category(DType t) {  // bool < int < float < complex
 DType promote(DType a, DType b) {
   if (a == b) return a;
   int ca = category(a), cb = category(b);
-  if (ca != cb) {
-    if (ca == 3 || cb == 3) return DType::C64;
-    return ca > cb ? a : b;
+  if (ca == 3 || cb == 3) {
+    // complex64 with float64 (or complex128) is complex128, as in PyTorch.
+    auto part = [](DType t) { return isComplex(t) ? complexPart(t) : (t == DType::F64 ? DType::F64 : DType::F32); };
+    return complexOf(part(a) == DType::F64 || part(b) == DType::F64 ? DType::F64 : DType::F32);
   }
+  if (ca != cb) return ca > cb ? a : b;
   if (ca == 2) {
     // float16 + bfloat16 -> float32; otherwise the wider one.
     if ((a == DType::F16 && b == DType::BF16) || (a == DType::BF16 && b == DType::F16)) return DType::F32;
@@ -129,6 +142,7 @@ DType promote(DType a, DType b) {
       case DType::U8:
         return 2;
       case DType::I16:
+      case DType::U16:
         return 3;
       case DType::I32:
         return 4;

@@ -18,18 +18,24 @@
 
 namespace tpu::ir {
 
-enum class DType : uint8_t { Bool, U8, I8, I16, I32, I64, F16, BF16, F32, F64, C64, U32, U64 };
+enum class DType : uint8_t { Bool, U8, I8, I16, I32, I64, F16, BF16, F32, F64, C64, U32, U64, U16, C128 };
 
 const char* mlirName(DType t);   // i1, ui8, i8, ..., f32, complex<f32>
 const char* dtypeName(DType t);  // bool, uint8, ..., float32
 size_t itemSize(DType t);
 inline bool isFloat(DType t) { return t == DType::F16 || t == DType::BF16 || t == DType::F32 || t == DType::F64; }
-inline bool isComplex(DType t) { return t == DType::C64; }
+inline bool isComplex(DType t) { return t == DType::C64 || t == DType::C128; }
 inline bool isInt(DType t) {
-  return t == DType::U8 || t == DType::I8 || t == DType::I16 || t == DType::I32 || t == DType::I64 || t == DType::U32 ||
-         t == DType::U64;
+  return t == DType::U8 || t == DType::I8 || t == DType::I16 || t == DType::I32 || t == DType::I64 || t == DType::U16 ||
+         t == DType::U32 || t == DType::U64;
 }
-inline bool isUnsigned(DType t) { return t == DType::U8 || t == DType::U32 || t == DType::U64 || t == DType::Bool; }
+inline bool isUnsigned(DType t) {
+  return t == DType::U8 || t == DType::U16 || t == DType::U32 || t == DType::U64 || t == DType::Bool;
+}
+// A complex type's real and imaginary parts (float32 or float64), and the
+// complex type whose parts are a float type (float64: complex128, else complex64).
+inline DType complexPart(DType t) { return t == DType::C128 ? DType::F64 : DType::F32; }
+inline DType complexOf(DType part) { return part == DType::F64 ? DType::C128 : DType::C64; }
 // PyTorch's promotion of two dtypes (torch.promote_types).
 DType promote(DType a, DType b);
 

@@ -350,7 +350,7 @@ Value Builder::reverse(const Value& v, const std::vector<int64_t>& dims) {
 Value Builder::unary(const char* op, const Value& v) {
   Type t = v.type;
   if (std::strcmp(op, "is_finite") == 0) t.dtype = DType::Bool;
-  if (std::strcmp(op, "abs") == 0 && isComplex(t.dtype)) t.dtype = DType::F32;  // |z| is real
+  if (std::strcmp(op, "abs") == 0 && isComplex(t.dtype)) t.dtype = complexPart(t.dtype);  // |z| is real
   Value r = fresh(t);
   emitLine(ref(r) + " = \"stablehlo." + op + "\"(" + ref(v) + ") : (" + v.type.str() + ") -> " + t.str());
   return r;
@@ -549,9 +549,7 @@ std::vector<Value> Builder::reduceWindow(const std::vector<Value>& inputs, const
 namespace {
 // The precision that keeps a product of `t` values as exact as on PyTorch's CPU:
 // HIGHEST for float32 and wider; none (the plugin's default) for 16-bit floats and integers.
-const char* fullPrecision(DType t) {
-  return t == DType::F32 || t == DType::F64 || t == DType::C64 ? "HIGHEST" : nullptr;
-}
+const char* fullPrecision(DType t) { return t == DType::F32 || t == DType::F64 || isComplex(t) ? "HIGHEST" : nullptr; }
 }  // namespace
 
 Value Builder::dotGeneral(const Value& lhs, const Value& rhs, const std::vector<int64_t>& lb,
@@ -778,10 +776,10 @@ Value Builder::fft(const Value& v, const char* kind, const Shape& lengths) {
   Type t = v.type;
   std::string k(kind);
   if (k == "RFFT") {
-    t.dtype = DType::C64;
+    t.dtype = complexOf(v.dtype());
     t.shape.back() = lengths.back() / 2 + 1;
   } else if (k == "IRFFT") {
-    t.dtype = DType::F32;
+    t.dtype = complexPart(v.dtype());
     t.shape.back() = lengths.back();
   }
   Value r = fresh(t);
@@ -798,21 +796,22 @@ Value Builder::fft(const Value& v, const char* kind, const Shape& lengths) {
 
 Value Builder::real(const Value& v) {
   if (!isComplex(v.dtype())) return v;
-  Value r = fresh(Type{DType::F32, v.shape()});
+  Value r = fresh(Type{complexPart(v.dtype()), v.shape()});
   emitLine(ref(r) + " = \"stablehlo.real\"(" + ref(v) + ") : (" + v.type.str() + ") -> " + r.type.str());
   return r;
 }
 
 Value Builder::imag(const Value& v) {
   if (!isComplex(v.dtype())) return zeros(v.type);
-  Value r = fresh(Type{DType::F32, v.shape()});
+  Value r = fresh(Type{complexPart(v.dtype()), v.shape()});
   emitLine(ref(r) + " = \"stablehlo.imag\"(" + ref(v) + ") : (" + v.type.str() + ") -> " + r.type.str());
   return r;
 }
 
 Value Builder::complex(const Value& re, const Value& im) {
-  if (re.type != im.type || re.dtype() != DType::F32) fail("complex of " + re.type.str() + " and " + im.type.str());
-  Value r = fresh(Type{DType::C64, re.shape()});
+  if (re.type != im.type || (re.dtype() != DType::F32 && re.dtype() != DType::F64))
+    fail("complex of " + re.type.str() + " and " + im.type.str());
+  Value r = fresh(Type{complexOf(re.dtype()), re.shape()});
   emitLine(ref(r) + " = \"stablehlo.complex\"(" + ref(re) + ", " + ref(im) + ") : (" + re.type.str() + ", " +
            im.type.str() + ") -> " + r.type.str());
   return r;

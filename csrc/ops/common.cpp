@@ -204,7 +204,7 @@ DType resultType(const Ctx& c, const std::vector<size_t>& idx) {
     const Arg& a = c.arg(i);
     if (a.kind == Arg::Kind::Scalar) {
       DType t = a.scalar_is_float ? DType::F32 : (a.value.dtype() == DType::Bool ? DType::Bool : DType::I64);
-      if (a.value.dtype() == DType::C64) t = DType::C64;
+      if (ir::isComplex(a.value.dtype())) t = DType::C64;  // a Python complex: complex64 with float32
       wrapped = promoteOpt(wrapped, t);
     } else if (a.kind == Arg::Kind::Tensor) {
       if (a.value.rank() == 0)

@@ -68,7 +68,7 @@ Value matmul(ir::Builder& b, const Value& x, const Value& y);
 Value indicesInRange(ir::Builder& b, const Value& idx, int64_t size, bool allow_negative);
 
 // The float type math on `t` computes in (integers and bool become float32).
-inline DType floatOf(DType t) { return ir::isFloat(t) ? t : DType::F32; }
+inline DType floatOf(DType t) { return ir::isFloat(t) || ir::isComplex(t) ? t : DType::F32; }
 // Low-precision floats compute in float32 internally, like PyTorch's CPU.
 inline DType accOf(DType t) { return (t == DType::F16 || t == DType::BF16) ? DType::F32 : t; }
 

@@ -173,7 +173,8 @@ UNARY_SAME(negative, un(b, "negate", x));
 UNARY_SAME(positive, x);
 Registrar reg_abs("abs", [](Ctx& c) {
   Value x = c.tensor(0);  // complex: |z| in float32, not |re z|
-  if (ir::isComplex(x.dtype())) return std::vector<Value>{c.b.convert(un(c.b, "abs", x), outType(c, DType::F32))};
+  if (ir::isComplex(x.dtype()))
+    return std::vector<Value>{c.b.convert(un(c.b, "abs", x), outType(c, ir::complexPart(x.dtype())))};
   // stablehlo.abs refuses unsigned integers, which are their own absolute value.
   return sameUnary(c, [](ir::Builder& b, const Value& x) { return ir::isUnsigned(x.dtype()) ? x : un(b, "abs", x); });
 });

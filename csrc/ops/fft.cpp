@@ -61,15 +61,18 @@ bool anyEmpty(const Shape& s) {
   return std::any_of(s.begin(), s.end(), [](int64_t d) { return d == 0; });
 }
 
-void requireType(const Value& x, DType t, const char* op) {
-  if (x.dtype() != t) throw ir::Unsupported(std::string(op) + " of " + ir::dtypeName(x.dtype()));
+// The transforms take float32/float64 signals and complex64/complex128 spectra.
+void requireType(const Value& x, bool complex, const char* op) {
+  const DType t = x.dtype();
+  const bool ok = complex ? ir::isComplex(t) : (t == DType::F32 || t == DType::F64);
+  if (!ok) throw ir::Unsupported(std::string(op) + " of " + ir::dtypeName(t));
 }
 
 // _fft_r2c(self, dim, normalization, onesided): a forward transform of a
 // real signal; onesided keeps the last dim's first n/2+1 bins.
 Registrar reg_r2c("_fft_r2c", [](Ctx& c) {
   Value x = c.tensor(0);
-  requireType(x, DType::F32, "_fft_r2c");
+  requireType(x, false, "_fft_r2c");
   auto dims = fftDims(c, x);
   bool onesided = c.flag(3);
   int64_t mode = c.i64(2);
@@ -94,7 +97,7 @@ Registrar reg_r2c("_fft_r2c", [](Ctx& c) {
 // _fft_c2c(self, dim, normalization, forward).
 Registrar reg_c2c("_fft_c2c", [](Ctx& c) {
   Value x = c.tensor(0);
-  requireType(x, DType::C64, "_fft_c2c");
+  requireType(x, true, "_fft_c2c");
   if (c.ints(1).empty()) return std::vector<Value>{x};  // fftn(dim=()): the identity
   auto dims = fftDims(c, x);
   bool forward = c.flag(3);
@@ -109,7 +112,7 @@ Registrar reg_c2c("_fft_c2c", [](Ctx& c) {
 // onesided r2c; the last dim holds the first last_dim_size/2+1 bins.
 Registrar reg_c2r("_fft_c2r", [](Ctx& c) {
   Value x = c.tensor(0);
-  requireType(x, DType::C64, "_fft_c2r");
+  requireType(x, true, "_fft_c2r");
   auto dims = fftDims(c, x);
   int64_t last_size = c.i64(3);
   if (last_size <= 0) throw ir::Unsupported("_fft_c2r of an empty signal");
@@ -124,7 +127,7 @@ Registrar reg_c2r("_fft_c2r", [](Ctx& c) {
   } else if (have < bins) {
     Shape lo(x.rank(), 0), hi(x.rank(), 0), interior(x.rank(), 0);
     hi[ld] = bins - have;
-    x = c.b.pad(x, c.b.constant(0.0, DType::C64), lo, hi, interior);
+    x = c.b.pad(x, c.b.constant(0.0, x.dtype()), lo, hi, interior);
   }
   size_t split = dims.size() > kMaxFftDims ? dims.size() - kMaxFftDims : 0;
   std::vector<int64_t> last(dims.begin() + split, dims.end()), rest(dims.begin(), dims.begin() + split);
@@ -136,10 +139,11 @@ Registrar reg_c2r("_fft_c2r", [](Ctx& c) {
   return std::vector<Value>{normalize(c.b, y, c.i64(2), n, true)};
 });
 
-// complex(real, imag) and polar(abs, angle): float32 pairs to complex64.
+// complex(real, imag) and polar(abs, angle): float32 (float64) pairs to
+// complex64 (complex128).
 std::vector<Value> complexPair(Ctx& c, bool polar) {
   DType t = resultType(c, {0, 1});
-  if (t != DType::F32) throw ir::Unsupported(std::string(c.op()) + " of " + ir::dtypeName(t));
+  if (t != DType::F32 && t != DType::F64) throw ir::Unsupported(std::string(c.op()) + " of " + ir::dtypeName(t));
   auto vs = broadcastAll(c.b, {c.tensor(0), c.tensor(1)});
   Value re = vs[0], im = vs[1];
   if (polar) {

@@ -66,6 +66,8 @@ std::string bitwiseIdentity(Reduction r, ir::DType t) {
   switch (t) {
     case ir::DType::U8:
       return "255";
+    case ir::DType::U16:
+      return "65535";
     case ir::DType::U32:
       return "4294967295";
     case ir::DType::U64:
@@ -176,7 +178,7 @@ std::string collectiveProgram(const CollectiveSpec& spec) {
   const std::string in_t = tensorType(t, in_len), out_t = tensorType(t, out_len);
   std::string body;
   std::string result = "%0";
-  if (isBitwise(spec.reduce) && (isFloating(t) || t == ir::DType::C64))
+  if (isBitwise(spec.reduce) && (isFloating(t) || ir::isComplex(t)))
     throw std::invalid_argument("a bitwise reduction needs an integer or bool tensor, got " +
                                 std::string(ir::dtypeName(t)));
   const bool gathered =

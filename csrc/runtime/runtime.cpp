@@ -93,6 +93,8 @@ ir::DType elementDType(pjrt::ElementType t) {
       return ir::DType::I32;
     case E::S64:
       return ir::DType::I64;
+    case E::U16:
+      return ir::DType::U16;
     case E::U32:
       return ir::DType::U32;
     case E::U64:
@@ -107,6 +109,8 @@ ir::DType elementDType(pjrt::ElementType t) {
       return ir::DType::F64;
     case E::C64:
       return ir::DType::C64;
+    case E::C128:
+      return ir::DType::C128;
     default:
       throw std::runtime_error("torch_tpu: unsupported PJRT element type");
   }
@@ -127,6 +131,8 @@ pjrt::ElementType elementType(ir::DType t) {
       return E::S32;
     case ir::DType::I64:
       return E::S64;
+    case ir::DType::U16:
+      return E::U16;
     case ir::DType::U32:
       return E::U32;
     case ir::DType::U64:
@@ -141,6 +147,8 @@ pjrt::ElementType elementType(ir::DType t) {
       return E::F64;
     case ir::DType::C64:
       return E::C64;
+    case ir::DType::C128:
+      return E::C128;
   }
   return E::F32;
 }
@@ -223,6 +231,22 @@ Runtime::Runtime() {
     if (env_limit > 0) lim = env_limit;
     mem_[i].limit = lim;
   }
+}
+
+bool Runtime::computes(ir::DType t) {
+  auto& known = computes_.at(static_cast<size_t>(t));
+  if (int8_t v = known.load(std::memory_order_relaxed)) return v > 0;
+  ir::Builder b;
+  ir::Value x = b.param({t, {2}});
+  b.output(b.binary(t == ir::DType::Bool ? "or" : "add", x, x));
+  bool ok = true;
+  try {
+    client_->compile(b.emit(), options_);
+  } catch (const pjrt::Error&) {
+    ok = false;
+  }
+  known.store(ok ? 1 : -1, std::memory_order_relaxed);
+  return ok;
 }
 
 std::shared_ptr<Program> Runtime::compile(const ir::Builder& b, const std::string& what) {

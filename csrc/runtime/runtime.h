@@ -8,6 +8,7 @@
 // what one plugin adds). No torch headers here.
 #pragma once
 
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <map>
@@ -132,6 +133,11 @@ class Runtime {
   // Compiles the builder's program, or returns the cached executable for the
   // same text. `what` names the program in metrics (an op name).
   std::shared_ptr<Program> compile(const ir::Builder& b, const std::string& what);
+  // Whether the plugin computes with this element type: asked of its compiler
+  // once per type (a program that adds two arrays of it), outside metrics and
+  // caches. A TPU refuses float64 and complex128; the CPU and CUDA plugins
+  // compute every type the IR has.
+  bool computes(ir::DType t);
 
   BufferPtr upload(const void* data, ir::DType t, const std::vector<int64_t>& dims, int device);
   // Copies a buffer's value to dst once computed; raises a deferred index
@@ -172,6 +178,7 @@ class Runtime {
   bool reads_in_place_ = false;  // device buffers are host memory: downloads read them in place
   std::mutex mu_;
   std::unordered_map<std::string, std::shared_ptr<Program>> programs_;
+  std::array<std::atomic<int8_t>, 32> computes_{};  // by DType: 0 not asked, 1 yes, -1 no
   struct Mem {
     std::atomic<int64_t> in_use{0};
     std::atomic<int64_t> peak{0};

@@ -67,13 +67,13 @@ ir::Value reinterpret(ir::Builder& b, const ir::Value& v, ir::DType to) {
   if (to == DType::Bool) return b.convert(reinterpret(b, v, DType::U8), DType::Bool);
   // bitcast_convert rejects complex types: a complex element is its (real,
   // imag) f32 pair in memory, so go through that pair.
-  if (from == DType::C64) {
+  if (ir::isComplex(from)) {
     int64_t n = v.shape()[0];
     ir::Value re = b.reshape(b.real(v), {n, 1}), im = b.reshape(b.imag(v), {n, 1});
     return reinterpret(b, b.reshape(b.concatenate({re, im}, 1), {2 * n}), to);
   }
-  if (to == DType::C64) {
-    ir::Value f = reinterpret(b, v, DType::F32);
+  if (ir::isComplex(to)) {
+    ir::Value f = reinterpret(b, v, ir::complexPart(to));
     int64_t m = f.shape()[0] / 2;
     if (2 * m != f.shape()[0]) f = b.slice(f, {0}, {2 * m}, {1});
     f = b.reshape(f, {m, 2});
@@ -627,6 +627,8 @@ BufferPtr scalarBufferInt(ir::DType t, int64_t v, int device) {
         return uploadScalar<int16_t>(t, static_cast<int16_t>(v), device);
       case ir::DType::I32:
         return uploadScalar<int32_t>(t, static_cast<int32_t>(v), device);
+      case ir::DType::U16:
+        return uploadScalar<uint16_t>(t, static_cast<uint16_t>(v), device);
       case ir::DType::U32:
         return uploadScalar<uint32_t>(t, static_cast<uint32_t>(v), device);
       case ir::DType::U64:

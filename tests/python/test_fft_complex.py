@@ -97,9 +97,7 @@ def test_fft_grad(name):
     check(grad, x, **TOL)
 
 
-def test_fft_unsupported_dtype_and_bad_size():
-    with pytest.raises(TypeError):
-        torch.fft.fft(make((4,), torch.complex128).to("tpu"))
+def test_fft_bad_size():
     for dev in ("cpu", "tpu"):
         with pytest.raises(RuntimeError, match="Invalid number of data points"):
             torch.fft.irfft(make((4,), torch.complex64).to(dev), n=0)
@@ -245,8 +243,8 @@ def test_view_as_errors_match_cpu():
             torch.view_as_complex(make((3, 3)).to(dev))
         with pytest.raises(RuntimeError, match="unresolved conjugated"):
             torch.view_as_real(make((3,), torch.complex64).to(dev).conj())
-    with pytest.raises(TypeError, match="not supported on tpu"):
-        torch.view_as_complex(make((3, 2), torch.float64).to("tpu"))
+    with pytest.raises(TypeError, match="not supported on tpu"):  # complex32: no plugin computes it
+        torch.view_as_complex(make((3, 2), torch.float16).to("tpu"))
 
 
 def test_view_as_real_fused():
