@@ -50,6 +50,8 @@ import opinfo_tolerances  # noqa: E402
 from worker_pool import _git, machine_info, read_list, run_units  # noqa: E402
 
 DTYPE_NAMES = ("float32", "bfloat16", "int64", "bool")
+# More that --dtypes takes (not swept by default): the wider and unsigned types.
+MORE_DTYPE_NAMES = ("float64", "float16", "complex64", "complex128", "int32", "int16", "int8", "uint8", "uint16")
 FWD_STATUSES = ("native_pass", "fallback_pass", "mismatch", "error", "crash", "skip")
 GRAD_STATUSES = ("grad_native_pass", "grad_fallback_pass", "grad_mismatch", "grad_error",
                  "grad_crash", "grad_skip")
@@ -84,7 +86,7 @@ def variant_name(op) -> str:
 
 
 def unit_key(variant: str, dtype: str, kind: str) -> str:
-    return f"{variant}|{kind if kind in ('grad', 'special') else dtype}"
+    return f"{variant}|{kind if kind in ('grad', 'special', 'empty') else dtype}"
 
 
 # --------------------------------------------------------------------------------------
@@ -330,16 +332,43 @@ def _seed(seed=0):
 
 
 def _samples(op, dtype, requires_grad, max_samples, special=False):
+    """The OpInfo's first samples; `special`: "special" plants NaN and infinities, "empty" makes
+    the input (and the arguments shaped like it) empty along their first dimension."""
     import itertools
 
     _seed(0)
     samples = list(itertools.islice(op.sample_inputs("cpu", dtype, requires_grad=requires_grad),
                                     max_samples))
+    if special == "empty":
+        return [s for s in (_emptied(s) for s in samples) if s is not None]
     if special:
         for sample in samples:
             for t in _tensors((sample.input, sample.args, sample.kwargs)):
                 _plant_special_values(t)
     return samples
+
+
+def _emptied(sample):
+    """The sample with its input, and every argument of the input's shape, narrowed to 0 along
+    dim 0 (the zero-size walk); None where the input has no dimension to narrow."""
+    import torch
+
+    x = sample.input
+    if not isinstance(x, torch.Tensor) or x.dim() == 0 or x.size(0) == 0:
+        return None
+    shape = x.shape
+
+    def narrow(v):
+        if isinstance(v, torch.Tensor) and v.shape == shape:
+            return v.narrow(0, 0, 0)
+        if isinstance(v, (list, tuple)):
+            return type(v)(narrow(e) for e in v)
+        return v
+
+    sample.input = narrow(x)
+    sample.args = narrow(sample.args)
+    sample.kwargs = {k: narrow(v) for k, v in sample.kwargs.items()}
+    return sample
 
 
 SPECIAL_VALUES = (float("nan"), float("inf"), float("-inf"))
@@ -671,7 +700,8 @@ def worker_main(fd_out: int) -> None:
                 result = run_grad(op, unit["max_samples"], meta_only, progress)
             else:
                 result = run_forward(op, unit["dtype"], unit["max_samples"], meta_only,
-                                     partial, progress, special=unit["kind"] == "special")
+                                     partial, progress,
+                                     special=unit["kind"] if unit["kind"] in ("special", "empty") else False)
         except Exception as e:  # noqa: BLE001  (e.g. sample_inputs itself failed)
             prefix = "grad_" if unit["kind"] == "grad" else ""
             result = {"status": prefix + "skip", "message": "harness: " + _first_line(e),
@@ -698,8 +728,9 @@ def load_op_db():
 
 def enumerate_units(op_db, ops=None, dtypes=DTYPE_NAMES, shard=(0, 1), grad=True,
                     max_samples=8, special=False):
-    """Units in op_db order: dicts with variant, dtype, kind ("fwd" or "grad"; with `special`,
-    "special" alone: float32 samples with NaN and infinities planted)."""
+    """Units in op_db order: dicts with variant, dtype, kind ("fwd" or "grad"; with `special`
+    ("special" or "empty"), units of that kind alone, float32: NaN and infinities planted, or the
+    inputs made empty)."""
     import torch
 
     variants = []
@@ -716,7 +747,7 @@ def enumerate_units(op_db, ops=None, dtypes=DTYPE_NAMES, shard=(0, 1), grad=True
         supported = op.supported_dtypes("cpu")
         if special:
             if torch.float32 in supported:
-                units.append({"variant": v, "dtype": "float32", "kind": "special", "max_samples": max_samples})
+                units.append({"variant": v, "dtype": "float32", "kind": special, "max_samples": max_samples})
             continue
         for d in dtypes:
             if getattr(torch, d) in supported:
@@ -765,8 +796,10 @@ def main(argv=None):
     p.add_argument("--ops-file", default=None, help="file with one op name or variant a line")
     p.add_argument("--dtypes", default=",".join(DTYPE_NAMES))
     p.add_argument("--no-grad", action="store_true", help="skip the gradient units")
-    p.add_argument("--special", action="store_true",
+    p.add_argument("--special", action="store_const", const="special", default=False,
                    help="the NaN/inf walk: float32 forward units only, NaN, inf and -inf planted in the inputs")
+    p.add_argument("--empty", dest="special", action="store_const", const="empty",
+                   help="the zero-size walk: float32 forward units only, inputs empty along their first dim")
     p.add_argument("--max-samples", type=int, default=8)
     p.add_argument("--out", default=None, help="results JSON (default: none)")
     p.add_argument("--workers", type=int, default=1)
@@ -795,8 +828,8 @@ def main(argv=None):
         ops = (ops or set()) | set(read_ops_file(args.ops_file))
     dtypes = [d.strip() for d in args.dtypes.split(",") if d.strip()]
     for d in dtypes:
-        if d not in DTYPE_NAMES:
-            p.error(f"unknown dtype {d}; choose from {DTYPE_NAMES}")
+        if d not in DTYPE_NAMES + MORE_DTYPE_NAMES:
+            p.error(f"unknown dtype {d}; choose from {DTYPE_NAMES + MORE_DTYPE_NAMES}")
 
     t0 = time.time()
     op_db = load_op_db()

@@ -12,6 +12,10 @@ refuse. This tool asks the CPU, over every OpInfo op with an in-place variant:
   - partial: where an argument has the input's shape and dtype, input and argument become
     two views of one storage, one element apart, and the in-place variant runs.
 
+  - any: the written tensor is one of the inputs (cat([a], out=a), x.index_copy_(0, i, x)):
+    kernels that call assert_no_overlap refuse the same memory as well as a partly shared one;
+    TensorIterator kernels (add(a, b, out=a)) allow it.
+
 The innermost ATen op that raised PyTorch's overlap message (or ran without raising) is
 noted; an op counts as checking when it raised and never ran through the same overlap.
 
@@ -28,10 +32,12 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from dtype_rejections import base_name  # noqa: E402
-from opinfo_sweep import _samples, load_op_db, variant_name  # noqa: E402
+from opinfo_sweep import _samples, _to_device, load_op_db, variant_name  # noqa: E402
 
 INTERNAL = "more than one element of the written-to tensor refers to a single memory location"
 PARTIAL = "some elements of the input tensor and the written-to tensor refer to a single memory location"
+# What kernels that refuse any overlap say (cat has words of its own).
+ANY = (PARTIAL, "cannot refer to any of the output memory locations")
 
 
 def _partly_shared(a, b) -> bool:
@@ -49,6 +55,15 @@ def _partly_shared(a, b) -> bool:
     return a0 < b1 and b0 < a1
 
 
+def _shared(a, b) -> bool:
+    """Whether a and b (the same tensor included) have memory in common."""
+    if a is b:
+        return a.numel() > 0
+    return _partly_shared(a, b) or (a.numel() > 0 and b.numel() > 0 and a.untyped_storage().data_ptr() ==
+                                    b.untyped_storage().data_ptr() and (a.storage_offset(), a.stride(), a.shape) ==
+                                    (b.storage_offset(), b.stride(), b.shape))
+
+
 def _recorder():
     import torch
     from torch.utils._python_dispatch import TorchDispatchMode
@@ -58,15 +73,17 @@ def _recorder():
 
         def __init__(self):
             super().__init__()
-            self.ran_internal, self.ran_partial, self.raised = set(), set(), None
+            self.ran_internal, self.ran_partial, self.ran_any, self.raised = set(), set(), set(), None
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             kwargs = kwargs or {}
             written, read = [], []
             for i, a in enumerate(func._schema.arguments):
                 v = args[i] if i < len(args) else kwargs.get(a.name)
-                if isinstance(v, torch.Tensor):
-                    (written if a.alias_info is not None and a.alias_info.is_write else read).append(v)
+                is_written = a.alias_info is not None and a.alias_info.is_write
+                for t in (v if isinstance(v, (list, tuple)) else [v]):
+                    if isinstance(t, torch.Tensor):
+                        (written if is_written else read).append(t)
             try:
                 out = func(*args, **kwargs)
             except Exception as e:
@@ -78,6 +95,8 @@ def _recorder():
                 self.ran_internal.add(base_name(func.name()))
             if any(_partly_shared(w, r) for w in written for r in read):
                 self.ran_partial.add(base_name(func.name()))
+            if any(_shared(w, r) for w in written for r in read):
+                self.ran_any.add(base_name(func.name()))
             return out
 
     return Recorder()
@@ -95,21 +114,22 @@ def _attempt(fn, *args, **kwargs):
 
 def overlap_cases(ops=None):
     """(name, kind, fn, make) for each probe: make(device) builds (written, args, kwargs) on
-    that device, with the overlap of `kind` ("internal" or "partial")."""
+    that device, with the overlap of `kind` ("internal", "partial" or "any")."""
     import torch
-
-    from opinfo_sweep import _to_device
 
     for op in load_op_db():
         v = variant_name(op)
         if ops and v not in ops and op.name not in ops:
             continue
-        fn = op.get_inplace() or getattr(torch.Tensor, op.name.split(".")[-1] + "_", None)
-        if fn is None or torch.float32 not in op.supported_dtypes("cpu"):
+        if torch.float32 not in op.supported_dtypes("cpu"):
             continue
+        fn = op.get_inplace() or getattr(torch.Tensor, op.name.split(".")[-1] + "_", None)
         try:
             samples = _samples(op, torch.float32, False, 6)
         except Exception:  # noqa: BLE001
+            continue
+        yield from _any_overlap_cases(op, v, fn, samples)
+        if fn is None:
             continue
         for k, s in enumerate(samples):
             x = s.input
@@ -136,16 +156,83 @@ def overlap_cases(ops=None):
                     break
 
 
+def _any_overlap_cases(op, v, fn, samples):
+    """Cases of kind "any": the written tensor IS one of the inputs (full overlap, which
+    assert_no_partial_overlap allows and assert_no_overlap refuses). out= set to the first input
+    where the result has its shape (a list input: that tensor alone, cat([a], out=a)), and each
+    argument of the in-place variant with self's shape and dtype set to self."""
+    import torch
+
+    for k, s in enumerate(samples):
+        x = s.input
+        first = x[0] if isinstance(x, (list, tuple)) and x and isinstance(x[0], torch.Tensor) else x
+        if not isinstance(first, torch.Tensor) or first.numel() == 0:
+            continue
+        if op.supports_out:
+            def call_out(written, *args, op=op, **kwargs):
+                return op(*args, out=written, **kwargs)
+
+            def make_out(device, s=s, op=op):
+                inp, args, kwargs = (s.input, s.args, s.kwargs) if device == "cpu" else \
+                    _to_device((s.input, s.args, s.kwargs), {})
+                as_list = isinstance(inp, (list, tuple))
+                written = (inp[0] if as_list else inp).clone()
+                inp = [written] if as_list else written
+                ref = op(inp, *args, **kwargs)
+                if not isinstance(ref, torch.Tensor) or ref.shape != written.shape or ref.dtype != written.dtype:
+                    raise ValueError("no full overlap to make")  # out= would be resized
+                return written, [inp, *args], kwargs
+
+            yield f"{v}#{k}", "any", call_out, make_out
+        if fn is None or first is not x:
+            continue
+        for i, a in enumerate(s.args):
+            if not (isinstance(a, torch.Tensor) and a.dtype == x.dtype and a.shape == x.shape):
+                continue
+
+            def make_same(device, x=x, s=s, i=i):
+                args, kwargs = (s.args, s.kwargs) if device == "cpu" else _to_device((s.args, s.kwargs), {})
+                written = x.detach().clone().to(device)
+                args = list(args)
+                args[i] = written
+                return written, args, kwargs
+
+            yield f"{v}#{k}", "any", fn, make_same
+            break
+        # Partial overlap through an argument of another shape (index_copy_'s source): a view of
+        # the first elements of self.
+        for i, a in enumerate(s.args):
+            if not (isinstance(a, torch.Tensor) and a.dtype == x.dtype and 0 < a.numel() < x.numel()):
+                continue
+
+            def make_prefix(device, x=x, s=s, i=i, a=a):
+                args, kwargs = (s.args, s.kwargs) if device == "cpu" else _to_device((s.args, s.kwargs), {})
+                written = x.detach().clone().to(device)
+                args = list(args)
+                args[i] = written.view(-1)[: a.numel()].view(a.shape)
+                return written, args, kwargs
+
+            yield f"{v}#{k}", "partial", fn, make_prefix
+            break
+
+
 def probe(ops=None):
-    checks = {"internal": set(), "partial": set()}
-    lets = {"internal": set(), "partial": set()}
+    checks = {"internal": set(), "partial": set(), "any": set()}
+    lets = {"internal": set(), "partial": set(), "any": set()}
     for _, kind, fn, make in overlap_cases(ops):
-        written, args, kwargs = make("cpu")
+        try:
+            written, args, kwargs = make("cpu")
+        except Exception:  # noqa: BLE001  (a view the sample's shapes do not allow)
+            continue
         rec = _attempt(fn, written, *args, **kwargs)
-        if rec.raised and (INTERNAL if kind == "internal" else PARTIAL) in rec.raised[1]:
+        said = {"internal": (INTERNAL,), "partial": (PARTIAL,), "any": ANY}[kind]
+        if rec.raised and any(m in rec.raised[1] for m in said):
             checks[kind].add(rec.raised[0])
-        lets[kind] |= rec.ran_internal if kind == "internal" else rec.ran_partial
-    return {k: sorted(checks[k] - lets[k]) for k in checks}
+        lets[kind] |= {"internal": rec.ran_internal, "partial": rec.ran_partial, "any": rec.ran_any}[kind]
+    found = {k: sorted(checks[k] - lets[k]) for k in checks}
+    # Partial overlap is a case of any overlap: an op in "any" needs no "partial" row.
+    found["partial"] = sorted(set(found["partial"]) - set(found["any"]))
+    return found
 
 
 def main(argv=None):
@@ -157,12 +244,14 @@ def main(argv=None):
     a = p.parse_args(argv)
     found = probe(set(a.ops.split(",")) if a.ops else None)
     doc = {"about": "ATen ops (base names) whose CPU kernels refuse to write through internally overlapping "
-                    "memory, or through memory partly shared with an input (tools/overlap_checks.py)",
+                    "memory, through memory partly shared with an input, or through any memory an input "
+                    "shares (tools/overlap_checks.py)",
            "torch": torch.__version__, "date": datetime.date.today().isoformat(), **found}
     with open(a.write, "w") as f:
         json.dump(doc, f, indent=1)
         f.write("\n")
-    print(f"internal: {len(found['internal'])} ops, partial: {len(found['partial'])} ops -> {a.write}")
+    print(f"internal: {len(found['internal'])} ops, partial: {len(found['partial'])} ops, "
+          f"any: {len(found['any'])} ops -> {a.write}")
 
 
 if __name__ == "__main__":

@@ -15,7 +15,9 @@
 // table. tpu::_dispatch_stats() counts both (tests/python/test_dispatch_cost.py
 // holds them) and, when turned on, the host time per op the dispatcher and
 // each mode add (benchmarks/host_cost.py).
+#include <ATen/Dispatch_v2.h>
 #include <ATen/MemoryOverlap.h>
+#include <ATen/native/DistributionTemplates.h>
 #include <c10/util/SmallVector.h>
 #include <torch/library.h>
 
@@ -197,7 +199,9 @@ void raise(const Refusal& r) {
 // (tools/overlap_checks.py). tpu writes through views its own way and would
 // give some answer instead.
 struct OverlapChecks {
-  std::set<std::string> internal, partial;
+  // `any`: kernels that call assert_no_overlap (cat(out=) one of its inputs,
+  // index_copy_ from a source inside self): the same memory is refused too.
+  std::set<std::string> internal, partial, any;
 };
 
 OverlapChecks& overlapChecks() {
@@ -223,10 +227,14 @@ struct OpFacts {
   bool complex_ok = false;        // complexScalarsAllowed
   bool moves_indices = false;     // index, index_put, ...: CPU indices and masks are moved first
   bool fill_value_check = false;  // fill_.Scalar and its relatives: the value must fit the dtype
-  bool fill_range = false;        // aten::fill_.Scalar and aten::zero_: the strict-only range shortcut
-  bool zero = false;              // aten::zero_
-  bool arange = false;            // aten::arange.start_out / .out: the strict-only host upload
-  bool overlap_internal = false, overlap_partial = false;
+  bool random_bounds = false;     // random_.from / random_.to: PyTorch's range checks and warnings
+  // Checks PyTorch's CPU and CUDA kernels make and its meta kernels do not (checkLikeKernels).
+  enum class KernelCheck : uint8_t { None, InPlaceBroadcast, BoolResult, EluBackward, IndexSelect, Gather };
+  KernelCheck kernel_check = KernelCheck::None;
+  bool fill_range = false;  // aten::fill_.Scalar and aten::zero_: the strict-only range shortcut
+  bool zero = false;        // aten::zero_
+  bool arange = false;      // aten::arange.start_out / .out: the strict-only host upload
+  bool overlap_internal = false, overlap_partial = false, overlap_any = false;
   std::vector<char> writes;            // per schema argument: the op writes it
   std::vector<char> dtype_arg;         // per schema argument: a ScalarType (dtype=) argument
   const RefusalRows* exact = nullptr;  // this overload's refusal rows, if any
@@ -272,12 +280,30 @@ std::shared_ptr<const OpFacts> buildFacts(const c10::OperatorHandle& op) {
   f->moves_indices = base == "index" || base == "index_put" || base == "_index_put_impl" || base == "_unsafe_index" ||
                      base == "_unsafe_index_put";
   f->fill_value_check = base == "fill" && overload == "Scalar";
+  f->random_bounds = base == "random" && (overload == "from" || overload == "to");
+  {
+    using K = OpFacts::KernelCheck;
+    static const std::set<std::string> products = {"addmm", "addmv", "addbmm", "baddbmm", "addr"};
+    const bool in_place = !name.empty() && name.back() == '_' && !schema.arguments().empty() &&
+                          schema.arguments()[0].alias_info() && schema.arguments()[0].alias_info()->isWrite();
+    if ((base == "all" || base == "any") && overload.find("out") != std::string::npos)
+      f->kernel_check = K::BoolResult;
+    else if (base == "elu_backward")
+      f->kernel_check = K::EluBackward;
+    else if (base == "index_select")
+      f->kernel_check = K::IndexSelect;
+    else if (base == "gather")
+      f->kernel_check = K::Gather;
+    else if (in_place && overlapChecks().internal.count(base) && !products.count(base))
+      f->kernel_check = K::InPlaceBroadcast;  // TensorIterator's in-place ops (they check internal overlap)
+  }
   f->zero = name == "aten::zero_";
   f->fill_range = f->zero || (name == "aten::fill_" && overload == "Scalar");
   f->arange = name == "aten::arange" && (overload == "start_out" || overload == "out");
   const OverlapChecks& checks = overlapChecks();
   f->overlap_internal = checks.internal.count(base) > 0;
   f->overlap_partial = checks.partial.count(base) > 0;
+  f->overlap_any = checks.any.count(base) > 0;
   for (const auto& a : schema.arguments()) {
     f->writes.push_back(a.alias_info() && a.alias_info()->isWrite());
     f->dtype_arg.push_back(baseType(a.real_type())->kind() == c10::TypeKind::ScalarTypeType);
@@ -380,15 +406,25 @@ void refuseLikeCpu(const OpFacts& f, const std::vector<IValue>& args) {
 }
 
 void checkOverlaps(const OpFacts& f, const std::vector<IValue>& args) {
-  if (!f.overlap_internal && !f.overlap_partial) return;
+  if (!f.overlap_internal && !f.overlap_partial && !f.overlap_any) return;
   for (size_t i = 0; i < args.size() && i < f.writes.size(); ++i) {
     if (!f.writes[i] || !args[i].isTensor()) continue;
     const at::Tensor& written = args[i].toTensor();
     if (f.overlap_internal) at::assert_no_internal_overlap(written);
-    if (f.overlap_partial)
-      for (size_t j = 0; j < args.size(); ++j)
-        if (j != i && args[j].isTensor() && args[j].toTensor().defined())
-          at::assert_no_partial_overlap(written, args[j].toTensor());
+    if (!f.overlap_partial && !f.overlap_any) continue;
+    auto check = [&](const at::Tensor& other) {
+      if (!other.defined()) return;
+      if (f.overlap_any)
+        at::assert_no_overlap(written, other);
+      else
+        at::assert_no_partial_overlap(written, other);
+    };
+    for (size_t j = 0; j < args.size(); ++j) {
+      if (j == i) continue;
+      if (args[j].isTensor()) check(args[j].toTensor());
+      if (f.overlap_any && args[j].isTensorList())
+        for (const at::Tensor& t : args[j].toTensorList()) check(t);
+    }
   }
 }
 
@@ -433,13 +469,16 @@ void moveIndicesToDevice(torch::jit::Stack* stack, size_t n) {
   IValue& self = (*stack)[stack->size() - n];
   IValue& idx = (*stack)[stack->size() - n + 1];
   if (!self.isTensor() || !idx.isList()) return;
-  c10::Device dev = self.toTensor().device();
+  const at::Tensor& st = self.toTensor();
+  c10::Device dev = st.device();
   auto lst = idx.toList();
   bool changed = false;
   c10::List<std::optional<at::Tensor>> out;
+  int64_t pos = 0;  // the indexed tensor's dim the next index starts at
   for (const IValue& e : lst) {
     if (!e.isTensor() || !e.toTensor().defined()) {
       out.push_back(std::nullopt);
+      ++pos;
       continue;
     }
     at::Tensor t = e.toTensor();
@@ -448,11 +487,18 @@ void moveIndicesToDevice(torch::jit::Stack* stack, size_t n) {
       changed = true;
     }
     if (t.scalar_type() == at::kBool || t.scalar_type() == at::kByte) {
+      // A mask covers as many dims as it has, each of the indexed tensor's size.
+      for (int64_t j = 0; j < t.dim(); ++j)
+        TORCH_CHECK_INDEX(pos + j < st.dim() && t.size(j) == st.size(pos + j), "The shape of the mask ", t.sizes(),
+                          " at index ", j, " does not match the shape of the indexed tensor ", st.sizes(), " at index ",
+                          pos + j);
+      pos += t.dim();
       at::Tensor nz = at::nonzero(t);
       for (int64_t j = 0; j < t.dim(); ++j) out.push_back(nz.select(1, j));
       changed = true;
     } else {
       out.push_back(t);
+      ++pos;
     }
   }
   if (changed) idx = IValue(out);
@@ -504,8 +550,80 @@ void checkFillValue(const std::vector<IValue>& args) {
   const at::Tensor& self = args[0].toTensor();
   const at::Scalar v = args[1].toScalar();
   if (self.is_complex() || v.isComplex()) return;
-  AT_DISPATCH_ALL_TYPES_AND3(at::kHalf, at::kBFloat16, at::kBool, self.scalar_type(), "fill_",
-                             [&] { (void)v.to<scalar_t>(); });
+  AT_DISPATCH_V2(self.scalar_type(), "fill_", AT_WRAP([&] { (void)v.to<scalar_t>(); }), AT_EXPAND(AT_ALL_TYPES),
+                 at::kHalf, at::kBFloat16, at::kBool, AT_EXPAND(AT_BAREBONES_UNSIGNED_TYPES));
+}
+
+// Checks PyTorch's CPU and CUDA kernels make that its meta kernels skip, so
+// the meta run (op_steps/op_plan.cpp) does not raise them: the same exception
+// type and words, in every mode.
+void checkLikeKernels(const OpFacts& f, const std::vector<IValue>& args) {
+  using K = OpFacts::KernelCheck;
+  auto tensor = [&](size_t i) -> const at::Tensor* {
+    return i < args.size() && args[i].isTensor() && args[i].toTensor().defined() ? &args[i].toTensor() : nullptr;
+  };
+  switch (f.kernel_check) {
+    case K::None:
+      return;
+    case K::InPlaceBroadcast: {  // x.atan2_(y) where y would grow x
+      const at::Tensor* self = tensor(0);
+      if (!self) return;
+      c10::DimVector shape(self->sizes().begin(), self->sizes().end());
+      try {
+        for (size_t i = 1; i < args.size(); ++i)
+          if (const at::Tensor* t = tensor(i)) shape = at::infer_size_dimvector(shape, t->sizes());
+      } catch (const c10::Error&) {
+        return;  // not broadcastable at all: the op's own path says so
+      }
+      TORCH_CHECK(c10::IntArrayRef(shape) == self->sizes(), "output with shape ", self->sizes(),
+                  " doesn't match the broadcast shape ", c10::IntArrayRef(shape));
+      return;
+    }
+    case K::BoolResult: {  // all/any(out=): a bool result (uint8 for a uint8 input)
+      const at::Tensor* self = tensor(0);
+      const at::Tensor* out = nullptr;
+      for (size_t i = args.size(); i-- > 1 && !out;) out = tensor(i);
+      if (!self || !out) return;
+      const bool ok =
+          out->scalar_type() == at::kBool || (self->scalar_type() == at::kByte && out->scalar_type() == at::kByte);
+      TORCH_CHECK(ok, f.base, " only supports bool tensor for result, got: ", out->scalar_type());
+      return;
+    }
+    case K::EluBackward:  // elu_backward(grad, alpha, scale, input_scale, is_result, self_or_result)
+      if (args.size() > 4 && args[4].isBool() && args[4].toBool() && args[1].isScalar())
+        TORCH_CHECK(args[1].toScalar().toDouble() >= 0,
+                    "In-place elu backward calculation is triggered with a negative slope which is not supported. "
+                    "This is caused by calling in-place forward function with a negative slope, please call "
+                    "out-of-place version instead.");
+      return;
+    case K::IndexSelect:  // index_select(self, dim, index)
+      if (const at::Tensor* index = tensor(2))
+        TORCH_CHECK_INDEX(index->dim() <= 1, "index_select(): Index is supposed to be a vector");
+      return;
+    case K::Gather:  // gather(self, dim, index)
+      if (const at::Tensor *self = tensor(0), *index = tensor(2); self && index)
+        TORCH_CHECK(std::max<int64_t>(self->dim(), 1) == std::max<int64_t>(index->dim(), 1),
+                    "Index tensor must have the same number of dimensions as input tensor");
+      return;
+  }
+}
+
+// random_(from, to) and random_(to): the bounds PyTorch checks on every call,
+// with its errors and its warnings (a float tensor's range beyond exactly
+// representable integers), before the program's own check.
+void checkRandomBounds(const c10::OperatorHandle& op, const std::vector<IValue>& args) {
+  if (!args[0].isTensor() || !args[1].isInt()) return;
+  const at::Tensor& self = args[0].toTensor();
+  const bool from_to = op.schema().overload_name() == "from";
+  const int64_t from = from_to ? args[1].toInt() : 0;
+  std::optional<int64_t> to;
+  if (!from_to)
+    to = args[1].toInt();
+  else if (args.size() > 2 && args[2].isInt())
+    to = args[2].toInt();
+  if (!to) return;  // up to the dtype's range: nothing to check
+  TORCH_CHECK(from < *to, "random_ expects 'from' to be less than 'to', but got from=", from, " >= to=", *to);
+  at::native::templates::check_from_to_in_range(from, *to - 1, self.dtype());
 }
 
 // x[a:b].fill_(v) or .zero_() where the view is one contiguous run of a
@@ -585,8 +703,8 @@ void writeKept(const at::Tensor& self, const KeptUploads::Key& key, MakeHost&& h
     runtime::metrics().constant_reuses++;
   } else {
     const at::Tensor h = host();
-    buffer = runtime::Runtime::get().upload(h.data_ptr(), toIr(self.scalar_type()), {self.numel()},
-                                            self.device().index());
+    buffer =
+        runtime::Runtime::get().upload(h.data_ptr(), toIr(self.scalar_type()), {self.numel()}, self.device().index());
     const int64_t bytes = self.numel() * static_cast<int64_t>(self.element_size());
     std::lock_guard<std::mutex> g(kept->mu);
     if (!kept->kept.count(key) && kept->bytes + bytes <= KeptUploads::kBudget) {
@@ -603,8 +721,12 @@ bool fillWhole(const OpFacts& f, torch::jit::Stack* stack, const std::vector<IVa
   if (!wholeSmall(self)) return false;
   const at::Scalar v = f.zero ? at::Scalar(0) : args[1].toScalar();
   if (v.isComplex()) return false;
-  const KeptUploads::Key key{v.isFloatingPoint() ? 1 : 0, self.device().index(), static_cast<int64_t>(self.scalar_type()),
-                             self.numel(), scalarBits(v), 0};
+  const KeptUploads::Key key{v.isFloatingPoint() ? 1 : 0,
+                             self.device().index(),
+                             static_cast<int64_t>(self.scalar_type()),
+                             self.numel(),
+                             scalarBits(v),
+                             0};
   writeKept(self, key, [&] { return at::full({self.numel()}, v, at::TensorOptions().dtype(self.scalar_type())); });
   torch::jit::drop(*stack, args.size());
   torch::jit::push(*stack, self);
@@ -652,8 +774,11 @@ bool arangeWhole(const OpFacts& f, torch::jit::Stack* stack, const std::vector<I
   if (host.numel() > 0) {
     if (wholeSmall(out)) {
       const KeptUploads::Key key{2 + (start.isFloatingPoint() ? 1 : 0) + (step.isFloatingPoint() ? 2 : 0),
-                                 out.device().index(), static_cast<int64_t>(out.scalar_type()), out.numel(),
-                                 scalarBits(start), scalarBits(step)};
+                                 out.device().index(),
+                                 static_cast<int64_t>(out.scalar_type()),
+                                 out.numel(),
+                                 scalarBits(start),
+                                 scalarBits(step)};
       writeKept(out, key, [&] { return host; });
     } else {
       copyInto(out, host);
@@ -712,7 +837,8 @@ void boxedKernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   }
   const size_t n = f.writes.size();
   // Before the CPU fallback too: its copies of the arguments no longer overlap.
-  if (f.overlap_internal || f.overlap_partial) checkOverlaps(f, std::vector<IValue>(stack->end() - n, stack->end()));
+  if (f.overlap_internal || f.overlap_partial || f.overlap_any)
+    checkOverlaps(f, std::vector<IValue>(stack->end() - n, stack->end()));
   if (!f.low) {
     findDevice(op, std::vector<IValue>(stack->end() - n, stack->end()));  // mixing devices is an error here too
     timer.enter(Route::Fallback);
@@ -732,14 +858,16 @@ void boxedKernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   p.base = f.base;
   p.key = signature(op, p.args, f.low);
   if (f.fill_value_check) checkFillValue(p.args);
+  if (f.random_bounds) checkRandomBounds(op, p.args);
+  if (f.kernel_check != OpFacts::KernelCheck::None) checkLikeKernels(f, p.args);
   auto& fusion = runtime::Fusion::get();
   // The mode: fused eager when it is on, unless the op's result sizes depend
   // on data (then what is pending runs first, and the op runs strict).
   const bool fused = fusion.enabled() && !f.low->data_dependent;
   timer.enter(fused ? Route::Fused : Route::Strict);
-  if (!fusion.enabled() ? fillWhole(f, stack, p.args) || fillContiguousRange(f, stack, p.args) ||
-                             arangeWhole(f, stack, p.args)
-                       : fillWholeDeferred(f, stack, p.args, fusion))
+  if (!fusion.enabled()
+          ? fillWhole(f, stack, p.args) || fillContiguousRange(f, stack, p.args) || arangeWhole(f, stack, p.args)
+          : fillWholeDeferred(f, stack, p.args, fusion))
     return;
   if (fusion.enabled() && !fused) fusion.flush(p.device);
   std::optional<std::string> why;
@@ -884,8 +1012,9 @@ void setDtypeRefusals(
   guardCompositeRefusals();
 }
 
-void setOverlapChecks(std::vector<std::string> internal, std::vector<std::string> partial) {
-  overlapChecks() = {{internal.begin(), internal.end()}, {partial.begin(), partial.end()}};
+void setOverlapChecks(std::vector<std::string> internal, std::vector<std::string> partial,
+                      std::vector<std::string> any) {
+  overlapChecks() = {{internal.begin(), internal.end()}, {partial.begin(), partial.end()}, {any.begin(), any.end()}};
   opTablesChanged();
 }
 

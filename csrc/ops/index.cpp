@@ -2,6 +2,7 @@
 // (index / index_put), index_add/copy/fill, embedding backward.
 // Negative indices wrap as in PyTorch.
 #include <limits>
+#include <stdexcept>
 
 #include "ops/common.h"
 
@@ -268,7 +269,13 @@ AdvIndex advancedIndex(Ctx& c, const Value& x, const std::vector<Value>& indices
     idx.push_back(indices[i]);
   }
   if (idx.empty()) throw ir::Unsupported("indexing without index tensors");
-  for (const auto& v : idx) a.batch = broadcastShapes(a.batch, v.shape());
+  try {
+    for (const auto& v : idx) a.batch = broadcastShapes(a.batch, v.shape());
+  } catch (const std::invalid_argument&) {  // PyTorch's IndexError and words
+    std::string shapes;
+    for (const auto& v : idx) shapes += (shapes.empty() ? "" : ", ") + ir::shapeStr(v.shape());
+    throw std::out_of_range("shape mismatch: indexing tensors could not be broadcast together with shapes " + shapes);
+  }
   Shape s = a.batch;
   s.push_back(1);
   std::vector<Value> parts;
@@ -334,6 +341,24 @@ std::vector<Value> indexPut(Ctx& c) {
   dn.scatter_dims_to_operand_dims = a.indexed;
   dn.index_vector_dim = nb;
   Value v = c.b.convert(c.tensor(2), x.dtype());
+  // The values must broadcast to the indexing result, in PyTorch's layout (the
+  // batch dims at `first` when the indexed dims are not adjacent).
+  Shape result = upd_shape;
+  if (!a.front) {
+    result.clear();
+    const int64_t nrest = static_cast<int64_t>(upd_shape.size()) - nb;
+    for (int64_t i = 0; i < a.first; ++i) result.push_back(upd_shape[nb + i]);
+    for (int64_t i = 0; i < nb; ++i) result.push_back(upd_shape[i]);
+    for (int64_t i = a.first; i < nrest; ++i) result.push_back(upd_shape[nb + i]);
+  }
+  bool fits = v.rank() <= static_cast<int>(result.size());
+  for (int i = 1; fits && i <= v.rank(); ++i) {
+    const int64_t d = v.shape()[v.rank() - i];
+    fits = d == 1 || d == result[result.size() - i];
+  }
+  if (!fits)
+    throw std::invalid_argument("shape mismatch: value tensor of shape " + ir::shapeStr(v.shape()) +
+                                " cannot be broadcast to indexing result of shape " + ir::shapeStr(result));
   if (!a.front) {
     // values are laid out with batch dims at `first`: broadcast there, then
     // move them to the front.

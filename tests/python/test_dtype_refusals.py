@@ -175,3 +175,24 @@ def test_a_dtype_argument_is_not_a_tensor_of_that_dtype():
         x.cumsum(0, dtype=torch.bool)
     with pytest.raises(NotImplementedError, match="cumsum_out_cpu"):
         t.cumsum(0, dtype=torch.bool)
+
+
+@pytest.mark.parametrize("mode", ["strict", "fused"])
+def test_what_the_cpu_refuses_and_cuda_computes_is_computed_as_cuda_does(mode):
+    # The table's "beyond" rows (issue 2/6, class 10): the CPU raises, CUDA's kernel computes, so
+    # tpu computes CUDA's result (each checked here against what that kernel does, computed on
+    # the CPU through a dtype it takes).
+    b = torch.tensor([[True, False, True], [False, True, True], [True, True, False]])
+    ints = torch.tensor([0, 3, 3, 7, 9, 1, 4])
+    x16 = torch.tensor([-2.0, -0.5, 0.0, 1.5, 3.0], dtype=torch.float16)
+    with torch_tpu.mode(mode):
+        tb = b.to("tpu")
+        assert torch.equal(torch.abs(tb).cpu(), b)  # abs_cuda: the identity on bool
+        torch.testing.assert_close(torch.nn.functional.softsign(tb).cpu(), b / (1 + b.long()))
+        got = torch.trace(tb).cpu()  # trace_cuda: the diagonal's sum, int64 for bool
+        assert got.dtype == torch.int64 and got.item() == 2
+        torch.testing.assert_close(torch.histc(ints.to("tpu"), bins=5, min=0, max=10).cpu(),
+                                   torch.histc(ints.float(), bins=5, min=0, max=10).to(torch.int64))
+        got = torch.nn.functional.rrelu(x16.to("tpu"), training=False).cpu()  # eval: the mean slope
+        assert got.dtype == torch.float16
+        torch.testing.assert_close(got, torch.nn.functional.rrelu(x16.float(), training=False).half())

@@ -1,0 +1,137 @@
+"""Errors PyTorch raises are raised on tpu too (issue 2/6, class 4): the same exception type as
+the CPU, for writes through memory an input shares, out= dtypes, in-place ops whose result would
+have to grow self, factories with invalid sizes, index shapes that do not broadcast, and
+random_'s range checks and warnings. Each case runs on the CPU first: a case the CPU does not
+refuse fails here."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import torch_tpu  # noqa: F401  (registers the device)
+
+pytestmark = pytest.mark.mode_dependent
+
+
+def raised(fn, device):
+    try:
+        out = fn(device)
+        if isinstance(out, torch.Tensor) and out.device.type == "tpu":
+            out.cpu()
+    except Exception as e:  # noqa: BLE001
+        return type(e), str(e)
+    return None, ""
+
+
+def same_error(fn, match=None):
+    cpu_type, cpu_msg = raised(fn, "cpu")
+    assert cpu_type is not None, "the CPU raises nothing here: not a case"
+    tpu_type, tpu_msg = raised(fn, "tpu")
+    assert tpu_type is cpu_type, f"CPU: {cpu_type.__name__}: {cpu_msg[:200]}; tpu: {tpu_type} {tpu_msg[:300]}"
+    if match:
+        assert match in tpu_msg, tpu_msg
+
+
+OVERLAP = {
+    "cat(out=an input)": lambda d: (lambda a: torch.cat([a, torch.ones(2, device=d)], out=a))(torch.ones(2, device=d)),
+    "cat(out=a view of an input)": lambda d: (lambda a: torch.cat([a[:2], a[2:]], out=a[1:]))(torch.ones(5, device=d)),
+    "index_copy_ from inside self": lambda d: (lambda x: x.index_copy_(0, torch.tensor([0, 1], device=d), x[1:3]))(
+        torch.arange(5.0, device=d)),
+    "add_ of a view of self": lambda d: (lambda x: x[1:].add_(x[:-1]))(torch.arange(5.0, device=d)),
+    "mul(out=partly an input)": lambda d: (lambda x: torch.mul(x[:-1], 2, out=x[1:]))(torch.arange(5.0, device=d)),
+    "expanded in-place write": lambda d: torch.ones(1, 3, device=d).expand(2, 3).add_(1),
+}
+
+
+@pytest.mark.parametrize("case", sorted(OVERLAP))
+def test_overlapping_writes(case):
+    same_error(OVERLAP[case], "memory location")
+
+
+BROADCAST_GROWS_SELF = {
+    "atan2_": lambda d: torch.ones(3, device=d).atan2_(torch.ones(2, 3, device=d)),
+    "add_": lambda d: torch.ones(3, device=d).add_(torch.ones(2, 3, device=d)),
+    "copysign_": lambda d: torch.ones(3, device=d).copysign_(torch.ones(2, 3, device=d)),
+    "lerp_": lambda d: torch.ones(3, device=d).lerp_(torch.ones(2, 3, device=d), 0.5),
+    "addcmul_": lambda d: torch.ones(3, device=d).addcmul_(torch.ones(2, 3, device=d), torch.ones(3, device=d)),
+    "pow_": lambda d: torch.ones(3, device=d).pow_(torch.ones(2, 3, device=d)),
+    "where(out=)": lambda d: torch.where(torch.ones(2, 3, dtype=torch.bool, device=d), 1.0, 0.0,
+                                          out=torch.ones(3, device=d)),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BROADCAST_GROWS_SELF))
+def test_in_place_broadcast_that_would_grow_self(case):
+    same_error(BROADCAST_GROWS_SELF[case])
+
+
+def test_out_dtypes():
+    same_error(lambda d: torch.all(torch.ones(3, device=d), dim=0, out=torch.empty((), device=d)))
+    same_error(lambda d: torch.any(torch.ones(3, device=d), dim=0, out=torch.empty((), dtype=torch.int32, device=d)))
+    same_error(lambda d: torch.add(torch.ones(3, device=d), 1.5, out=torch.empty(3, dtype=torch.int64, device=d)))
+
+
+def test_elu_in_place_with_a_negative_alpha():
+    def fn(d):
+        x = torch.randn(4, device=d, requires_grad=True)
+        y = F.elu_(x.clone(), alpha=-2.0)
+        y.sum().backward()
+
+    same_error(fn, "negative slope")
+
+
+FACTORIES = {
+    "empty(-1)": lambda d: torch.empty(-1, device=d),
+    "zeros(2, -3)": lambda d: torch.zeros(2, -3, device=d),
+    "full((-1,))": lambda d: torch.full((-1,), 1.0, device=d),
+    "ones overflowing": lambda d: torch.ones(2**62, 2**62, device=d),
+    "randn(-2)": lambda d: torch.randn(-2, device=d),
+    "arange with the wrong step sign": lambda d: torch.arange(0, 5, -1, device=d),
+    "arange with a zero step": lambda d: torch.arange(0, 5, 0, device=d),
+    "linspace with negative steps": lambda d: torch.linspace(0, 1, -2, device=d),
+    "eye(-1)": lambda d: torch.eye(-1, device=d),
+    "empty_strided with a negative stride": lambda d: torch.empty_strided((2,), (-1,), device=d),
+}
+
+
+@pytest.mark.parametrize("case", sorted(FACTORIES))
+def test_factories_with_invalid_sizes(case):
+    same_error(FACTORIES[case])
+
+
+INDEX_SHAPES = {
+    "indices that do not broadcast": lambda d: torch.zeros(4, 4, device=d)[torch.tensor([0, 1], device=d),
+                                                                          torch.tensor([0, 1, 2], device=d)],
+    "mask of another shape": lambda d: torch.zeros(4, device=d)[torch.tensor([True, False, True], device=d)],
+    "2-d mask of another shape": lambda d: torch.zeros(3, 4, device=d)[torch.ones(3, 3, dtype=torch.bool, device=d)],
+    "index_put values of another shape": lambda d: torch.zeros(4, device=d).index_put_(
+        (torch.tensor([0, 1, 2], device=d),), torch.ones(2, device=d)),
+    "setitem values of another shape": lambda d: torch.zeros(4, 3, device=d).__setitem__(
+        torch.tensor([0, 1], device=d), torch.ones(3, 3, device=d)),
+    "index_select of a 2-d index": lambda d: torch.zeros(4, device=d).index_select(0, torch.zeros(2, 2, dtype=torch.long,
+                                                                                                   device=d)),
+    "gather of another rank": lambda d: torch.zeros(4, 4, device=d).gather(1, torch.zeros(4, dtype=torch.long, device=d)),
+}
+
+
+@pytest.mark.parametrize("case", sorted(INDEX_SHAPES))
+def test_index_shapes(case):
+    # PyTorch's own words (the first of them), not an IR message about broadcastTo.
+    cpu_msg = raised(INDEX_SHAPES[case], "cpu")[1]
+    same_error(INDEX_SHAPES[case], cpu_msg.split(":")[0][:30])
+
+
+def test_random_range_checks_and_warnings():
+    same_error(lambda d: torch.empty(3, dtype=torch.int8, device=d).random_(0, 1000), "out of bounds")
+    same_error(lambda d: torch.empty(3, device=d).random_(5, 5), "from")
+    for dt in (torch.bfloat16, torch.float32, torch.float64):
+        for dev in ("cpu", "tpu"):
+            with warnings.catch_warnings(record=True) as w:
+                warnings.simplefilter("always")
+                torch.empty(3, dtype=dt, device=dev).random_(0, 2**60)
+            said = [str(x.message) for x in w if "out of bounds" in str(x.message)]
+            assert said and "precision limitations" in said[0], (dt, dev, [str(x.message) for x in w])
