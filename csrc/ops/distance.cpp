@@ -1,6 +1,7 @@
 // p-norm distances between row vectors: cdist and pdist, and their
 // gradients. Computed from the differences directly (not via matrix
 // products), which is exact for every p.
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -91,6 +92,31 @@ Registrar reg_cdist("_cdist_forward", [](Ctx& c) {
   Value a = b.broadcastTo(b.convert(x1, acc), s1), bb = b.broadcastTo(b.convert(x2, acc), s2);
   if (Type{acc, out.shape}.numel() == 0) return std::vector<Value>{b.zeros(out)};
   return std::vector<Value>{b.convert(distances(b, pairDiff(b, a, bb), p), out.dtype)};
+});
+
+// _euclidean_dist(x1, x2): the matrix-product form torch.cdist takes for p = 2
+// past 25 rows, as one program (PyTorch's decomposition was ten, each compiled
+// per shape): [-2 x1, |x1|^2, 1] . [x2, 1, |x2|^2], clamped at 0, square root.
+Registrar reg_euclidean_dist("_euclidean_dist", [](Ctx& c) {
+  ir::Builder& b = c.b;
+  Value x1 = c.tensor(0), x2 = c.tensor(1);
+  const int r = x1.rank();
+  if (!ir::isFloat(x1.dtype()) || r < 2 || x2.rank() != r ||
+      !std::equal(x1.shape().begin(), x1.shape().end() - 2, x2.shape().begin()))
+    throw ir::Unsupported("_euclidean_dist arguments");
+  const DType out = outType(c, ir::promote(x1.dtype(), x2.dtype()));
+  const DType acc = accOf(out);
+  Value a = b.convert(x1, acc), bb = b.convert(x2, acc);
+  const int64_t last = r - 1;
+  auto norms = [&](const Value& v) { return keepDims(b, reduceSum(b, mul(b, v, v), {last}), v.shape(), {last}); };
+  Value na = norms(a), nb = norms(bb);
+  Value lhs = b.concatenate({mul(b, a, b.constant(-2.0, acc, a.shape())), na, b.constant(1.0, acc, na.shape())}, last);
+  Value rhs = b.concatenate({bb, b.constant(1.0, acc, nb.shape()), nb}, last);
+  std::vector<int64_t> batch;
+  for (int i = 0; i < r - 2; ++i) batch.push_back(i);
+  Value d = b.dotGeneral(lhs, rhs, batch, batch, {last}, {last}, acc);
+  d = b.binary("maximum", d, b.zeros(d.type));
+  return std::vector<Value>{b.convert(b.unary("sqrt", d), out)};
 });
 
 // _cdist_backward(grad, x1, x2, p, cdist) -> grad of x1

@@ -1,6 +1,7 @@
 // Neural-network ops: softmax, normalisation, convolution, pooling, losses,
 // with their backward ops.
 #include <cmath>
+#include <limits>
 #include <optional>
 #include <utility>
 
@@ -35,6 +36,30 @@ Registrar reg_softmax("_softmax", [](Ctx& c) { return softmaxImpl(c, false); });
 Registrar reg_log_softmax("_log_softmax", [](Ctx& c) { return softmaxImpl(c, true); });
 Registrar reg_softmax2("softmax", [](Ctx& c) { return softmaxImpl(c, false); });
 Registrar reg_log_softmax2("log_softmax", [](Ctx& c) { return softmaxImpl(c, true); });
+
+// _masked_softmax(x, mask, dim?, mask_type?): softmax over the positions the
+// bool mask leaves (true: masked out); a row with every position masked is
+// NaN, as PyTorch's CPU kernel gives. mask_type 1 is a [B, L] key-padding mask of a
+// [B, H, L, L] input; 0 ([L, L]) and 2 broadcast. One program (it ran on the CPU).
+Registrar reg_masked_softmax("_masked_softmax", [](Ctx& c) {
+  ir::Builder& b = c.b;
+  Value x = c.tensor(0), mask = c.tensor(1);
+  if (mask.dtype() != DType::Bool || !ir::isFloat(x.dtype()) || x.rank() == 0)
+    throw ir::Unsupported("_masked_softmax arguments");
+  const int64_t dim = wrapDim(c.i64Or(2, -1), x.rank());
+  const int64_t type = c.i64Or(3, -1);
+  if (type == 1 && x.rank() == 4 && mask.rank() == 2) mask = b.reshape(mask, {mask.shape()[0], 1, 1, mask.shape()[1]});
+  mask = b.broadcastTo(mask, x.shape());
+  const DType out = outType(c, x.dtype());
+  const DType acc = accOf(out);
+  Value xx = b.convert(x, acc);
+  const Value ninf = b.constant(-std::numeric_limits<double>::infinity(), acc, x.shape());
+  Value xm = b.select(mask, ninf, xx);
+  Value m = bcast(b, keepDims(b, reduceMax(b, xm, {dim}), x.shape(), {dim}), x.shape());
+  Value e = b.unary("exponential", sub(b, xm, m));  // a row with every position masked: NaN, as on the CPU
+  Value s = bcast(b, keepDims(b, reduceSum(b, e, {dim}), x.shape(), {dim}), x.shape());
+  return std::vector<Value>{b.convert(div(b, e, s), out)};
+});
 
 // _softmax_backward_data / _log_softmax_backward_data(grad, output, dim, input_dtype):
 // shared set-up, the formula differs.
