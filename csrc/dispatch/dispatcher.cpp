@@ -601,7 +601,7 @@ void checkLikeKernels(const OpFacts& f, const std::vector<IValue>& args) {
         TORCH_CHECK_INDEX(index->dim() <= 1, "index_select(): Index is supposed to be a vector");
       return;
     case K::Gather:  // gather(self, dim, index)
-      if (const at::Tensor *self = tensor(0), *index = tensor(2); self && index)
+      if (const at::Tensor *self = tensor(0), *index = tensor(2); self && index && index->numel() > 0)  // as PyTorch
         TORCH_CHECK(std::max<int64_t>(self->dim(), 1) == std::max<int64_t>(index->dim(), 1),
                     "Index tensor must have the same number of dimensions as input tensor");
       return;

@@ -118,6 +118,12 @@ INDEX_SHAPES = {
 }
 
 
+def test_an_empty_gather_index_of_another_rank_is_allowed_as_on_the_cpu():
+    x = torch.arange(5.0)
+    idx = torch.zeros(2, 0, dtype=torch.long)
+    assert torch.gather(x.to("tpu"), 0, idx.to("tpu")).cpu().shape == torch.gather(x, 0, idx).shape == (2, 0)
+
+
 @pytest.mark.parametrize("case", sorted(INDEX_SHAPES))
 def test_index_shapes(case):
     # PyTorch's own words (the first of them), not an IR message about broadcastTo.
