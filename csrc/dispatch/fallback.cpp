@@ -45,6 +45,14 @@ void cpuFallback(const c10::OperatorHandle& op, torch::jit::Stack* stack, const 
   const auto& schema = op.schema();
   size_t n = schema.arguments().size();
   auto args = torch::jit::last(*stack, n);
+  // LAPACK's general eigensolver (MKL's sgebal) crashes the process on NaN or
+  // infinite input (on the CPU too): refuse it instead.
+  if (schema.name() == "aten::linalg_eig" || schema.name() == "aten::_linalg_eigvals") {
+    const IValue& a = args[0];
+    TORCH_CHECK(!a.isTensor() || at::isfinite(a.toTensor()).all().item<bool>(), "torch_tpu: ", name,
+                ": the input has NaN or infinite values; the CPU kernel it falls back to (LAPACK geev) crashes on "
+                "them");
+  }
   std::optional<c10::Device> target;
   for (size_t i = 0; i < n; ++i) {
     IValue& v = (*stack)[stack->size() - n + i];

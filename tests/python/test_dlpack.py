@@ -1,7 +1,8 @@
 """DLPack and raw memory on tpu (issue 2/6, class 2): a tpu tensor through torch.from_dlpack,
 __dlpack__ and back shares the exporter's memory; a consumer that cannot read device memory
-refuses with its own error; nothing a user does with the protocol crashes the process. Each case
-that once crashed runs in a subprocess, so a crash fails the test instead of killing pytest."""
+refuses with its own error; nothing a user does with the protocol crashes the process, nor does
+NaN input to the one CPU-fallback kernel the NaN/inf walk saw crash (LAPACK geev). Each case that
+once crashed runs in a subprocess, so a crash fails the test instead of killing pytest."""
 
 from __future__ import annotations
 
@@ -108,5 +109,24 @@ def test_round_trips_that_crashed_run_in_a_fresh_process():
         print(torch.from_dlpack(t, device="cpu").tolist())
         print(torch.from_dlpack(torch.utils.dlpack.to_dlpack(t)).cpu().tolist())
         print("ok")
+    """)
+    assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stdout[-2000:] + r.stderr[-3000:]
+
+
+def test_eigvals_of_nan_is_an_error_not_the_cpu_kernels_crash():
+    # The CPU fallback's LAPACK geev crashed the process on NaN input (on the CPU as well: the
+    # NaN/inf walk's one crash). On tpu it is a RuntimeError; the process goes on.
+    r = _run("""
+        import torch, torch_tpu
+        x = torch.randn(4, 4)
+        x[0, 0] = float("nan")
+        for f in (torch.linalg.eigvals, torch.linalg.eig):
+            try:
+                f(x.to("tpu"))
+            except RuntimeError as e:
+                assert "NaN or infinite" in str(e), e
+            else:
+                raise SystemExit("no error")
+        print(torch.linalg.eigvals(torch.eye(2).to("tpu")).cpu().tolist(), "ok")
     """)
     assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stdout[-2000:] + r.stderr[-3000:]
