@@ -283,7 +283,11 @@ std::shared_ptr<const OpFacts> buildFacts(const c10::OperatorHandle& op) {
   f->random_bounds = base == "random" && (overload == "from" || overload == "to");
   {
     using K = OpFacts::KernelCheck;
-    static const std::set<std::string> products = {"addmm", "addmv", "addbmm", "baddbmm", "addr"};
+    // Not elementwise: their other tensors are not broadcast against self.
+    static const std::set<std::string> products = {"addmm",      "addmv",       "addbmm",         "baddbmm",
+                                                   "addr",       "put",         "index_put",      "masked_scatter",
+                                                   "scatter",    "scatter_add", "scatter_reduce", "index_add",
+                                                   "index_copy", "index_fill",  "index_reduce"};
     const bool in_place = !name.empty() && name.back() == '_' && !schema.arguments().empty() &&
                           schema.arguments()[0].alias_info() && schema.arguments()[0].alias_info()->isWrite();
     if ((base == "all" || base == "any") && overload.find("out") != std::string::npos)
