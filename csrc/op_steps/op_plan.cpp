@@ -150,11 +150,14 @@ void collectTypes(const IValue& v, std::vector<ir::Type>& out) {
   }
 }
 
+// What the CPU says of an input a meta kernel refused.
+enum class CpuVerdict { Accepts, NoKernel, TooLarge };
+
 // Bad input found by a meta kernel: run the op on CPU tensors of the same
-// shapes so the user sees exactly the CPU's exception type and message.
-// Returns true if the CPU accepts the input (the caller rethrows the meta
-// error), false if the CPU has no kernel for the op.
-bool raiseAsCpu(const c10::OperatorHandle& op, const std::vector<IValue>& args) {
+// shapes, so the user sees exactly the CPU's exception type and message (the
+// call throws it). When the CPU accepts the input, `results` holds what it
+// returned, or for an op without returns the arguments it writes.
+CpuVerdict mirrorOnCpu(const c10::OperatorHandle& op, const std::vector<IValue>& args, torch::jit::Stack& results) {
   int64_t total = 0;
   auto toCpu = [&total](const at::Tensor& t) -> at::Tensor {
     if (!t.defined() || t.device().is_cpu()) return t;
@@ -182,15 +185,25 @@ bool raiseAsCpu(const c10::OperatorHandle& op, const std::vector<IValue>& args) 
       cs.push_back(v);
     }
   }
-  if (total > (int64_t(1) << 24)) return true;  // too large to mirror: keep the meta error
+  if (total > (int64_t(1) << 24)) return CpuVerdict::TooLarge;
+  const std::vector<IValue> written = cs;  // the same tensors: what an op without returns wrote
   try {
     op.callBoxed(&cs);  // throws the CPU's own error
   } catch (const c10::NotImplementedError&) {
     // No CPU kernel (ops PyTorch runs only off the CPU, such as the fused
     // RNN cells): nothing to compare the meta kernel's complaint with.
-    return false;
+    return CpuVerdict::NoKernel;
   }
-  return true;
+  const auto& schema = op.schema();
+  if (!schema.returns().empty()) {
+    results = std::move(cs);
+    return CpuVerdict::Accepts;
+  }
+  for (size_t i = 0; i < schema.arguments().size(); ++i) {
+    const auto& a = schema.arguments()[i];
+    if (a.alias_info() && a.alias_info()->isWrite()) results.push_back(written[i]);
+  }
+  return CpuVerdict::Accepts;
 }
 
 // Runs the op on meta tensors: PyTorch's own shape/dtype checks raise the
@@ -218,6 +231,11 @@ bool metaRun(const c10::OperatorHandle& op, const std::vector<IValue>& args, std
   ms.reserve(args.size());
   for (const auto& a : args) ms.push_back(metaOf(a));
   std::vector<IValue> meta_args = ms;  // keep the mutated args for void ops
+  // A meta kernel that refuses what the CPU kernel accepts (upsample_nearest's
+  // check of an empty batch is a TypeError in PyTorch's own meta kernel): the
+  // CPU's results give the types.
+  torch::jit::Stack cpu_results;
+  bool from_cpu = false;
   try {
     op.callBoxed(&ms);
   } catch (const c10::NotImplementedError&) {
@@ -229,8 +247,14 @@ bool metaRun(const c10::OperatorHandle& op, const std::vector<IValue>& args, std
         (m.find("not implemented") != std::string::npos || m.find("NotImplemented") != std::string::npos ||
          m.find("could not run") != std::string::npos || m.find("Could not run") != std::string::npos))
       return false;
-    if (!raiseAsCpu(op, args)) return false;
-    throw;
+    switch (mirrorOnCpu(op, args, cpu_results)) {
+      case CpuVerdict::NoKernel:
+        return false;
+      case CpuVerdict::TooLarge:
+        throw;
+      case CpuVerdict::Accepts:
+        from_cpu = true;
+    }
   } catch (const std::exception& e) {
     // A Python meta kernel's NotImplementedError arrives as a Python error.
     std::string m = e.what();
@@ -240,10 +264,20 @@ bool metaRun(const c10::OperatorHandle& op, const std::vector<IValue>& args, std
     // A meta kernel that fails where no CPU kernel could confirm the input
     // is bad (the fused LSTM cell's meta reads `.device` of its optional
     // biases) is treated as missing: the lowering's own checks apply.
-    if (!raiseAsCpu(op, args)) return false;
-    throw;
+    switch (mirrorOnCpu(op, args, cpu_results)) {
+      case CpuVerdict::NoKernel:
+        return false;
+      case CpuVerdict::TooLarge:
+        throw;
+      case CpuVerdict::Accepts:
+        from_cpu = true;
+    }
   }
-  if (!schema.returns().empty()) {
+  if (from_cpu) {
+    t_perms = perms;
+    for (const auto& r : cpu_results) collectTypes(r, expected);
+    t_perms = nullptr;
+  } else if (!schema.returns().empty()) {
     t_perms = perms;
     for (const auto& r : ms) collectTypes(r, expected);
     t_perms = nullptr;

@@ -443,4 +443,32 @@ Value erf(ir::Builder& b, const Value& x) {
   return erfApprox(b, x);
 }
 
+Value nanPropagating(ir::Builder& b, const char* op, const Value& x, const Value& y) {
+  Value r = b.binary(op, x, y);
+  if (!ir::isFloat(x.dtype())) return r;
+  Value nan = b.binary("or", b.compare(x, x, ir::Cmp::NE), b.compare(y, y, ir::Cmp::NE));
+  return b.select(nan, add(b, x, y), r);
+}
+
+// Reduction body for (value, flat index) pairs of a max pool: the larger
+// value wins, ties keep the smaller index, NaN wins (the last among NaNs, as
+// PyTorch's pooling kernels test `val > max || isnan(val)`); index -1 marks
+// the identity (padding).
+ir::Builder::BodyFn maxWithIndex(bool is_float) {
+  return [is_float](ir::Builder& bb, const std::vector<Value>& a) {
+    Value av = a[0], ai = a[1], cv = a[2], ci = a[3];
+    Value ainit = bb.compare(ai, bb.constantInt(-1, DType::I64), ir::Cmp::EQ);
+    Value cinit = bb.compare(ci, bb.constantInt(-1, DType::I64), ir::Cmp::EQ);
+    Value gt = bb.compare(cv, av, ir::Cmp::GT);
+    Value eq = bb.compare(cv, av, ir::Cmp::EQ);
+    Value pick = bb.binary("or", gt, bb.binary("and", eq, bb.compare(ci, ai, ir::Cmp::LT)));
+    if (is_float) {
+      Value cn = bb.compare(cv, cv, ir::Cmp::NE), an = bb.compare(av, av, ir::Cmp::NE);
+      pick = bb.select(an, bb.binary("and", cn, bb.compare(ci, ai, ir::Cmp::GT)), bb.binary("or", pick, cn));
+    }
+    pick = bb.select(ainit, bb.unary("not", cinit), bb.binary("and", pick, bb.unary("not", cinit)));
+    return std::vector<Value>{bb.select(pick, cv, av), bb.select(pick, ci, ai)};
+  };
+}
+
 }  // namespace tpu::ops

@@ -49,6 +49,11 @@ Value keepDims(ir::Builder& b, const Value& reduced, const Shape& in_shape, cons
 double lowestValue(DType t);    // -inf for floats, min for ints
 double highestValue(DType t);   // +inf for floats, max for ints
 double largestFinite(DType t);  // a float dtype's largest finite value
+// maximum or minimum that is NaN when either operand is: XLA:CPU's scatter
+// bodies drop a NaN operand of stablehlo.maximum/minimum.
+Value nanPropagating(ir::Builder& b, const char* op, const Value& x, const Value& y);
+// The reduction body of a max pool over (value, flat index) pairs.
+ir::Builder::BodyFn maxWithIndex(bool is_float);
 // lowestValue/highestValue as a constant of dtype t (int64's ends exactly).
 Value extremeConst(ir::Builder& b, DType t, bool lowest, const Shape& shape = {});
 

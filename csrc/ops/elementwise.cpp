@@ -83,6 +83,24 @@ Value floorDivInt(ir::Builder& b, const Value& x, const Value& y) {
   return b.select(b.binary("and", rnz, sdiff), sub(b, q, k(b, 1, x)), q);
 }
 
+// Floating floor division as PyTorch computes it (fmod, then a corrected
+// quotient), not floor(x / y): the two differ for infinite operands
+// (inf // 1 is NaN, 0.3 // -inf is -1) and near integers.
+Value floorDivFloat(ir::Builder& b, const Value& x, const Value& y) {
+  Value zero = k(b, 0, x);
+  Value mod = b.binary("remainder", x, y);
+  Value q = div(b, sub(b, x, mod), y);
+  Value fix = b.binary("and", b.compare(mod, zero, ir::Cmp::NE),
+                       b.compare(b.compare(y, zero, ir::Cmp::LT), b.compare(mod, zero, ir::Cmp::LT), ir::Cmp::NE));
+  q = b.select(fix, sub(b, q, k(b, 1, x)), q);
+  Value fl = b.unary("floor", q);
+  fl = b.select(b.compare(sub(b, q, fl), k(b, 0.5, x), ir::Cmp::GT), add(b, fl, k(b, 1, x)), fl);
+  Value plain = div(b, x, y);
+  // A zero quotient takes the sign of x / y; a zero divisor gives x / y itself.
+  Value r = b.select(b.compare(q, zero, ir::Cmp::EQ), mul(b, zero, plain), fl);  // |x / y| < 1: finite
+  return b.select(b.compare(y, zero, ir::Cmp::EQ), plain, r);
+}
+
 Value pyRemainder(ir::Builder& b, const Value& x, const Value& y) {
   Value r = b.binary("remainder", x, y);
   Value zero = k(b, 0, x);
@@ -295,11 +313,10 @@ std::vector<Value> divide(Ctx& c) {
   if (mode.empty() || ir::isFloat(t)) {
     DType comp = ir::isComplex(out) ? out : accOf(mode.empty() ? floatOf(out) : out);
     auto vs = broadcastAll(c.b, {c.b.convert(c.tensor(0), comp), c.b.convert(c.tensor(1), comp)});
-    Value q = div(c.b, vs[0], vs[1]);
+    Value q = mode == "floor" && !ir::isComplex(comp) ? floorDivFloat(c.b, vs[0], vs[1]) : div(c.b, vs[0], vs[1]);
     // trunc rounds the quotient to the result dtype first, as the CPU does.
     if (mode == "trunc" && comp != out) q = c.b.convert(c.b.convert(q, out), comp);
     if (mode == "trunc") q = mul(c.b, c.b.unary("sign", q), c.b.unary("floor", c.b.unary("abs", q)));
-    if (mode == "floor") q = c.b.unary("floor", q);
     return {c.b.convert(q, out)};
   }
   auto vs = broadcastAll(c.b, {c.b.convert(c.tensor(0), t), c.b.convert(c.tensor(1), t)});
@@ -311,7 +328,7 @@ Registrar reg_divide("divide", divide);
 Registrar reg_true_divide("true_divide", divide);
 Registrar reg_floor_divide("floor_divide", [](Ctx& c) {
   return arith(c, [](ir::Builder& b, const Value& x, const Value& y) {
-    if (ir::isFloat(x.dtype())) return b.unary("floor", div(b, x, y));
+    if (ir::isFloat(x.dtype())) return floorDivFloat(b, x, y);
     return floorDivInt(b, x, y);
   });
 });

@@ -144,11 +144,11 @@ Registrar reg_scatter_reduce("scatter_reduce", [](Ctx& c) {
     f = [](ir::Builder& bb, const Value& o, const Value& n) { return mul(bb, o, n); };
     init = 1;
   } else if (r == "amax") {
-    f = [](ir::Builder& bb, const Value& o, const Value& n) { return bb.binary("maximum", o, n); };
+    f = [](ir::Builder& bb, const Value& o, const Value& n) { return nanPropagating(bb, "maximum", o, n); };
     init = lowestValue(x.dtype());
     if (x.dtype() == DType::I64) init_int = std::numeric_limits<int64_t>::min();
   } else if (r == "amin") {
-    f = [](ir::Builder& bb, const Value& o, const Value& n) { return bb.binary("minimum", o, n); };
+    f = [](ir::Builder& bb, const Value& o, const Value& n) { return nanPropagating(bb, "minimum", o, n); };
     init = highestValue(x.dtype());
     if (x.dtype() == DType::I64) init_int = std::numeric_limits<int64_t>::max();
   } else {

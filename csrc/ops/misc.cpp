@@ -562,48 +562,55 @@ Registrar reg_renorm("renorm",
                      {1, 3});
 
 // searchsorted(sorted_sequence, self, out_int32, right, side, sorter) and
-// bucketize(self, boundaries, out_int32, right): counts boundaries below.
-Value searchImpl(ir::Builder& b, const Value& seq, const Value& x, bool right, DType out) {
+// bucketize(self, boundaries, out_int32, right): PyTorch's binary search step
+// for step (a boundary not `>= x`, or not `> x` for right, moves the search
+// right), so NaN queries and NaN boundaries land where the CPU puts them.
+// ceil(log2(m + 1)) gathers of one element a query.
+Value searchImpl(ir::Builder& b, const Value& seq, const Value& x, bool right, DType out,
+                 const std::optional<Value>& sorter) {
   DType t = ir::promote(seq.dtype(), x.dtype());
   Value s = b.convert(seq, t), v = b.convert(x, t);
-  int64_t m = s.shape().back();
-  Shape cs = v.shape();
-  cs.push_back(m);
-  std::vector<int64_t> vdims, sdims;
-  for (int i = 0; i < v.rank(); ++i) vdims.push_back(i);
-  if (s.rank() == 1) {
-    sdims = {static_cast<int64_t>(v.rank())};
-  } else {
-    if (s.rank() != v.rank()) throw ir::Unsupported("searchsorted: rank mismatch");
-    for (int i = 0; i < s.rank() - 1; ++i) sdims.push_back(i);
-    sdims.push_back(v.rank());
+  const int64_t m = s.shape().back(), r = s.rank();
+  if (r > 1 && r != v.rank()) throw ir::Unsupported("searchsorted: rank mismatch");
+  const Shape& vs = v.shape();
+  ir::Builder::GatherDims dn;  // one element of each query's row: leading dims batch
+  for (int64_t i = 0; i + 1 < r; ++i) {
+    dn.operand_batching_dims.push_back(i);
+    dn.start_indices_batching_dims.push_back(i);
   }
-  Value sb = b.broadcastInDim(s, cs, sdims), vb = b.broadcastInDim(v, cs, vdims);
-  Value below = b.compare(sb, vb, right ? ir::Cmp::LE : ir::Cmp::LT);
-  if (ir::isFloat(t)) {  // NaN sorts last: NaN queries land after every number
-    Value vnan = b.compare(vb, vb, ir::Cmp::NE), snan = b.compare(sb, sb, ir::Cmp::NE);
-    below =
-        b.binary("or", below, b.binary("and", vnan, right ? b.constant(1.0, DType::Bool, cs) : b.unary("not", snan)));
-    if (right) below = b.binary("or", below, b.binary("and", vnan, snan));
+  dn.collapsed_slice_dims = {r - 1};
+  dn.start_index_map = {r - 1};
+  dn.index_vector_dim = v.rank();
+  Shape at_shape = vs;
+  at_shape.push_back(1);
+  auto at = [&](const Value& from, const Value& pos) {
+    return b.reshape(b.gather(from, b.reshape(pos, at_shape), dn, Shape(r, 1)), vs);
+  };
+  auto ci = [&](int64_t n) { return b.constantInt(n, DType::I64, vs); };
+  Value lo = ci(0), hi = ci(m);
+  for (int64_t n = m; n > 0; n >>= 1) {
+    Value active = b.compare(lo, hi, ir::Cmp::LT);
+    Value mid = b.select(active, b.binary("divide", add(b, lo, hi), ci(2)), ci(0));
+    Value bound = at(s, sorter ? at(b.convert(*sorter, DType::I64), mid) : mid);
+    Value go = b.unary("not", b.compare(bound, v, right ? ir::Cmp::GT : ir::Cmp::GE));
+    lo = b.select(b.binary("and", active, go), add(b, mid, ci(1)), lo);
+    hi = b.select(b.binary("and", active, b.unary("not", go)), mid, hi);
   }
-  Value n = reduceSum(b, b.convert(below, DType::I64), {static_cast<int64_t>(v.rank())});
-  return b.convert(n, out);
+  return b.convert(lo, out);
 }
 Registrar reg_searchsorted("searchsorted", [](Ctx& c) {
-  if (c.has(5)) throw ir::Unsupported("searchsorted with a sorter");
   Value seq = c.tensor(0), x = c.tensor(1);
   if (seq.rank() == 0 || ir::isComplex(seq.dtype())) throw ir::Unsupported("searchsorted arguments");
   bool right = c.flagOr(3, false);
   if (c.has(4)) right = c.str(4) == "right";
   DType out = c.flagOr(2, false) ? DType::I32 : DType::I64;
-  if (seq.rank() > 1 && x.rank() != seq.rank()) throw ir::Unsupported("searchsorted: rank mismatch");
-  return std::vector<Value>{searchImpl(c.b, seq, x, right, out)};
+  return std::vector<Value>{searchImpl(c.b, seq, x, right, out, c.optTensor(5))};
 });
 Registrar reg_bucketize("bucketize", [](Ctx& c) {
   Value x = c.tensor(0), bnd = c.tensor(1);
   if (bnd.rank() != 1 || ir::isComplex(x.dtype())) throw ir::Unsupported("bucketize arguments");
   DType out = c.flagOr(2, false) ? DType::I32 : DType::I64;
-  return std::vector<Value>{searchImpl(c.b, bnd, x, c.flagOr(3, false), out)};
+  return std::vector<Value>{searchImpl(c.b, bnd, x, c.flagOr(3, false), out, std::nullopt)};
 });
 
 // tril_indices / triu_indices(row, col, offset): one short run per row.
@@ -807,7 +814,8 @@ Registrar reg_logcumsumexp("_logcumsumexp", [](Ctx& c) {
   ir::Builder& b = c.b;
   Value x = c.tensor(0);
   if (!ir::isFloat(x.dtype())) throw ir::Unsupported("logcumsumexp of a non-float tensor");
-  if (x.rank() == 0) return std::vector<Value>{x};
+  // A scalar is its own scan; an empty tensor has none (a zero-size window does not compile).
+  if (x.rank() == 0 || x.type.numel() == 0) return std::vector<Value>{x};
   DType acc = accOf(x.dtype());
   Value xx = b.convert(x, acc);
   int64_t dim = wrapDim(c.i64(1), x.rank());
@@ -822,7 +830,10 @@ Registrar reg_logcumsumexp("_logcumsumexp", [](Ctx& c) {
                             Value f = add(bb, mx, bb.unary("log_plus_one", bb.unary("exponential", sub(bb, mn, mx))));
                             Value keep = bb.binary("or", bb.compare(mn, bb.constant(-INFINITY, acc), ir::Cmp::EQ),
                                                    bb.compare(mx, bb.constant(INFINITY, acc), ir::Cmp::EQ));
-                            return std::vector<Value>{bb.select(keep, mx, f)};
+                            // A NaN stays NaN past an infinity (maximum of inf and NaN is inf here).
+                            Value nan = bb.binary("or", bb.compare(a[0], a[0], ir::Cmp::NE),
+                                                  bb.compare(a[1], a[1], ir::Cmp::NE));
+                            return std::vector<Value>{bb.select(nan, add(bb, a[0], a[1]), bb.select(keep, mx, f))};
                           });
   return std::vector<Value>{b.convert(r[0], x.dtype())};
 });

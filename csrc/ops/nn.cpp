@@ -21,7 +21,11 @@ std::vector<Value> softmaxImpl(Ctx& c, bool log) {
   DType acc = accOf(ir::isFloat(out) ? out : DType::F32);
   ir::Builder& b = c.b;
   Value xx = b.convert(x, acc);
-  if (x.rank() == 0) return {b.convert(log ? b.zeros(xx.type) : b.constant(1.0, acc), out)};
+  // A scalar: x - x is 0, or NaN for NaN and infinities, as on the CPU.
+  if (x.rank() == 0) {
+    Value z = sub(b, xx, xx);
+    return {b.convert(log ? z : b.unary("exponential", z), out)};
+  }
   int64_t dim = wrapDim(c.i64(1), x.rank());
   if (auto r = kernelSlots().softmax(b, x, dim, log, out)) return {*r};  // a plugin's row kernel
   Value m = keepDims(b, reduceMax(b, xx, {dim}), x.shape(), {dim});
@@ -551,22 +555,7 @@ Registrar reg_max_pool2d_with_indices("max_pool2d_with_indices", [](Ctx& c) {
   bool is_float = ir::isFloat(t);
   Value init = b.constant(lowestValue(t), t);
   auto r = b.reduceWindow({x, flat}, {init, b.constantInt(-1, DType::I64)}, win, str, Shape(x.rank(), 1), dil, pad,
-                          [is_float](ir::Builder& bb, const std::vector<Value>& a) {
-                            Value av = a[0], ai = a[1], cv = a[2], ci = a[3];
-                            Value pick = bb.compare(cv, av, ir::Cmp::GT);
-                            Value eq = bb.compare(cv, av, ir::Cmp::EQ);
-                            // Ties keep the first index in the window.
-                            Value first = bb.binary("and", eq, bb.compare(ci, ai, ir::Cmp::LT));
-                            Value ainit = bb.compare(ai, bb.constantInt(-1, DType::I64), ir::Cmp::EQ);
-                            pick = bb.binary("or", pick, bb.binary("and", first, bb.unary("not", ainit)));
-                            pick = bb.binary("or", pick, bb.binary("and", eq, ainit));
-                            if (is_float) {
-                              Value cn = bb.compare(cv, cv, ir::Cmp::NE), an = bb.compare(av, av, ir::Cmp::NE);
-                              pick = bb.select(an, bb.binary("and", cn, bb.compare(ci, ai, ir::Cmp::LT)),
-                                               bb.binary("or", pick, cn));
-                            }
-                            return std::vector<Value>{bb.select(pick, cv, av), bb.select(pick, ci, ai)};
-                          });
+                          maxWithIndex(is_float));
   return std::vector<Value>{r[0], r[1]};
 });
 
@@ -715,27 +704,23 @@ Value applyAlong(ir::Builder& b, const Value& v, const Value& m, int64_t d, int6
   return b.transpose(t, perm);
 }
 
-// Adaptive average pooling over the trailing n dims, one averaging matrix a dim.
-std::vector<Value> adaptiveAvg(Ctx& c, int n, bool backward) {
-  Value x = backward ? c.tensor(1) : c.tensor(0);
-  Value v = backward ? c.tensor(0) : x;
+// Adaptive average pooling's backward over the trailing n dims, one averaging matrix a dim.
+std::vector<Value> adaptiveAvgBackward(Ctx& c, int n) {
+  Value x = c.tensor(1), g = c.tensor(0);
   ir::Builder& b = c.b;
   DType acc = accOf(x.dtype());
   int r = x.rank();
-  Value y = b.convert(v, acc);
+  Value y = b.convert(g, acc);
   for (int i = 0; i < n; ++i) {
     int64_t d = r - n + i;
-    int64_t out = backward ? v.shape()[d] : c.ints(1)[i];
-    y = applyAlong(b, y, adaptiveMatrix(b, out, x.shape()[d], acc), d, backward ? 0 : 1);
+    y = applyAlong(b, y, adaptiveMatrix(b, g.shape()[d], x.shape()[d], acc), d, 0);
   }
   return {b.convert(y, x.dtype())};
 }
-Registrar reg_adaptive_avg_pool2d("_adaptive_avg_pool2d", [](Ctx& c) { return adaptiveAvg(c, 2, false); });
-Registrar reg_adaptive_avg_pool3d("_adaptive_avg_pool3d", [](Ctx& c) { return adaptiveAvg(c, 3, false); });
 Registrar reg_adaptive_avg_pool2d_backward("_adaptive_avg_pool2d_backward",
-                                           [](Ctx& c) { return adaptiveAvg(c, 2, true); });
+                                           [](Ctx& c) { return adaptiveAvgBackward(c, 2); });
 Registrar reg_adaptive_avg_pool3d_backward("_adaptive_avg_pool3d_backward",
-                                           [](Ctx& c) { return adaptiveAvg(c, 3, true); });
+                                           [](Ctx& c) { return adaptiveAvgBackward(c, 3); });
 
 // --------------------------------------------------------------- group norm
 

@@ -405,25 +405,36 @@ Windows adaptiveWindows(ir::Builder& b, const Value& x, int64_t d, int64_t in, i
   return {g, pos, valid};
 }
 
-// Reduction body for (value, flat index) pairs of a max pool: the larger
-// value wins, ties keep the smaller index, NaN wins (the first among NaNs);
-// index -1 marks the identity (padding).
-ir::Builder::BodyFn maxWithIndex(bool is_float) {
-  return [is_float](ir::Builder& bb, const std::vector<Value>& a) {
-    Value av = a[0], ai = a[1], cv = a[2], ci = a[3];
-    Value ainit = bb.compare(ai, bb.constantInt(-1, DType::I64), ir::Cmp::EQ);
-    Value cinit = bb.compare(ci, bb.constantInt(-1, DType::I64), ir::Cmp::EQ);
-    Value gt = bb.compare(cv, av, ir::Cmp::GT);
-    Value eq = bb.compare(cv, av, ir::Cmp::EQ);
-    Value pick = bb.binary("or", gt, bb.binary("and", eq, bb.compare(ci, ai, ir::Cmp::LT)));
-    if (is_float) {
-      Value cn = bb.compare(cv, cv, ir::Cmp::NE), an = bb.compare(av, av, ir::Cmp::NE);
-      pick = bb.select(an, bb.binary("and", cn, bb.compare(ci, ai, ir::Cmp::LT)), bb.binary("or", pick, cn));
-    }
-    pick = bb.select(ainit, bb.unary("not", cinit), bb.binary("and", pick, bb.unary("not", cinit)));
-    return std::vector<Value>{bb.select(pick, cv, av), bb.select(pick, ci, ai)};
-  };
+// _adaptive_avg_pool{2,3}d(self, output_size): each window's sum over its
+// count, one dim at a time over gathered windows (a product with an averaging
+// matrix would spread an infinity as NaN into the other windows).
+std::vector<Value> adaptiveAvg(Ctx& c, int n) {
+  Value x = c.tensor(0);
+  auto os = c.ints(1);
+  ir::Builder& b = c.b;
+  int64_t r = x.rank();
+  if (int(os.size()) != n || r < n + 1) throw ir::Unsupported("adaptive_avg_pool: shape");
+  Shape out_shape = x.shape();
+  for (int j = 0; j < n; ++j) {
+    if (os[j] <= 0 || x.shape()[r - n + j] == 0) throw ir::Unsupported("adaptive_avg_pool: empty window");
+    out_shape[r - n + j] = os[j];
+  }
+  if (x.type.numel() == 0) return {b.zeros({x.dtype(), out_shape})};  // an empty batch
+  DType acc = accOf(x.dtype());
+  Value v = b.convert(x, acc);
+  for (int j = 0; j < n; ++j) {
+    int64_t d = r - n + j;
+    Windows w = adaptiveWindows(b, v, d, x.shape()[d], os[j]);  // (.., O, K, ..)
+    const Shape& full = w.vals.shape();
+    Value in = b.select(b.broadcastInDim(w.valid, full, {d, d + 1}), w.vals, b.zeros({acc, full}));
+    Value sum = reduceSum(b, in, {d + 1});
+    Value count = reduceSum(b, b.convert(w.valid, acc), {1});
+    v = div(b, sum, b.broadcastInDim(count, sum.shape(), {d}));
+  }
+  return {b.convert(v, x.dtype())};
 }
+Registrar reg_adaptive_avg_pool2d("_adaptive_avg_pool2d", [](Ctx& c) { return adaptiveAvg(c, 2); });
+Registrar reg_adaptive_avg_pool3d("_adaptive_avg_pool3d", [](Ctx& c) { return adaptiveAvg(c, 3); });
 
 // adaptive_max_pool{2,3}d(self, output_size) -> (out, indices)
 std::vector<Value> adaptiveMax(Ctx& c, int n) {

@@ -313,8 +313,10 @@ Registrar reg_native_dropout_backward("native_dropout_backward", [](Ctx& c) {
   // grad * mask * scale: a bool grad promotes to float with the scale.
   DType out = outType(c, g.dtype());
   DType acc = accOf(out);
-  Value gm = mul(b, b.convert(g, acc), b.convert(m, acc));
-  return std::vector<Value>{b.convert(mul(b, gm, b.constant(scale, acc, g.shape())), out)};
+  // The mask times the scale first: a float factor the compiler cannot turn into a select
+  // (inf * 0 stays NaN, -7 * 0 stays -0, as on the CPU).
+  Value factor = mul(b, b.convert(m, acc), b.constant(scale, acc, m.shape()));
+  return std::vector<Value>{b.convert(mul(b, b.convert(g, acc), b.broadcastTo(factor, g.shape())), out)};
 });
 
 }  // namespace

@@ -629,8 +629,8 @@ Registrar reg_heaviside("heaviside", [](Ctx& c) {
   Value x = vs[0];
   Value zero = b.zeros(x.type);
   Value r = b.select(b.compare(x, zero, ir::Cmp::GT), b.constant(1, t, x.shape()), zero);
+  // NaN is neither 0 nor above it: 0, as PyTorch's CPU and CUDA kernels give.
   r = b.select(b.compare(x, zero, ir::Cmp::EQ), vs[1], r);
-  if (ir::isFloat(t)) r = b.select(b.compare(x, x, ir::Cmp::NE), x, r);
   return std::vector<Value>{r};
 });
 

@@ -96,7 +96,7 @@ def test_binary(name):
 # Reductions along dim 1 (torch.NAME(x, dim=1)), and the whole-tensor ones.
 REDUCTIONS = {f"{name}(dim)": (lambda x, name=name: getattr(torch, name)(x, dim=1)) for name in (
     "amax", "amin", "max", "min", "argmax", "argmin", "aminmax", "sum", "prod", "logsumexp", "softmax", "log_softmax",
-    "cummax", "cummin", "nansum", "nanmean", "sort", "norm")}
+    "cummax", "cummin", "cumsum", "cumprod", "logcumsumexp", "nansum", "nanmean", "sort", "norm")}
 REDUCTIONS.update({"max": torch.max, "min": torch.min, "topk": lambda x: torch.topk(x, 2, dim=1)})
 
 
@@ -130,3 +130,41 @@ def test_float_to_integer_casts_as_the_cpu_does(src, dst):
     x = torch.tensor([40000.5, -40000.5, 300.0, -1.0, -129.7, 255.9, 1e10, -1e10, 3e9, -3e9, 65535.0, 70000.0,
                       float("nan"), float("inf"), float("-inf"), 0.0, -0.0, 2.5])
     check_against_cpu(lambda t: t.to(dst), x.to(src))
+
+
+# Found by the NaN/inf walk at 5b1d450 (docs/pytorch_rules.md, class 3): each runs natively.
+WALK = {
+    "softmax of a scalar": lambda x: torch.softmax(x[0], 0),
+    "log_softmax of a scalar": lambda x: torch.log_softmax(x[0], 0),
+    "floor_divide": lambda x: torch.floor_divide(x, x.flip(0)),
+    "div(rounding_mode=floor)": lambda x: torch.div(x, x.flip(0), rounding_mode="floor"),
+    "heaviside": lambda x: torch.heaviside(x, torch.tensor(0.5, device=x.device)),
+    "native_dropout_backward": lambda x: torch.ops.aten.native_dropout_backward(
+        x, torch.arange(x.numel(), device=x.device) % 2 == 0, 2.0),
+    "max_pool1d indices": lambda x: F.max_pool1d(x[None, None], 4, return_indices=True),
+    "max_pool3d indices": lambda x: F.max_pool3d(x[None, None, None, None], (1, 1, 4), return_indices=True),
+    "adaptive_max_pool2d indices": lambda x: F.adaptive_max_pool2d(x[None, None, None], (1, 2), return_indices=True),
+    "adaptive_avg_pool1d": lambda x: F.adaptive_avg_pool1d(x[None, None], 3),
+    "adaptive_avg_pool2d": lambda x: F.adaptive_avg_pool2d(x.reshape(1, 2, 6), (1, 4)),
+    "interpolate(area)": lambda x: F.interpolate(x[None, None], size=5, mode="area"),
+    "scatter_reduce(amax)": lambda x: torch.zeros(3, device=x.device).scatter_reduce(
+        0, torch.arange(x.numel(), device=x.device) % 3, x, "amax"),
+    "scatter_reduce(amin, include_self=False)": lambda x: torch.zeros(3, device=x.device).scatter_reduce(
+        0, torch.arange(x.numel(), device=x.device) % 3, x, "amin", include_self=False),
+    "index_reduce(amax)": lambda x: torch.zeros(3, device=x.device).index_reduce(
+        0, torch.arange(x.numel(), device=x.device) % 3, x, "amax"),
+    "bucketize": lambda x: torch.bucketize(x, torch.tensor([-1.0, 0.0, 1.0, float("inf")], device=x.device)),
+    "bucketize(NaN boundary, right)": lambda x: torch.bucketize(
+        x, torch.tensor([-1.0, 0.0, 1.0, float("nan")], device=x.device), right=True),
+    "searchsorted(sorter)": lambda x: torch.searchsorted(
+        torch.tensor([5.0, float("nan"), -1.0, 2.0], device=x.device), x,
+        sorter=torch.tensor([2, 3, 0, 1], device=x.device)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(WALK))
+def test_walk_findings(name, fallback_error):
+    # Two NaNs in the first pooling window: PyTorch's pooling kernels index the last.
+    x = torch.tensor([float("nan"), float("inf"), float("nan"), -7.0, -1.0, -0.0, float("-inf"), 1.0, 6.5, 0.0,
+                      2.0, 0.3])
+    check_against_cpu(WALK[name], x, equal_nan=True)
