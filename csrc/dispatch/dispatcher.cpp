@@ -229,7 +229,16 @@ struct OpFacts {
   bool fill_value_check = false;  // fill_.Scalar and its relatives: the value must fit the dtype
   bool random_bounds = false;     // random_.from / random_.to: PyTorch's range checks and warnings
   // Checks PyTorch's CPU and CUDA kernels make and its meta kernels do not (checkLikeKernels).
-  enum class KernelCheck : uint8_t { None, InPlaceBroadcast, BoolResult, EluBackward, IndexSelect, Gather };
+  enum class KernelCheck : uint8_t {
+    None,
+    InPlaceBroadcast,
+    BoolResult,
+    EluBackward,
+    IndexSelect,
+    Gather,
+    SameDtypeOut,
+    BoolAlpha
+  };
   KernelCheck kernel_check = KernelCheck::None;
   bool fill_range = false;  // aten::fill_.Scalar and aten::zero_: the strict-only range shortcut
   bool zero = false;        // aten::zero_
@@ -267,6 +276,14 @@ const ops::Lowering* loweringFor(const std::string& base, const std::string& ove
   return low;
 }
 
+// The unary ops whose CPU and CUDA kernels build their TensorIterator with
+// all dtypes the same: out= of another dtype is an error, not a cast.
+const std::set<std::string>& sameDtypeUnary() {
+  static const std::set<std::string> ops = {"abs",        "bitwise_not", "ceil",  "conj_physical", "floor", "frac",
+                                            "hardshrink", "neg",         "round", "sgn",           "sign",  "trunc"};
+  return ops;
+}
+
 std::shared_ptr<const OpFacts> buildFacts(const c10::OperatorHandle& op) {
   auto f = std::make_shared<OpFacts>();
   const auto& schema = op.schema();
@@ -298,8 +315,12 @@ std::shared_ptr<const OpFacts> buildFacts(const c10::OperatorHandle& op) {
       f->kernel_check = K::IndexSelect;
     else if (base == "gather")
       f->kernel_check = K::Gather;
+    else if (overload.find("out") != std::string::npos && sameDtypeUnary().count(base))
+      f->kernel_check = K::SameDtypeOut;
     else if (in_place && overlapChecks().internal.count(base) && !products.count(base))
       f->kernel_check = K::InPlaceBroadcast;  // TensorIterator's in-place ops (they check internal overlap)
+    else if (base == "add" || base == "sub")
+      f->kernel_check = K::BoolAlpha;
   }
   f->zero = name == "aten::zero_";
   f->fill_range = f->zero || (name == "aten::fill_" && overload == "Scalar");
@@ -432,6 +453,18 @@ void checkOverlaps(const OpFacts& f, const std::vector<IValue>& args) {
   }
 }
 
+// Written tensors (out=, an in-place self) are on the op's device: a 0-d CPU
+// tensor may join as an input scalar, never as the result (CUDA's rule).
+void checkWrittenOnDevice(const OpFacts& f, const c10::OperatorHandle& op, const std::vector<IValue>& args,
+                          c10::DeviceIndex dev) {
+  for (size_t i = 0; i < args.size() && i < f.writes.size(); ++i) {
+    if (!f.writes[i] || !args[i].isTensor() || !args[i].toTensor().defined()) continue;
+    const c10::Device d = args[i].toTensor().device();
+    TORCH_CHECK(d.type() == kTpu, "Expected all tensors to be on the same device, but found at least two devices, ",
+                c10::Device(kTpu, dev), " and ", d, "! (when checking arguments for ", op.schema().name(), ")");
+  }
+}
+
 // The one tpu device the op's tensors are on (CPU tensors may join only as
 // 0-d scalars), else the device a factory names, else the current one.
 c10::DeviceIndex findDevice(const c10::OperatorHandle& op, const std::vector<IValue>& args) {
@@ -558,6 +591,17 @@ void checkFillValue(const std::vector<IValue>& args) {
                  at::kHalf, at::kBFloat16, at::kBool, AT_EXPAND(AT_BAREBONES_UNSIGNED_TYPES));
 }
 
+// add/sub(bool, bool, alpha=1.5): PyTorch's CPU and CUDA alpha check counts
+// bool as integral.
+void checkBoolAlpha(const std::vector<IValue>& args) {
+  if (args.size() < 3 || !args[0].isTensor() || args[0].toTensor().scalar_type() != at::kBool || !args[2].isScalar() ||
+      !args[2].toScalar().isFloatingPoint())
+    return;
+  const bool other_bool = args[1].isTensor() ? args[1].toTensor().scalar_type() == at::kBool
+                                             : args[1].isScalar() && args[1].toScalar().isBoolean();
+  TORCH_CHECK(!other_bool, "For integral input tensors, argument alpha must not be a floating point number.");
+}
+
 // Checks PyTorch's CPU and CUDA kernels make that its meta kernels skip, so
 // the meta run (op_steps/op_plan.cpp) does not raise them: the same exception
 // type and words, in every mode.
@@ -581,6 +625,7 @@ void checkLikeKernels(const OpFacts& f, const std::vector<IValue>& args) {
       }
       TORCH_CHECK(c10::IntArrayRef(shape) == self->sizes(), "output with shape ", self->sizes(),
                   " doesn't match the broadcast shape ", c10::IntArrayRef(shape));
+      if (f.base == "add" || f.base == "sub") checkBoolAlpha(args);
       return;
     }
     case K::BoolResult: {  // all/any(out=): a bool result (uint8 for a uint8 input)
@@ -603,6 +648,18 @@ void checkLikeKernels(const OpFacts& f, const std::vector<IValue>& args) {
     case K::IndexSelect:  // index_select(self, dim, index)
       if (const at::Tensor* index = tensor(2))
         TORCH_CHECK_INDEX(index->dim() <= 1, "index_select(): Index is supposed to be a vector");
+      return;
+    case K::SameDtypeOut: {  // neg(x, out=y): y has x's dtype (abs of a complex x: its real type)
+      const at::Tensor *self = tensor(0), *out = nullptr;
+      for (size_t i = args.size(); i-- > 1 && !out;) out = tensor(i);
+      if (!self || !out) return;
+      const at::ScalarType want =
+          f.base == "abs" && self->is_complex() ? c10::toRealValueType(self->scalar_type()) : self->scalar_type();
+      TORCH_CHECK(out->scalar_type() == want, "Found dtype ", out->scalar_type(), " but expected ", want);
+      return;
+    }
+    case K::BoolAlpha:
+      checkBoolAlpha(args);
       return;
     case K::Gather:  // gather(self, dim, index)
       if (const at::Tensor *self = tensor(0), *index = tensor(2); self && index && index->numel() > 0)  // as PyTorch
@@ -844,7 +901,8 @@ void boxedKernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   if (f.overlap_internal || f.overlap_partial || f.overlap_any)
     checkOverlaps(f, std::vector<IValue>(stack->end() - n, stack->end()));
   if (!f.low) {
-    findDevice(op, std::vector<IValue>(stack->end() - n, stack->end()));  // mixing devices is an error here too
+    const std::vector<IValue> args(stack->end() - n, stack->end());
+    checkWrittenOnDevice(f, op, args, findDevice(op, args));  // mixing devices is an error here too
     timer.enter(Route::Fallback);
     return cpuFallback(op, stack, "");
   }
@@ -853,6 +911,7 @@ void boxedKernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   refuseLikeCpu(f, p.args);
   resolveMathBits(f, p.args);
   p.device = findDevice(op, p.args);
+  checkWrittenOnDevice(f, op, p.args, p.device);
   if (std::string why = unsupportedArguments(f, p.args); !why.empty()) {
     timer.enter(Route::Fallback);
     return cpuFallback(op, stack, why);

@@ -141,3 +141,41 @@ def test_random_range_checks_and_warnings():
                 torch.empty(3, dtype=dt, device=dev).random_(0, 2**60)
             said = [str(x.message) for x in w if "out of bounds" in str(x.message)]
             assert said and "precision limitations" in said[0], (dt, dev, [str(x.message) for x in w])
+
+
+# Found by PyTorch's own type-promotion and shape tests run against tpu.
+KERNEL_ONLY_CHECKS = {
+    # TensorIterator with all dtypes the same: out= of another dtype raises, it does not cast.
+    **{f"{name}(out=float64)": (lambda d, name=name: getattr(torch, name)(
+        torch.ones(4, device=d), out=torch.ones(4, dtype=torch.float64, device=d)))
+       for name in ("neg", "abs", "ceil", "floor", "frac", "round", "sgn", "sign", "trunc")},
+    "bitwise_not(out=int64)": lambda d: torch.bitwise_not(torch.ones(4, dtype=torch.int32, device=d),
+                                                          out=torch.ones(4, dtype=torch.int64, device=d)),
+    "add(bool, bool, alpha=1.5)": lambda d: torch.add(torch.ones(4, dtype=torch.bool, device=d),
+                                                      torch.ones(4, dtype=torch.bool, device=d), alpha=1.5),
+    "add_(bool, alpha=1.5)": lambda d: torch.ones(4, dtype=torch.bool, device=d).add_(
+        torch.ones(4, dtype=torch.bool, device=d), alpha=1.5),
+}
+
+
+@pytest.mark.parametrize("case", sorted(KERNEL_ONLY_CHECKS))
+def test_checks_only_the_kernels_make(case):
+    same_error(KERNEL_ONLY_CHECKS[case])
+
+
+@pytest.mark.parametrize("op", ["nonzero", "sum"])
+def test_an_out_tensor_on_the_cpu_is_refused(op):
+    # A 0-d CPU tensor joins tpu ops as an input scalar, never as the result (as on CUDA); the
+    # CPU accepts it as out= of a CPU op, so the two are not compared here.
+    x = torch.ones(4, device="tpu")
+    out = torch.empty((), dtype=torch.long if op == "nonzero" else torch.float32)
+    with pytest.raises(RuntimeError, match="on the same device"):
+        getattr(torch, op)(x, out=out) if op == "nonzero" else torch.sum(x, 0, out=out)
+    assert out.shape == ()
+
+
+def test_complex_abs_writes_its_real_type_and_bool_alpha_true_is_allowed():
+    z = torch.tensor([3 + 4j, -1j], device="tpu")
+    assert torch.abs(z, out=torch.empty(2, device="tpu")).tolist() == [5.0, 1.0]
+    b = torch.tensor([True, False], device="tpu")
+    assert torch.add(b, b, alpha=True).tolist() == [True, False]
