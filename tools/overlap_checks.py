@@ -12,9 +12,12 @@ refuse. This tool asks the CPU, over every OpInfo op with an in-place variant:
   - partial: where an argument has the input's shape and dtype, input and argument become
     two views of one storage, one element apart, and the in-place variant runs.
 
-  - any: the written tensor is one of the inputs (cat([a], out=a), x.index_copy_(0, i, x)):
-    kernels that call assert_no_overlap refuse the same memory as well as a partly shared one;
-    TensorIterator kernels (add(a, b, out=a)) allow it.
+  - any: out= is the first input (cat([a], out=a), take(x, i, out=x)): kernels that call
+    assert_no_overlap refuse the same memory as well as a partly shared one; TensorIterator
+    kernels (add(a, b, out=a)) allow it;
+  - source: self is passed as another argument of the in-place variant
+    (x.index_copy_(0, i, x)): kernels that call assert_no_overlap on their other inputs
+    only (index_copy(x, 0, i, s, out=x) is allowed).
 
 The innermost ATen op that raised PyTorch's overlap message (or ran without raising) is
 noted; an op counts as checking when it raised and never ran through the same overlap.
@@ -157,10 +160,10 @@ def overlap_cases(ops=None):
 
 
 def _any_overlap_cases(op, v, fn, samples):
-    """Cases of kind "any": the written tensor IS one of the inputs (full overlap, which
-    assert_no_partial_overlap allows and assert_no_overlap refuses). out= set to the first input
-    where the result has its shape (a list input: that tensor alone, cat([a], out=a)), and each
-    argument of the in-place variant with self's shape and dtype set to self."""
+    """Cases of full overlap, which assert_no_partial_overlap allows and assert_no_overlap
+    refuses: "any", out= set to the first input where the result has its shape (a list input:
+    that tensor alone, cat([a], out=a)); "source", an argument of the in-place variant with
+    self's dtype and rank set to self."""
     import torch
 
     for k, s in enumerate(samples):
@@ -186,8 +189,11 @@ def _any_overlap_cases(op, v, fn, samples):
             yield f"{v}#{k}", "any", call_out, make_out
         if fn is None or first is not x:
             continue
+        # Self in place of each argument of its dtype and rank (scatter_'s src may be larger
+        # than the index: self fits where the shapes allow; where not, the op's shape error
+        # is no overlap message and the case counts for nothing).
         for i, a in enumerate(s.args):
-            if not (isinstance(a, torch.Tensor) and a.dtype == x.dtype and a.shape == x.shape):
+            if not (isinstance(a, torch.Tensor) and a.dtype == x.dtype and a.dim() == x.dim()):
                 continue
 
             def make_same(device, x=x, s=s, i=i):
@@ -197,8 +203,7 @@ def _any_overlap_cases(op, v, fn, samples):
                 args[i] = written
                 return written, args, kwargs
 
-            yield f"{v}#{k}", "any", fn, make_same
-            break
+            yield f"{v}#{k}", "source", fn, make_same
         # Partial overlap through an argument of another shape (index_copy_'s source): a view of
         # the first elements of self.
         for i, a in enumerate(s.args):
@@ -217,20 +222,24 @@ def _any_overlap_cases(op, v, fn, samples):
 
 
 def probe(ops=None):
-    checks = {"internal": set(), "partial": set(), "any": set()}
-    lets = {"internal": set(), "partial": set(), "any": set()}
+    checks = {"internal": set(), "partial": set(), "any": set(), "source": set()}
+    lets = {"internal": set(), "partial": set(), "any": set(), "source": set()}
     for _, kind, fn, make in overlap_cases(ops):
         try:
             written, args, kwargs = make("cpu")
         except Exception:  # noqa: BLE001  (a view the sample's shapes do not allow)
             continue
         rec = _attempt(fn, written, *args, **kwargs)
-        said = {"internal": (INTERNAL,), "partial": (PARTIAL,), "any": ANY}[kind]
+        said = {"internal": (INTERNAL,), "partial": (PARTIAL,), "any": ANY, "source": ANY}[kind]
         if rec.raised and any(m in rec.raised[1] for m in said):
             checks[kind].add(rec.raised[0])
-        lets[kind] |= {"internal": rec.ran_internal, "partial": rec.ran_partial, "any": rec.ran_any}[kind]
+        lets[kind] |= {"internal": rec.ran_internal, "partial": rec.ran_partial, "any": rec.ran_any,
+                       "source": rec.ran_any}[kind]
     found = {k: sorted(checks[k] - lets[k]) for k in checks}
-    # Partial overlap is a case of any overlap: an op in "any" needs no "partial" row.
+    # An op in "any" refuses every overlap: it needs no "source" row.
+    found["source"] = sorted(set(found["source"]) - set(found["any"]))
+    # Partial overlap is a case of any overlap: an op in "any" needs no "partial" row (one in
+    # "source" keeps its row, for self against out=).
     found["partial"] = sorted(set(found["partial"]) - set(found["any"]))
     return found
 
@@ -244,14 +253,14 @@ def main(argv=None):
     a = p.parse_args(argv)
     found = probe(set(a.ops.split(",")) if a.ops else None)
     doc = {"about": "ATen ops (base names) whose CPU kernels refuse to write through internally overlapping "
-                    "memory, through memory partly shared with an input, or through any memory an input "
-                    "shares (tools/overlap_checks.py)",
+                    "memory, through memory partly shared with an input, through any memory an input "
+                    "shares, or through any memory an input other than self shares (tools/overlap_checks.py)",
            "torch": torch.__version__, "date": datetime.date.today().isoformat(), **found}
     with open(a.write, "w") as f:
         json.dump(doc, f, indent=1)
         f.write("\n")
     print(f"internal: {len(found['internal'])} ops, partial: {len(found['partial'])} ops, "
-          f"any: {len(found['any'])} ops -> {a.write}")
+          f"any: {len(found['any'])} ops, source: {len(found['source'])} ops -> {a.write}")
 
 
 if __name__ == "__main__":

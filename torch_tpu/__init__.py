@@ -72,7 +72,8 @@ def _load_refusal_tables():
     try:
         with open(path) as f:
             doc = json.load(f)
-        _C._set_overlap_checks(list(doc["internal"]), list(doc["partial"]), list(doc.get("any", [])))
+        _C._set_overlap_checks(list(doc["internal"]), list(doc["partial"]), list(doc.get("any", [])),
+                               list(doc.get("source", [])))
     except (OSError, ValueError, KeyError, TypeError) as e:
         warnings.warn(f"torch_tpu: {path} could not be read ({e}); in-place ops will not refuse "
                       "overlapping writes")

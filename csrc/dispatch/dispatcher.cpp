@@ -199,9 +199,11 @@ void raise(const Refusal& r) {
 // (tools/overlap_checks.py). tpu writes through views its own way and would
 // give some answer instead.
 struct OverlapChecks {
-  // `any`: kernels that call assert_no_overlap (cat(out=) one of its inputs,
-  // index_copy_ from a source inside self): the same memory is refused too.
-  std::set<std::string> internal, partial, any;
+  // `any`: kernels that call assert_no_overlap on every input (cat(out=) one
+  // of its inputs): the same memory is refused too. `source`: on every input
+  // but self (x.index_copy_(0, i, x) is refused, index_copy(x, .., out=x) is
+  // not).
+  std::set<std::string> internal, partial, any, source;
 };
 
 OverlapChecks& overlapChecks() {
@@ -243,7 +245,7 @@ struct OpFacts {
   bool fill_range = false;  // aten::fill_.Scalar and aten::zero_: the strict-only range shortcut
   bool zero = false;        // aten::zero_
   bool arange = false;      // aten::arange.start_out / .out: the strict-only host upload
-  bool overlap_internal = false, overlap_partial = false, overlap_any = false;
+  bool overlap_internal = false, overlap_partial = false, overlap_any = false, overlap_source = false;
   std::vector<char> writes;            // per schema argument: the op writes it
   std::vector<char> dtype_arg;         // per schema argument: a ScalarType (dtype=) argument
   const RefusalRows* exact = nullptr;  // this overload's refusal rows, if any
@@ -329,6 +331,7 @@ std::shared_ptr<const OpFacts> buildFacts(const c10::OperatorHandle& op) {
   f->overlap_internal = checks.internal.count(base) > 0;
   f->overlap_partial = checks.partial.count(base) > 0;
   f->overlap_any = checks.any.count(base) > 0;
+  f->overlap_source = checks.source.count(base) > 0;
   for (const auto& a : schema.arguments()) {
     f->writes.push_back(a.alias_info() && a.alias_info()->isWrite());
     f->dtype_arg.push_back(baseType(a.real_type())->kind() == c10::TypeKind::ScalarTypeType);
@@ -431,24 +434,24 @@ void refuseLikeCpu(const OpFacts& f, const std::vector<IValue>& args) {
 }
 
 void checkOverlaps(const OpFacts& f, const std::vector<IValue>& args) {
-  if (!f.overlap_internal && !f.overlap_partial && !f.overlap_any) return;
+  if (!f.overlap_internal && !f.overlap_partial && !f.overlap_any && !f.overlap_source) return;
   for (size_t i = 0; i < args.size() && i < f.writes.size(); ++i) {
     if (!f.writes[i] || !args[i].isTensor()) continue;
     const at::Tensor& written = args[i].toTensor();
     if (f.overlap_internal) at::assert_no_internal_overlap(written);
-    if (!f.overlap_partial && !f.overlap_any) continue;
-    auto check = [&](const at::Tensor& other) {
+    if (!f.overlap_partial && !f.overlap_any && !f.overlap_source) continue;
+    auto check = [&](const at::Tensor& other, bool any) {
       if (!other.defined()) return;
-      if (f.overlap_any)
+      if (any)
         at::assert_no_overlap(written, other);
       else
         at::assert_no_partial_overlap(written, other);
     };
     for (size_t j = 0; j < args.size(); ++j) {
       if (j == i) continue;
-      if (args[j].isTensor()) check(args[j].toTensor());
+      if (args[j].isTensor()) check(args[j].toTensor(), f.overlap_any || (f.overlap_source && j != 0));
       if (f.overlap_any && args[j].isTensorList())
-        for (const at::Tensor& t : args[j].toTensorList()) check(t);
+        for (const at::Tensor& t : args[j].toTensorList()) check(t, true);
     }
   }
 }
@@ -898,7 +901,7 @@ void boxedKernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   }
   const size_t n = f.writes.size();
   // Before the CPU fallback too: its copies of the arguments no longer overlap.
-  if (f.overlap_internal || f.overlap_partial || f.overlap_any)
+  if (f.overlap_internal || f.overlap_partial || f.overlap_any || f.overlap_source)
     checkOverlaps(f, std::vector<IValue>(stack->end() - n, stack->end()));
   if (!f.low) {
     const std::vector<IValue> args(stack->end() - n, stack->end());
@@ -1075,9 +1078,12 @@ void setDtypeRefusals(
   guardCompositeRefusals();
 }
 
-void setOverlapChecks(std::vector<std::string> internal, std::vector<std::string> partial,
-                      std::vector<std::string> any) {
-  overlapChecks() = {{internal.begin(), internal.end()}, {partial.begin(), partial.end()}, {any.begin(), any.end()}};
+void setOverlapChecks(std::vector<std::string> internal, std::vector<std::string> partial, std::vector<std::string> any,
+                      std::vector<std::string> source) {
+  overlapChecks() = {{internal.begin(), internal.end()},
+                     {partial.begin(), partial.end()},
+                     {any.begin(), any.end()},
+                     {source.begin(), source.end()}};
   opTablesChanged();
 }
 

@@ -45,6 +45,36 @@ Registrar reg_outer("outer", [](Ctx& c) {
   return std::vector<Value>{mul(c.b, xx, yy)};
 });
 
+// addr(self, vec1, vec2, *, beta, alpha) = beta*self + alpha*outer(vec1, vec2),
+// beta 0 ignoring self (NaN too), as PyTorch's kernel. Lowered so addr_ and
+// addr(out=) reach the dispatcher, and its overlap check, instead of
+// decomposing above it.
+Registrar reg_addr("addr", [](Ctx& c) {
+  Value s = c.tensor(0), x = c.tensor(1), y = c.tensor(2);
+  if (x.rank() != 1 || y.rank() != 1) throw ir::Unsupported("addr of non-vectors");
+  const DType out = outType(c, resultType(c, {0, 1, 2}));
+  ir::Builder& b = c.b;
+  const Shape sh{x.shape()[0], y.shape()[0]};
+  if (out == DType::Bool) {  // (beta and self) or (alpha and vec1 and vec2), as PyTorch's bool kernel
+    auto flag = [&](size_t i) { return b.broadcastTo(b.convert(c.scalar(i, DType::Bool), DType::Bool), sh); };
+    Value p =
+        b.binary("and", b.broadcastInDim(b.convert(x, out), sh, {0}), b.broadcastInDim(b.convert(y, out), sh, {1}));
+    if (c.has(4)) p = b.binary("and", p, flag(4));
+    Value ss = b.broadcastTo(b.convert(s, out), sh);
+    if (c.has(3)) ss = b.binary("and", ss, flag(3));
+    return std::vector<Value>{b.binary("or", ss, p)};
+  }
+  const DType acc = accOf(out);
+  Value p = mul(b, b.broadcastInDim(b.convert(x, acc), sh, {0}), b.broadcastInDim(b.convert(y, acc), sh, {1}));
+  if (c.has(4)) p = mul(b, p, b.broadcastTo(c.scalar(4, acc), sh));
+  Value ss = b.broadcastTo(b.convert(s, acc), sh);
+  if (c.has(3)) {
+    Value beta = b.broadcastTo(c.scalar(3, acc), sh), zero = b.zeros({acc, sh});
+    ss = b.select(b.compare(beta, zero, ir::Cmp::EQ), zero, mul(b, ss, beta));
+  }
+  return std::vector<Value>{b.convert(add(b, ss, p), out)};
+});
+
 // addmm/baddbmm/addmv(self, a, b, *, beta, alpha) = beta*self + alpha*(a@b)
 std::vector<Value> addProduct(Ctx& c) {
   Value s = c.tensor(0), x = c.tensor(1), y = c.tensor(2);

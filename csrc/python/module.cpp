@@ -19,8 +19,8 @@ int registerLoweredKernels();
 void setDtypeRefusals(
     const std::vector<std::tuple<bool, std::string, std::vector<std::string>, std::string, std::string>>&);
 // dispatcher.cpp: the ops (base names) that refuse overlapping writes.
-void setOverlapChecks(std::vector<std::string> internal, std::vector<std::string> partial,
-                      std::vector<std::string> any);
+void setOverlapChecks(std::vector<std::string> internal, std::vector<std::string> partial, std::vector<std::string> any,
+                      std::vector<std::string> source);
 }  // namespace tpu::aten
 
 namespace {

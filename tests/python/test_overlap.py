@@ -74,5 +74,5 @@ def test_the_table_is_what_the_tool_finds():
     if committed["torch"] != torch.__version__:
         pytest.skip(f"the table was written for torch {committed['torch']}")
     found = probe()
-    assert found == {"internal": committed["internal"], "partial": committed["partial"]}, (
+    assert found == {kind: committed.get(kind, []) for kind in found}, (
         "torch_tpu/_overlap_checks.json is stale: python tools/overlap_checks.py --write torch_tpu/_overlap_checks.json")
