@@ -69,10 +69,13 @@ std::vector<ops::Arg> bindArguments(const PlannedOp& p, ir::Builder& b, Sources&
       ir::DType st = scalarIrType(v);
       if (v.isComplexDouble()) {
         // A constant of the program (the signature holds its value): scalar
-        // inputs travel as f64/i64/i1 only. complex64, like the device.
+        // inputs travel as f64/i64/i1 only. complex128 where the plugin
+        // computes it (a complex128 op keeps the scalar's precision; others
+        // convert it down), complex64 on a TPU.
         auto z = v.toComplexDouble();
         a.scalar_is_float = true;
-        a.value = b.complex(b.constant(z.real(), ir::DType::F32), b.constant(z.imag(), ir::DType::F32));
+        const ir::DType part = ir::complexPart(complexNumberIr());
+        a.value = b.complex(b.constant(z.real(), part), b.constant(z.imag(), part));
       } else if (is_const) {
         a.const_value = v.isDouble() ? v.toDouble() : (v.isBool() ? double(v.toBool()) : double(v.toInt()));
         a.value = v.isInt() ? b.constantInt(v.toInt(), st) : b.constant(*a.const_value, st);

@@ -425,13 +425,17 @@ std::string explainSignature(const std::string& op, const std::string& key) {
 // --------------------------------------------------------------- arguments and results
 
 // A Python complex number arrives as a 0-d complex128 CPU tensor (wrapped,
-// or conj() of one in autograd): the program takes it as complex64, the
-// precision the device computes in. Where PyTorch's result would be
-// complex128 the expected types already send the op to the CPU.
+// or conj() of one in autograd): the program takes it as complex128 where
+// the plugin computes that (a complex128 op keeps its precision; a
+// complex64 op converts it), else as complex64 (a TPU).
 bool isComplexNumber(const at::Tensor& t) {
   return t.defined() && t.device().is_cpu() && t.scalar_type() == at::kComplexDouble && t.dim() == 0;
 }
-ir::DType cpuScalarIr(const at::Tensor& t) { return isComplexNumber(t) ? ir::DType::C64 : toIr(t.scalar_type()); }
+ir::DType complexNumberIr() {
+  static const ir::DType t = runtime::Runtime::get().computes(ir::DType::C128) ? ir::DType::C128 : ir::DType::C64;
+  return t;
+}
+ir::DType cpuScalarIr(const at::Tensor& t) { return isComplexNumber(t) ? complexNumberIr() : toIr(t.scalar_type()); }
 
 at::Generator generatorFor(const std::vector<IValue>& args, c10::DeviceIndex d) {
   for (const auto& v : args)
@@ -451,8 +455,9 @@ std::array<uint64_t, 2> nextRngState(at::Generator& gen) {
 
 runtime::BufferPtr cpuScalarBuffer(const at::Tensor& t, ir::DType dt, int device) {
   if (ir::isComplex(dt)) {
-    at::Tensor z = t.resolve_conj().resolve_neg().to(at::kComplexFloat).contiguous();
-    return runtime::Runtime::get().upload(z.data_ptr(), ir::DType::C64, {}, device);
+    at::Tensor z =
+        t.resolve_conj().resolve_neg().to(dt == ir::DType::C128 ? at::kComplexDouble : at::kComplexFloat).contiguous();
+    return runtime::Runtime::get().upload(z.data_ptr(), dt, {}, device);
   }
   if (ir::isFloat(dt)) return runtime::scalarBuffer(dt, t.item<double>(), device);
   return runtime::scalarBufferInt(dt, t.item<int64_t>(), device);

@@ -115,6 +115,8 @@ bool isScalarType(const c10::TypePtr& t);
 bool isComplexNumber(const at::Tensor& t);
 // The element type a CPU scalar tensor has in a program.
 ir::DType cpuScalarIr(const at::Tensor& t);
+// complex128 where the plugin computes it, else complex64: Python complex numbers in a program.
+ir::DType complexNumberIr();
 runtime::BufferPtr cpuScalarBuffer(const at::Tensor& t, ir::DType dt, int device);
 // The tensor argument `idx`, or element `elem` of the list argument `idx`.
 at::Tensor listElem(const std::vector<IValue>& args, int idx, int elem);

@@ -83,6 +83,19 @@ def test_complex128_keeps_float64_precision(c128):
     torch.testing.assert_close(out, a * 3, rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("how", ["mul", "add", "fill_", "full", "where"])
+def test_a_python_complex_keeps_float64_precision(how, c128):
+    # A Python complex was a complex64 constant of the program: 1/3 lost its digits past float32.
+    s = 1 / 3 + 1e-12j
+    ops = {"mul": lambda d: torch.ones(3, dtype=c128, device=d) * s,
+           "add": lambda d: torch.ones(3, dtype=c128, device=d) + s,
+           "fill_": lambda d: torch.ones(3, dtype=c128, device=d).fill_(s),
+           "full": lambda d: torch.full((3,), s, dtype=c128, device=d),
+           "where": lambda d: torch.where(torch.ones(3, dtype=torch.bool, device=d), s,
+                                          torch.ones(3, dtype=c128, device=d))}
+    torch.testing.assert_close(ops[how]("tpu").cpu(), ops[how]("cpu"), rtol=0, atol=0)
+
+
 def test_view_as_complex_of_float64(c128):
     x = torch.randn(3, 2, dtype=torch.float64)
     check_against_cpu(torch.view_as_complex, x)
