@@ -206,6 +206,20 @@ CpuVerdict mirrorOnCpu(const c10::OperatorHandle& op, const std::vector<IValue>&
   return CpuVerdict::Accepts;
 }
 
+bool anyBarebonesUnsigned(const std::vector<IValue>& args) {
+  auto is = [](const at::Tensor& t) {
+    return t.defined() &&
+           (t.scalar_type() == at::kUInt16 || t.scalar_type() == at::kUInt32 || t.scalar_type() == at::kUInt64);
+  };
+  for (const auto& v : args) {
+    if (v.isTensor() && is(v.toTensor())) return true;
+    if (v.isTensorList())
+      for (const at::Tensor& t : v.toTensorList())
+        if (is(t)) return true;
+  }
+  return false;
+}
+
 // Runs the op on meta tensors: PyTorch's own shape/dtype checks raise the
 // same errors as on the CPU, and the results give the expected types.
 // Returns false when the op has no meta kernel.
@@ -272,6 +286,13 @@ bool metaRun(const c10::OperatorHandle& op, const std::vector<IValue>& args, std
       case CpuVerdict::Accepts:
         from_cpu = true;
     }
+  }
+  // PyTorch's Python meta kernels promote uint16/32/64 with other integer
+  // types where its kernels refuse (c10::promoteTypes): tensors of those
+  // dtypes, rare enough, are checked against the CPU once per signature.
+  if (!from_cpu && anyBarebonesUnsigned(args)) {
+    torch::jit::Stack ignored;
+    mirrorOnCpu(op, args, ignored);  // throws the CPU's error
   }
   if (from_cpu) {
     t_perms = perms;

@@ -140,3 +140,17 @@ def test_uint16_refuses_what_the_cpu_refuses():
             with pytest.raises(NotImplementedError, match="UInt16"):
                 out = fn(a.to(dev))
                 out.cpu()
+
+
+@pytest.mark.parametrize("other", [torch.int16, torch.uint8, torch.int32, torch.uint32])
+def test_uint16_promotes_with_other_integers_as_the_cpu_refuses(other):
+    # PyTorch's Python meta kernels promote these; c10's promotion, which its kernels use, refuses.
+    if not computes(torch.uint16):
+        pytest.skip("the plugin does not compute uint16")
+    for fn in (lambda d: torch.ones(3, dtype=torch.uint16, device=d) + torch.ones(3, dtype=other, device=d),
+               lambda d: torch.cat([torch.ones(3, dtype=torch.uint16, device=d), torch.ones(3, dtype=other, device=d)])):
+        for dev in ("cpu", "tpu"):
+            with pytest.raises(RuntimeError, match="Promotion for uint16, uint32, uint64 types is not supported"):
+                fn(dev)
+    # float promotion is allowed
+    check_against_cpu(lambda a: a + torch.ones(2, device=a.device), torch.tensor([1, 2], dtype=torch.uint16))
