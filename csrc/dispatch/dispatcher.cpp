@@ -527,6 +527,8 @@ void moveIndicesToDevice(torch::jit::Stack* stack, size_t n) {
       changed = true;
     }
     if (t.scalar_type() == at::kBool || t.scalar_type() == at::kByte) {
+      if (t.scalar_type() == at::kByte)
+        TORCH_WARN("indexing with dtype torch.uint8 is now deprecated, please use a dtype torch.bool instead.");
       // A mask covers as many dims as it has, each of the indexed tensor's size.
       for (int64_t j = 0; j < t.dim(); ++j)
         TORCH_CHECK_INDEX(pos + j < st.dim() && t.size(j) == st.size(pos + j), "The shape of the mask ", t.sizes(),
@@ -1005,6 +1007,17 @@ void compositeRefusalGuard(const c10::OperatorHandle& op, torch::jit::Stack* sta
   op.callBoxedForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd, *stack);
 }
 
+// The same for an op whose explicit composite (pixel_shuffle's math kernel,
+// while the CPU's own kernel has no uint16 code) runs below autograd: at the
+// backend key only, autograd keeps PyTorch's formula.
+template <c10::DispatchKey Composite>
+void explicitCompositeRefusalGuard(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  const std::shared_ptr<const OpFacts> facts = factsOf(op);
+  const size_t n = facts->writes.size();
+  refuseLikeCpu(*facts, std::vector<IValue>(stack->end() - n, stack->end()));
+  op.callBoxedForDispatchKey(Composite, *stack);
+}
+
 void guardCompositeRefusals() {
   static torch::Library autograd(torch::Library::IMPL, "aten", c10::DispatchKey::AutogradPrivateUse1, __FILE__,
                                  __LINE__);
@@ -1016,13 +1029,24 @@ void guardCompositeRefusals() {
     if (guarded.count(name) || name.name.rfind("aten::", 0) != 0) continue;
     if (!table.overloads.count(name) && !table.ops.count(baseName(name.name))) continue;
     auto op = d.findOp(name);
-    if (!op || !op->hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd) ||
-        op->hasKernelForDispatchKey(c10::DispatchKey::AutogradPrivateUse1) ||
+    if (!op || op->hasKernelForDispatchKey(c10::DispatchKey::AutogradPrivateUse1) ||
         op->hasKernelForDispatchKey(c10::DispatchKey::PrivateUse1))
       continue;
     std::string full = name.name.substr(6) + (name.overload_name.empty() ? "" : "." + name.overload_name);
-    autograd.impl(full.c_str(), torch::CppFunction::makeFromBoxedFunction<&compositeRefusalGuard>());
-    backend.impl(full.c_str(), torch::CppFunction::makeFromBoxedFunction<&compositeRefusalGuard>());
+    using DK = c10::DispatchKey;
+    if (op->hasKernelForDispatchKey(DK::CompositeImplicitAutograd)) {
+      autograd.impl(full.c_str(), torch::CppFunction::makeFromBoxedFunction<&compositeRefusalGuard>());
+      backend.impl(full.c_str(), torch::CppFunction::makeFromBoxedFunction<&compositeRefusalGuard>());
+    } else if (op->hasKernelForDispatchKey(DK::CompositeExplicitAutogradNonFunctional)) {
+      backend.impl(full.c_str(), torch::CppFunction::makeFromBoxedFunction<
+                                     &explicitCompositeRefusalGuard<DK::CompositeExplicitAutogradNonFunctional>>());
+    } else if (op->hasKernelForDispatchKey(DK::CompositeExplicitAutograd)) {
+      backend.impl(
+          full.c_str(),
+          torch::CppFunction::makeFromBoxedFunction<&explicitCompositeRefusalGuard<DK::CompositeExplicitAutograd>>());
+    } else {
+      continue;
+    }
     guarded.insert(name);
   }
 }

@@ -196,3 +196,15 @@ def test_what_the_cpu_refuses_and_cuda_computes_is_computed_as_cuda_does(mode):
         got = torch.nn.functional.rrelu(x16.to("tpu"), training=False).cpu()  # eval: the mean slope
         assert got.dtype == torch.float16
         torch.testing.assert_close(got, torch.nn.functional.rrelu(x16.float(), training=False).half())
+
+
+@pytest.mark.parametrize("op", ["pixel_shuffle", "pixel_unshuffle"])
+def test_an_explicit_composite_refuses_as_the_cpu_does(op):
+    # pixel_shuffle's math kernel (tpu's path) computes every dtype; the CPU's own kernel has no
+    # uint16 code. The refusal row is checked before the composite runs.
+    x = torch.arange(16).reshape(1, 4, 2, 2).to(torch.uint16)
+    for device in ("cpu", "tpu"):
+        with pytest.raises(NotImplementedError, match="UInt16"):
+            getattr(torch, op)(x.to(device), 2)
+    check = torch.arange(16.0).reshape(1, 4, 2, 2)
+    torch.testing.assert_close(getattr(torch, op)(check.to("tpu"), 2).cpu(), getattr(torch, op)(check, 2))

@@ -209,3 +209,13 @@ def test_complex_abs_writes_its_real_type_and_bool_alpha_true_is_allowed():
     assert torch.abs(z, out=torch.empty(2, device="tpu")).tolist() == [5.0, 1.0]
     b = torch.tensor([True, False], device="tpu")
     assert torch.add(b, b, alpha=True).tolist() == [True, False]
+
+
+def test_a_uint8_index_warns_as_on_the_cpu():
+    for device in ("cpu", "tpu"):
+        v = torch.tensor([True, False, True], device=device)
+        with warnings.catch_warnings(record=True) as w:
+            warnings.simplefilter("always")
+            assert v[torch.tensor([1, 0, 0], dtype=torch.uint8, device=device)].cpu().tolist() == [True]
+        assert [str(m.message).split(" (Triggered")[0] for m in w] == [
+            "indexing with dtype torch.uint8 is now deprecated, please use a dtype torch.bool instead."], device
