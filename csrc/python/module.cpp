@@ -71,7 +71,10 @@ py::dict metricsDict() {
                   {"dist_staged_bytes", &m.dist_staged_bytes},
                   {"dist_xla_collectives", &m.dist_xla_collectives},
                   {"dist_xla_bytes", &m.dist_xla_bytes},
-                  {"disk_hits", &m.disk_hits}});
+                  {"disk_hits", &m.disk_hits},
+                  {"same_text_hits", &m.same_text_hits},
+                  {"programs_unloaded", &m.programs_unloaded},
+                  {"programs_reloaded", &m.programs_reloaded}});
   d["recompile_reasons"] = runtime::recentCompileReasons();
   if (runtime::Runtime::initialized()) {
     auto& dc = runtime::Runtime::get().diskCache();

@@ -3,6 +3,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -21,7 +22,8 @@ Metrics& metrics() {
 }
 
 void Metrics::reset() {
-  compiles = cache_hits = cache_misses = disk_hits = executions = donated_buffers = constant_reuses = 0;
+  compiles = cache_hits = cache_misses = disk_hits = same_text_hits = programs_unloaded = programs_reloaded =
+      executions = donated_buffers = constant_reuses = 0;
   h2d_bytes = d2h_bytes = h2d_transfers = d2h_transfers = compile_ns = fused_lowerings = operands_in_place = 0;
   dist_collectives = dist_staged_bytes = dist_xla_collectives = dist_xla_bytes = 0;
   std::lock_guard<std::mutex> g(mu);
@@ -218,6 +220,7 @@ Runtime::Runtime() {
   for (const char* var : {"XLA_FLAGS", "LIBTPU_INIT_ARGS"})
     if (const char* v = env::get(var); v && *v) identity_ += std::string("|") + var + "=" + v;
   disk_ = std::make_unique<DiskCache>(DiskCache::defaultDir(), DiskCache::defaultMaxBytes());
+  max_loaded_ = env::positiveInt("TORCH_TPU_MAX_PROGRAMS", max_loaded_);
   int n = deviceCount();
   mem_.reset(new Mem[n]);
   int64_t env_limit = env::bytes("TORCH_TPU_MEMORY_LIMIT");
@@ -254,55 +257,123 @@ std::shared_ptr<Program> Runtime::compile(const ir::Builder& b, const std::strin
   // never prints the program.
   std::string fp = b.fingerprint();
   if (auto hit = cachedProgram(mu_, programs_, fp)) return hit;
-  std::string text = b.emit();
   auto prog = std::make_shared<Program>();
+  prog->text = b.emit();
+  prog->what = what;
   prog->param_types = b.paramTypes();
   for (const auto& v : b.outputs()) prog->out_types.push_back(v.type);
   prog->op_count = b.opCount();
   for (const auto& [param, output] : b.aliases()) prog->aliased_params.push_back(param);
-  prog->synchronous = text.find("stablehlo.fft") != std::string::npos;
-  std::string key = disk_->enabled() ? DiskCache::key(text, identity_, options_) : "";
-  if (disk_->enabled()) {
-    if (auto payload = disk_->load(key)) {
-      try {
-        prog->exe = client_->deserialize(*payload);
-        metrics().disk_hits++;
-      } catch (const pjrt::Error&) {
-        disk_->discard(key);  // written by another plugin build: recompile
-      }
+  prog->synchronous = prog->text.find("stablehlo.fft") != std::string::npos;
+  prog->key = DiskCache::key(prog->text, identity_, options_);
+  {
+    // Builders whose fingerprints differ can emit the same text: that program
+    // is the one already held, not a second copy of its code.
+    std::lock_guard<std::mutex> g(mu_);
+    if (auto it = programs_by_text_.find(prog->key); it != programs_by_text_.end()) {
+      programs_.emplace(std::move(fp), it->second);
+      metrics().same_text_hits++;
+      return it->second;
     }
   }
-  if (!prog->exe) {
-    auto t0 = std::chrono::steady_clock::now();
-    try {
-      SlowWatch watch("the program for " + what + " (" + std::to_string(prog->op_count) + " ops, " +
-                      std::to_string(text.size() / 1024) + " KB of StableHLO)");
-      prog->exe = client_->compile(text, options_);
-    } catch (const pjrt::Error& e) {
-      throw std::runtime_error(std::string("torch_tpu: compiling the program for ") + what + " failed: " + e.what());
-    }
-    auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();
-    prog->compile_seconds = ns / 1e9;
-    const int64_t compiles_of_op = metrics().countCompile(what, ns);
-    // Many programs for one op: its shapes change call after call (a loop over a
-    // growing sequence), and each new one costs a compile. Said once at 100 and at 1000.
-    if (compiles_of_op == 100 || compiles_of_op == 1000)
-      std::fprintf(stderr,
-                   "torch_tpu: %s has been compiled for %lld different shapes or arguments; a loop whose sizes "
-                   "change each step compiles a program per step (pad to fixed sizes, or see "
-                   "TORCH_TPU_LOG_RECOMPILES=1)\n",
-                   what.c_str(), static_cast<long long>(compiles_of_op));
-    if (disk_->enabled()) {
-      try {
-        disk_->store(key, prog->exe->serialize());
-      } catch (const pjrt::Error&) {
-        // The plugin cannot serialize: memory cache only.
-      }
-    }
+  prog->exe = build(*prog);
+  prog->last_used.store(++clock_, std::memory_order_relaxed);
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    programs_.emplace(std::move(fp), prog);
+    programs_by_text_.emplace(prog->key, prog);
   }
-  std::lock_guard<std::mutex> g(mu_);
-  programs_.emplace(std::move(fp), prog);
+  if (loaded_.fetch_add(1) + 1 > max_loaded_) unloadLeastRecent(prog.get());
   return prog;
+}
+
+std::unique_ptr<pjrt::Executable> Runtime::build(const Program& p) {
+  if (disk_->enabled()) {
+    if (auto payload = disk_->load(p.key)) {
+      try {
+        auto exe = client_->deserialize(*payload);
+        metrics().disk_hits++;
+        return exe;
+      } catch (const pjrt::Error&) {
+        disk_->discard(p.key);  // written by another plugin build: recompile
+      }
+    }
+  }
+  auto t0 = std::chrono::steady_clock::now();
+  std::unique_ptr<pjrt::Executable> exe;
+  try {
+    SlowWatch watch("the program for " + p.what + " (" + std::to_string(p.op_count) + " ops, " +
+                    std::to_string(p.text.size() / 1024) + " KB of StableHLO)");
+    exe = client_->compile(p.text, options_);
+  } catch (const pjrt::Error& e) {
+    throw std::runtime_error(std::string("torch_tpu: compiling the program for ") + p.what + " failed: " + e.what());
+  }
+  auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();
+  const int64_t compiles_of_op = metrics().countCompile(p.what, ns);
+  // Many programs for one op: its shapes change call after call (a loop over a
+  // growing sequence), and each new one costs a compile. Said once at 100 and at 1000.
+  if (compiles_of_op == 100 || compiles_of_op == 1000)
+    std::fprintf(stderr,
+                 "torch_tpu: %s has been compiled for %lld different shapes or arguments; a loop whose sizes "
+                 "change each step compiles a program per step (pad to fixed sizes, or see "
+                 "TORCH_TPU_LOG_RECOMPILES=1)\n",
+                 p.what.c_str(), static_cast<long long>(compiles_of_op));
+  if (disk_->enabled()) {
+    try {
+      disk_->store(p.key, exe->serialize());
+    } catch (const pjrt::Error&) {
+      // The plugin cannot serialize: memory cache only.
+    }
+  }
+  return exe;
+}
+
+std::shared_ptr<pjrt::Executable> Runtime::executable(const Program& p) {
+  p.last_used.store(clock_.fetch_add(1, std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+  std::shared_ptr<pjrt::Executable> exe;
+  bool reloaded = false;
+  {
+    std::lock_guard<std::mutex> g(p.load_mu);
+    if (!p.exe) {
+      p.exe = build(p);
+      reloaded = true;
+    }
+    exe = p.exe;
+  }
+  if (reloaded) {
+    metrics().programs_reloaded++;
+    if (loaded_.fetch_add(1) + 1 > max_loaded_) unloadLeastRecent(&p);
+  }
+  return exe;
+}
+
+// Unloads the least recently run programs down to 7/8 of the bound (one scan
+// per max_loaded_ / 8 loads). A launch still running may use one: what is in
+// flight finishes before they go.
+void Runtime::unloadLeastRecent(const Program* keep) {
+  std::vector<std::shared_ptr<pjrt::Executable>> unloaded;
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    std::vector<std::pair<uint64_t, Program*>> held;
+    for (const auto& [key, prog] : programs_by_text_) {
+      if (prog.get() == keep) continue;
+      std::lock_guard<std::mutex> l(prog->load_mu);
+      if (prog->exe) held.emplace_back(prog->last_used.load(std::memory_order_relaxed), prog.get());
+    }
+    const int64_t excess = loaded_.load() - max_loaded_ * 7 / 8;
+    if (excess <= 0) return;
+    const size_t n = std::min(held.size(), static_cast<size_t>(excess));
+    std::nth_element(held.begin(), held.begin() + n, held.end());
+    for (size_t i = 0; i < n; ++i) {
+      std::lock_guard<std::mutex> l(held[i].second->load_mu);
+      if (!held[i].second->exe) continue;
+      unloaded.push_back(std::move(held[i].second->exe));
+      held[i].second->exe = nullptr;
+      loaded_--;
+    }
+  }
+  for (int d = 0; d < deviceCount(); ++d) awaitAll(pendingSnapshot(d));
+  metrics().programs_unloaded += static_cast<int64_t>(unloaded.size());
 }
 
 BufferPtr Runtime::upload(const void* data, ir::DType t, const std::vector<int64_t>& dims, int device) {

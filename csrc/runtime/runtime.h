@@ -36,6 +36,9 @@ struct Metrics {
   std::atomic<int64_t> cache_hits{0};    // program found in memory
   std::atomic<int64_t> cache_misses{0};  // not in memory (then: disk hit, or compile)
   std::atomic<int64_t> disk_hits{0};
+  std::atomic<int64_t> same_text_hits{0};     // a new fingerprint whose program text was loaded already
+  std::atomic<int64_t> programs_unloaded{0};  // executables unloaded past TORCH_TPU_MAX_PROGRAMS
+  std::atomic<int64_t> programs_reloaded{0};  // ... and loaded again to run
   std::atomic<int64_t> executions{0};
   std::atomic<int64_t> donated_buffers{0};  // inputs whose buffers outputs reused
   std::atomic<int64_t> constant_reuses{0};  // fills (zeros, ones, full) answered with kept results
@@ -86,11 +89,19 @@ pjrt::ElementType elementType(ir::DType t);
 
 // A compiled program and what it returns.
 struct Program {
-  std::unique_ptr<pjrt::Executable> exe;
+  // Loaded while it is among the most recently run: past TORCH_TPU_MAX_PROGRAMS
+  // the runtime unloads the least recently run (every loaded XLA:CPU
+  // executable holds memory maps, and a process has about 65,000: PyTorch's
+  // own test files compile tens of thousands of programs, and the JIT's mmap
+  // failed); Runtime::executable() loads one again, from the disk cache or by
+  // compiling `text`.
+  mutable std::shared_ptr<pjrt::Executable> exe;  // under load_mu once published
+  mutable std::mutex load_mu;
+  mutable std::atomic<uint64_t> last_used{0};
+  std::string text, key, what;
   std::vector<ir::Type> param_types;
   std::vector<ir::Type> out_types;
   int op_count = 0;
-  double compile_seconds = 0;
   // Programs with an FFT run to completion before the next launch: XLA:CPU
   // (xla-cpu-pjrt 0.0.1) crashed about once in six test runs when FFT
   // programs completed asynchronously (in CpuAsyncExecutionTracker), never
@@ -133,6 +144,9 @@ class Runtime {
   // Compiles the builder's program, or returns the cached executable for the
   // same text. `what` names the program in metrics (an op name).
   std::shared_ptr<Program> compile(const ir::Builder& b, const std::string& what);
+  // The program's executable, loaded again if it was unloaded; the caller holds
+  // it while it launches.
+  std::shared_ptr<pjrt::Executable> executable(const Program& p);
   // Whether the plugin computes with this element type: asked of its compiler
   // once per type (a program that adds two arrays of it), outside metrics and
   // caches. A TPU refuses float64 and complex128; the CPU and CUDA plugins
@@ -177,7 +191,13 @@ class Runtime {
   std::unique_ptr<DiskCache> disk_;
   bool reads_in_place_ = false;  // device buffers are host memory: downloads read them in place
   std::mutex mu_;
-  std::unordered_map<std::string, std::shared_ptr<Program>> programs_;
+  std::unordered_map<std::string, std::shared_ptr<Program>> programs_;          // by builder fingerprint
+  std::unordered_map<std::string, std::shared_ptr<Program>> programs_by_text_;  // by the program's disk key
+  std::atomic<uint64_t> clock_{0};                                              // a tick per launch: Program::last_used
+  std::atomic<int64_t> loaded_{0};                                              // programs whose executable is loaded
+  int64_t max_loaded_ = 8192;                                                   // TORCH_TPU_MAX_PROGRAMS
+  std::unique_ptr<pjrt::Executable> build(const Program& p);                    // from the disk cache, else compiled
+  void unloadLeastRecent(const Program* keep);
   std::array<std::atomic<int8_t>, 32> computes_{};  // by DType: 0 not asked, 1 yes, -1 no
   struct Mem {
     std::atomic<int64_t> in_use{0};

@@ -336,7 +336,8 @@ std::vector<BufferPtr> execute(const Program& p, const std::vector<BufferPtr>& i
   std::shared_ptr<pjrt::Event> done;
   bool sync = g_blocking || p.synchronous;
   LaunchScope in_flight(Runtime::get().launchHooks());
-  auto outs = p.exe->execute(raw, Runtime::get().device(device), sync ? nullptr : &done, keep);
+  const std::shared_ptr<pjrt::Executable> exe = Runtime::get().executable(p);
+  auto outs = exe->execute(raw, Runtime::get().device(device), sync ? nullptr : &done, keep);
   if (!sync) in_flight.endWhenReady(*done);
   metrics().executions++;
   std::vector<BufferPtr> result;

@@ -116,3 +116,38 @@ def test_fused_training_restarts_from_the_disk_cache(tmp_path):
     assert cold["compiles"] >= 3 and warm["compiles"] == 0
     assert warm["disk_hits"] == cold["compiles"]
     assert warm["losses"] == cold["losses"]
+
+
+MANY_PROGRAMS = """
+import json, torch, torch_tpu
+def maps():
+    return sum(1 for _ in open("/proc/self/maps"))
+start = maps()
+for rep in range(2):
+    for n in range(1, 61):
+        y = (torch.ones(n, device="tpu") * 2 + 1).cpu()
+        assert y.shape == (n,) and y.eq(3).all(), (n, y)
+m = torch_tpu.metrics()
+print(json.dumps({"maps_grew": maps() - start, "compiles": m["compiles"], "unloaded": m["programs_unloaded"],
+                  "reloaded": m["programs_reloaded"], "disk_hits": m["disk_hits"]}))
+"""
+
+
+def test_past_the_bound_programs_are_unloaded_and_loaded_again(tmp_path):
+    # Every loaded XLA:CPU executable holds memory maps (about 3), and a process has about 65,000:
+    # PyTorch's own index and reduction tests compiled past that and the JIT's mmap failed
+    # ("LLVM compilation error: Cannot allocate memory", then a crash). Past TORCH_TPU_MAX_PROGRAMS
+    # the least recently run are unloaded; running one again loads it from the disk cache, or
+    # compiles it again without one.
+    for cache in (tmp_path / "cache", "off"):
+        env = dict(os.environ, TORCH_TPU_CACHE_DIR=str(cache), TORCH_TPU_MAX_PROGRAMS="16",
+                   TORCH_TPU_DEFER_AND_FUSE="0", PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+        r = subprocess.run([sys.executable, "-c", textwrap.dedent(MANY_PROGRAMS)], capture_output=True, text=True,
+                           env=env, timeout=600)
+        assert r.returncode == 0, r.stderr[-3000:]
+        got = json.loads(r.stdout.strip().splitlines()[-1])
+        assert got["unloaded"] >= 100 and got["reloaded"] >= 100, got
+        if cache != "off":
+            assert got["disk_hits"] >= got["reloaded"], got  # loaded again from disk, not compiled
+        # 120 programs loaded at once held about 360 maps; the bound keeps it near 16 programs.
+        assert got["maps_grew"] < 200, got
