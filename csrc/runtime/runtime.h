@@ -91,8 +91,8 @@ pjrt::ElementType elementType(ir::DType t);
 struct Program {
   // Loaded while it is among the most recently run: past TORCH_TPU_MAX_PROGRAMS
   // the runtime unloads the least recently run (every loaded XLA:CPU
-  // executable holds memory maps, and a process has about 65,000: PyTorch's
-  // own test files compile tens of thousands of programs, and the JIT's mmap
+  // executable holds 3 to 6 memory maps, and a process has 65,530: one of
+  // PyTorch's index tests alone makes 5,000 programs, and the JIT's mmap
   // failed); Runtime::executable() loads one again, from the disk cache or by
   // compiling `text`.
   mutable std::shared_ptr<pjrt::Executable> exe;  // under load_mu once published
@@ -195,7 +195,7 @@ class Runtime {
   std::unordered_map<std::string, std::shared_ptr<Program>> programs_by_text_;  // by the program's disk key
   std::atomic<uint64_t> clock_{0};                                              // a tick per launch: Program::last_used
   std::atomic<int64_t> loaded_{0};                                              // programs whose executable is loaded
-  int64_t max_loaded_ = 8192;                                                   // TORCH_TPU_MAX_PROGRAMS
+  int64_t max_loaded_ = 2048;                                                   // TORCH_TPU_MAX_PROGRAMS
   std::unique_ptr<pjrt::Executable> build(const Program& p);                    // from the disk cache, else compiled
   void unloadLeastRecent(const Program* keep);
   std::array<std::atomic<int8_t>, 32> computes_{};  // by DType: 0 not asked, 1 yes, -1 no
