@@ -86,6 +86,9 @@ def main():
         max_num_batched_tokens=32,
         enable_prefix_caching=True,
         enforce_eager=os.environ.get("LLM_WORKER_EAGER", "0") == "1",
+        # vLLM's CPU backend refuses to start unless this fraction of the machine's memory is free.
+        **({"gpu_memory_utilization": float(os.environ["LLM_WORKER_MEMORY_FRACTION"])}
+           if "LLM_WORKER_MEMORY_FRACTION" in os.environ else {}),
     )
     greedy = SamplingParams(temperature=0, max_tokens=n, ignore_eos=True)
     on_tpu = current_platform.device_type == "tpu"
