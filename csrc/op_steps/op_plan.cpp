@@ -220,6 +220,22 @@ bool anyBarebonesUnsigned(const std::vector<IValue>& args) {
   return false;
 }
 
+// Called while a meta kernel's error is handled: whether the CPU accepts the
+// input (its results in `results`); false where the CPU has no kernel either.
+// Throws the CPU's own error, or rethrows the meta kernel's where the input is
+// too large to mirror.
+bool cpuAccepts(const c10::OperatorHandle& op, const std::vector<IValue>& args, torch::jit::Stack& results) {
+  switch (mirrorOnCpu(op, args, results)) {
+    case CpuVerdict::NoKernel:
+      return false;
+    case CpuVerdict::TooLarge:
+      throw;
+    case CpuVerdict::Accepts:
+      break;
+  }
+  return true;
+}
+
 // Runs the op on meta tensors: PyTorch's own shape/dtype checks raise the
 // same errors as on the CPU, and the results give the expected types.
 // Returns false when the op has no meta kernel.
@@ -261,14 +277,8 @@ bool metaRun(const c10::OperatorHandle& op, const std::vector<IValue>& args, std
         (m.find("not implemented") != std::string::npos || m.find("NotImplemented") != std::string::npos ||
          m.find("could not run") != std::string::npos || m.find("Could not run") != std::string::npos))
       return false;
-    switch (mirrorOnCpu(op, args, cpu_results)) {
-      case CpuVerdict::NoKernel:
-        return false;
-      case CpuVerdict::TooLarge:
-        throw;
-      case CpuVerdict::Accepts:
-        from_cpu = true;
-    }
+    if (!cpuAccepts(op, args, cpu_results)) return false;
+    from_cpu = true;
   } catch (const std::exception& e) {
     // A Python meta kernel's NotImplementedError arrives as a Python error.
     std::string m = e.what();
@@ -278,14 +288,8 @@ bool metaRun(const c10::OperatorHandle& op, const std::vector<IValue>& args, std
     // A meta kernel that fails where no CPU kernel could confirm the input
     // is bad (the fused LSTM cell's meta reads `.device` of its optional
     // biases) is treated as missing: the lowering's own checks apply.
-    switch (mirrorOnCpu(op, args, cpu_results)) {
-      case CpuVerdict::NoKernel:
-        return false;
-      case CpuVerdict::TooLarge:
-        throw;
-      case CpuVerdict::Accepts:
-        from_cpu = true;
-    }
+    if (!cpuAccepts(op, args, cpu_results)) return false;
+    from_cpu = true;
   }
   // PyTorch's Python meta kernels promote uint16/32/64 with other integer
   // types where its kernels refuse (c10::promoteTypes): tensors of those

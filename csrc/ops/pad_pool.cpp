@@ -405,15 +405,21 @@ Windows adaptiveWindows(ir::Builder& b, const Value& x, int64_t d, int64_t in, i
   return {g, pos, valid};
 }
 
+// The input and output size of an adaptive pool over the trailing n dims.
+std::pair<Value, std::vector<int64_t>> adaptiveArgs(Ctx& c, int n) {
+  Value x = c.tensor(0);
+  std::vector<int64_t> os = c.ints(1);
+  if (static_cast<int>(os.size()) != n || x.rank() < n + 1) throw ir::Unsupported("adaptive pool: shape");
+  return {x, os};
+}
+
 // _adaptive_avg_pool{2,3}d(self, output_size): each window's sum over its
 // count, one dim at a time over gathered windows (a product with an averaging
 // matrix would spread an infinity as NaN into the other windows).
 std::vector<Value> adaptiveAvg(Ctx& c, int n) {
-  Value x = c.tensor(0);
-  auto os = c.ints(1);
+  const auto [x, os] = adaptiveArgs(c, n);
   ir::Builder& b = c.b;
-  int64_t r = x.rank();
-  if (int(os.size()) != n || r < n + 1) throw ir::Unsupported("adaptive_avg_pool: shape");
+  const int64_t r = x.rank();
   Shape out_shape = x.shape();
   for (int j = 0; j < n; ++j) {
     if (os[j] <= 0 || x.shape()[r - n + j] == 0) throw ir::Unsupported("adaptive_avg_pool: empty window");
@@ -438,11 +444,9 @@ Registrar reg_adaptive_avg_pool3d("_adaptive_avg_pool3d", [](Ctx& c) { return ad
 
 // adaptive_max_pool{2,3}d(self, output_size) -> (out, indices)
 std::vector<Value> adaptiveMax(Ctx& c, int n) {
-  Value x = c.tensor(0);
-  auto os = c.ints(1);
+  const auto [x, os] = adaptiveArgs(c, n);
   ir::Builder& b = c.b;
-  int64_t r = x.rank();
-  if (int(os.size()) != n || r < n + 1) throw ir::Unsupported("adaptive_max_pool: shape");
+  const int64_t r = x.rank();
   if (x.type.numel() == 0) throw ir::Unsupported("adaptive_max_pool: empty input");
   int64_t lead = r - n;
   for (int j = 0; j < n; ++j)
