@@ -276,6 +276,12 @@ AdvIndex advancedIndex(Ctx& c, const Value& x, const std::vector<Value>& indices
     for (const auto& v : idx) shapes += (shapes.empty() ? "" : ", ") + ir::shapeStr(v.shape());
     throw std::out_of_range("shape mismatch: indexing tensors could not be broadcast together with shapes " + shapes);
   }
+  // Any index into a dim of size 0 is out of bounds, known without the data
+  // (and a zero-size gather window does not compile).
+  int64_t picks = 1;
+  for (int64_t d : a.batch) picks *= d;
+  for (int64_t i : a.indexed)
+    if (x.shape()[i] == 0 && picks > 0) throw std::out_of_range("index is out of bounds for dimension with size 0");
   Shape s = a.batch;
   s.push_back(1);
   std::vector<Value> parts;

@@ -40,3 +40,13 @@ def test_a_refusing_meta_kernel_still_gives_the_cpu_error():
     with pytest.raises(RuntimeError) as tpu:
         F.interpolate(x.to("tpu"), size=3, mode="nearest")
     assert str(cpu.value).split("\n")[0] in str(tpu.value)
+
+
+def test_indexing_a_dim_of_size_zero(fallback_error):
+    # PyTorch's index test: an index into a dim of size 0 is out of bounds without reading the
+    # data; tpu compiled a gather with a zero-size window and the compiler refused it.
+    for device in ("cpu", "tpu"):
+        x = torch.empty(10, 0, device=device)
+        with pytest.raises(IndexError, match="for dimension with size 0"):
+            x[:, [0, 1]]
+        assert x[[1, 2]].shape == (2, 0) and x[[], []].shape == (0,)
