@@ -587,11 +587,12 @@ Value searchImpl(ir::Builder& b, const Value& seq, const Value& x, bool right, D
     return b.reshape(b.gather(from, b.reshape(pos, at_shape), dn, Shape(r, 1)), vs);
   };
   auto ci = [&](int64_t n) { return b.constantInt(n, DType::I64, vs); };
+  const std::optional<Value> order = sorter ? std::optional<Value>(b.convert(*sorter, DType::I64)) : std::nullopt;
   Value lo = ci(0), hi = ci(m);
   for (int64_t n = m; n > 0; n >>= 1) {
     Value active = b.compare(lo, hi, ir::Cmp::LT);
     Value mid = b.select(active, b.binary("divide", add(b, lo, hi), ci(2)), ci(0));
-    Value bound = at(s, sorter ? at(b.convert(*sorter, DType::I64), mid) : mid);
+    Value bound = at(s, order ? at(*order, mid) : mid);
     Value go = b.unary("not", b.compare(bound, v, right ? ir::Cmp::GT : ir::Cmp::GE));
     lo = b.select(b.binary("and", active, go), add(b, mid, ci(1)), lo);
     hi = b.select(b.binary("and", active, b.unary("not", go)), mid, hi);
