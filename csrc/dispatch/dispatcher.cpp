@@ -239,7 +239,8 @@ struct OpFacts {
     IndexSelect,
     Gather,
     SameDtypeOut,
-    BoolAlpha
+    BoolAlpha,
+    EmptyIndexed
   };
   KernelCheck kernel_check = KernelCheck::None;
   bool fill_range = false;  // aten::fill_.Scalar and aten::zero_: the strict-only range shortcut
@@ -255,6 +256,19 @@ struct OpFacts {
 int64_t nowNs() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
       .count();
+}
+
+// Ops that write or read self at the indices of an index tensor. Into (or
+// from) a dimension of size 0 every index is out of range, whatever its
+// value: the CPU kernels raise, and the program would either compute nothing
+// (the all-empty shortcut) or be refused by the compiler (a gather from a
+// zero-size dimension). index_add is not here: its CPU kernel accepts it.
+// index_select and gather make the same check after their own.
+const std::set<std::string>& emptyIndexedOps() {
+  static const std::set<std::string> ops = {"scatter",      "scatter_add", "scatter_reduce",
+                                            "index_reduce", "index_copy",  "index_fill",
+                                            "put",          "index_put",   "_index_put_impl"};
+  return ops;
 }
 
 // The base name of an op: "add" for aten::add and aten::add_,
@@ -317,6 +331,8 @@ std::shared_ptr<const OpFacts> buildFacts(const c10::OperatorHandle& op) {
       f->kernel_check = K::IndexSelect;
     else if (base == "gather")
       f->kernel_check = K::Gather;
+    else if (emptyIndexedOps().count(base))
+      f->kernel_check = K::EmptyIndexed;
     else if (overload.find("out") != std::string::npos && sameDtypeUnary().count(base))
       f->kernel_check = K::SameDtypeOut;
     else if (in_place && overlapChecks().internal.count(base) && !products.count(base))
@@ -607,6 +623,42 @@ void checkBoolAlpha(const std::vector<IValue>& args) {
   TORCH_CHECK(!other_bool, "For integral input tensors, argument alpha must not be a floating point number.");
 }
 
+// A non-empty index into a dimension of size 0: the CPU kernel's exception
+// type for each op (its words where they do not name an index value).
+void checkEmptyIndexed(const std::string& base, const std::vector<IValue>& args) {
+  if (args.size() < 3 || !args[0].isTensor()) return;
+  const at::Tensor& self = args[0].toTensor();
+  if (!self.defined() || self.numel() != 0) return;
+  if (base == "put") {
+    if (args[1].isTensor() && args[1].toTensor().numel() > 0)
+      TORCH_CHECK_INDEX(false, "put_(): Tried to put elements into an empty tensor");
+    return;
+  }
+  if (base == "index_put" || base == "_index_put_impl") {
+    if (!args[1].isList()) return;
+    int64_t d = 0;
+    for (const IValue& v : args[1].toListRef()) {
+      if (!v.isTensor()) {  // None: a whole dimension
+        ++d;
+        continue;
+      }
+      const at::Tensor& idx = v.toTensor();
+      const bool mask = idx.scalar_type() == at::kBool || idx.scalar_type() == at::kByte;
+      if (!mask && idx.numel() > 0 && d < self.dim() && self.size(d) == 0)
+        TORCH_CHECK_INDEX(false, "index is out of bounds for dimension with size 0");
+      d += mask ? idx.dim() : 1;
+    }
+    return;
+  }
+  if (!args[1].isInt() || !args[2].isTensor() || args[2].toTensor().numel() == 0 || self.dim() == 0) return;
+  const int64_t dim = at::maybe_wrap_dim(args[1].toInt(), self.dim());
+  if (self.size(dim) != 0) return;
+  if (base == "index_select") TORCH_CHECK(false, "index_select(): self indexing axis dim should be positive");
+  if (base == "index_reduce")
+    TORCH_CHECK_INDEX(false, "index_reduce(): index out of range for dimension ", dim, " of size 0");
+  TORCH_CHECK(false, base, "(): index out of bounds for dimension ", dim, " with size 0");
+}
+
 // Checks PyTorch's CPU and CUDA kernels make that its meta kernels skip, so
 // the meta run (op_steps/op_plan.cpp) does not raise them: the same exception
 // type and words, in every mode.
@@ -653,6 +705,7 @@ void checkLikeKernels(const OpFacts& f, const std::vector<IValue>& args) {
     case K::IndexSelect:  // index_select(self, dim, index)
       if (const at::Tensor* index = tensor(2))
         TORCH_CHECK_INDEX(index->dim() <= 1, "index_select(): Index is supposed to be a vector");
+      checkEmptyIndexed(f.base, args);
       return;
     case K::SameDtypeOut: {  // neg(x, out=y): y has x's dtype (abs of a complex x: its real type)
       const at::Tensor *self = tensor(0), *out = nullptr;
@@ -666,10 +719,14 @@ void checkLikeKernels(const OpFacts& f, const std::vector<IValue>& args) {
     case K::BoolAlpha:
       checkBoolAlpha(args);
       return;
+    case K::EmptyIndexed:
+      checkEmptyIndexed(f.base, args);
+      return;
     case K::Gather:  // gather(self, dim, index)
       if (const at::Tensor *self = tensor(0), *index = tensor(2); self && index && index->numel() > 0)  // as PyTorch
         TORCH_CHECK(std::max<int64_t>(self->dim(), 1) == std::max<int64_t>(index->dim(), 1),
                     "Index tensor must have the same number of dimensions as input tensor");
+      checkEmptyIndexed(f.base, args);
       return;
   }
 }

@@ -50,3 +50,51 @@ def test_indexing_a_dim_of_size_zero(fallback_error):
         with pytest.raises(IndexError, match="for dimension with size 0"):
             x[:, [0, 1]]
         assert x[[1, 2]].shape == (2, 0) and x[[], []].shape == (0,)
+
+
+def _ix(dev):
+    return torch.tensor([0], device=dev)
+
+
+INTO_AN_EMPTY_DIM = {
+    # A non-empty index into a dimension of size 0: every value is out of range. tpu computed
+    # an empty result (scatter, put, index_put: the all-empty shortcut) or handed the compiler a
+    # gather it refused (gather, index_select).
+    "scatter": lambda e, d: e.scatter(0, torch.zeros(2, 3, dtype=torch.long, device=d), 1.0),
+    "scatter_add": lambda e, d: e.scatter_add(0, torch.zeros(2, 3, dtype=torch.long, device=d), e.new_ones(2, 3)),
+    "scatter_reduce": lambda e, d: e.scatter_reduce(
+        0, torch.zeros(2, 3, dtype=torch.long, device=d), e.new_ones(2, 3), "amax"
+    ),
+    "scatter_ dim 1": lambda e, d: e.t().scatter_(1, torch.zeros(3, 1, dtype=torch.long, device=d), 1.0),
+    "index_reduce": lambda e, d: e.index_reduce(0, _ix(d), e.new_ones(1, 3), "prod"),
+    "index_copy": lambda e, d: e.index_copy(0, _ix(d), e.new_ones(1, 3)),
+    "index_fill": lambda e, d: e.index_fill(0, _ix(d), 1.0),
+    "index_select": lambda e, d: e.index_select(0, _ix(d)),
+    "gather": lambda e, d: e.gather(0, torch.zeros(2, 3, dtype=torch.long, device=d)),
+    "put": lambda e, d: e.put(_ix(d), e.new_ones(1)),
+    "index_put": lambda e, d: e.index_put((_ix(d),), e.new_ones(3)),
+    "setitem after a slice": lambda e, d: e.t().__setitem__((slice(None), _ix(d)), 1.0),
+}
+
+
+@pytest.mark.parametrize("name", sorted(INTO_AN_EMPTY_DIM))
+def test_an_index_into_an_empty_dim_raises_as_on_the_cpu(name, fallback_error):
+    import warnings
+
+    fn = INTO_AN_EMPTY_DIM[name]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # index_reduce is in beta
+        with pytest.raises((RuntimeError, IndexError)) as cpu:
+            fn(torch.zeros(0, 3), "cpu")
+        with pytest.raises(cpu.type):
+            fn(torch.zeros(0, 3, device="tpu"), "tpu")
+
+
+def test_an_empty_index_into_an_empty_dim_is_no_error(fallback_error):
+    # The same ops with an empty index (and index_add, whose CPU kernel accepts either) give the
+    # CPU's empty results.
+    none = torch.zeros(0, 3, dtype=torch.long)
+    check_against_cpu(lambda e, i: e.scatter(0, i, 1.0), torch.zeros(0, 3), none)
+    check_against_cpu(lambda e, i: e.gather(0, i), torch.zeros(0, 3), none)
+    check_against_cpu(lambda e, i: e.index_select(0, i), torch.zeros(0, 3), torch.zeros(0, dtype=torch.long))
+    check_against_cpu(lambda e, i: e.index_add(0, i, e.new_ones(1, 3)), torch.zeros(0, 3), torch.tensor([0]))
