@@ -20,6 +20,13 @@ float outputs, complex ones through view_as_real, w.r.t. every input that requir
 grad_native_pass, grad_fallback_pass, grad_mismatch, grad_error, grad_crash, grad_skip
 (the CPU backward fails on every sample).
 
+Walks (one kind of unit each, forward only): ``--special`` plants NaN and infinities in float32
+inputs; ``--empty`` makes the inputs empty along their first dimension; ``--global-state`` runs
+each float32, int64 and bool sample once on tpu under the default state (so that its programs are
+cached), then on the CPU and on tpu again under other global state (``torch.set_default_dtype
+(torch.float64)`` and deterministic algorithms): a program cached under the first state must not
+serve the second.
+
 Units run in worker subprocesses (``--workers``, default 1), one unit at a time, so that a
 segfault or a hang loses that unit only; the worker is then restarted. The worker imports a
 snapshot of the torch_tpu package (copied when the sweep starts), so that a rebuild of the
@@ -37,6 +44,7 @@ once more with ``set_fallback("error")`` and the first exception is recorded (``
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import json
 import os
@@ -86,6 +94,8 @@ def variant_name(op) -> str:
 
 
 def unit_key(variant: str, dtype: str, kind: str) -> str:
+    if kind == "state":
+        return f"{variant}|state:{dtype}"
     return f"{variant}|{kind if kind in ('grad', 'special', 'empty') else dtype}"
 
 
@@ -461,6 +471,26 @@ def _tie_equivalent(variant, sample, ref, out):
         return False
 
 
+@contextlib.contextmanager
+def _other_global_state(active):
+    """The global-state walk's other state: float64 as the default dtype, deterministic
+    algorithms (warn_only: the walk compares values, not CUDA's refusals)."""
+    import torch
+
+    if not active:
+        yield
+        return
+    dtype, det, warn = (torch.get_default_dtype(), torch.are_deterministic_algorithms_enabled(),
+                        torch.is_deterministic_algorithms_warn_only_enabled())
+    torch.set_default_dtype(torch.float64)
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(dtype)
+        torch.use_deterministic_algorithms(det, warn_only=warn)
+
+
 def run_forward(op, dtype_name, max_samples, meta_only, strict_check, send_progress, special=False):
     import torch
     import torch_tpu
@@ -485,24 +515,31 @@ def run_forward(op, dtype_name, max_samples, meta_only, strict_check, send_progr
             outcomes.append(("error", f"moving the inputs to tpu: {_first_line(e)}"))
             send_progress(i)
             continue
+        if special == "state":  # the programs of the default state, cached first
+            try:
+                _seed(i)
+                _fetch(op(dev_sample[0], *dev_sample[1], **dev_sample[2]), set())
+            except Exception:  # noqa: BLE001  (compared below, under the other state)
+                pass
         cpu_exc = None
-        try:
-            _seed(i)
-            ref = op(sample.input, *sample.args, **sample.kwargs)
-            ref = sample.output_process_fn_grad(ref)
-        except Exception as e:  # noqa: BLE001
-            cpu_exc = e
-        devices = set()
-        try:
-            _seed(i)
-            x, args, kwargs = dev_sample
-            out = op(x, *args, **kwargs)
-            out = sample.output_process_fn_grad(out)
-            out = _fetch(out, devices)
-            torch_tpu.sync()
-            tpu_exc = None
-        except Exception as e:  # noqa: BLE001
-            tpu_exc = e
+        with _other_global_state(special == "state"):
+            try:
+                _seed(i)
+                ref = op(sample.input, *sample.args, **sample.kwargs)
+                ref = sample.output_process_fn_grad(ref)
+            except Exception as e:  # noqa: BLE001
+                cpu_exc = e
+            devices = set()
+            try:
+                _seed(i)
+                x, args, kwargs = dev_sample
+                out = op(x, *args, **kwargs)
+                out = sample.output_process_fn_grad(out)
+                out = _fetch(out, devices)
+                torch_tpu.sync()
+                tpu_exc = None
+            except Exception as e:  # noqa: BLE001
+                tpu_exc = e
         moved = len(_tensors(dev_sample)) > len(keeps[i]) or "device_arg" in memo
         if cpu_exc is not None:
             if tpu_exc is None:
@@ -701,7 +738,7 @@ def worker_main(fd_out: int) -> None:
             else:
                 result = run_forward(op, unit["dtype"], unit["max_samples"], meta_only,
                                      partial, progress,
-                                     special=unit["kind"] if unit["kind"] in ("special", "empty") else False)
+                                     special=unit["kind"] if unit["kind"] in ("special", "empty", "state") else False)
         except Exception as e:  # noqa: BLE001  (e.g. sample_inputs itself failed)
             prefix = "grad_" if unit["kind"] == "grad" else ""
             result = {"status": prefix + "skip", "message": "harness: " + _first_line(e),
@@ -745,6 +782,11 @@ def enumerate_units(op_db, ops=None, dtypes=DTYPE_NAMES, shard=(0, 1), grad=True
         if idx % n != i:
             continue
         supported = op.supported_dtypes("cpu")
+        if special == "state":
+            for d in ("float32", "int64", "bool"):
+                if getattr(torch, d) in supported:
+                    units.append({"variant": v, "dtype": d, "kind": special, "max_samples": max_samples})
+            continue
         if special:
             if torch.float32 in supported:
                 units.append({"variant": v, "dtype": "float32", "kind": special, "max_samples": max_samples})
@@ -800,6 +842,10 @@ def main(argv=None):
                    help="the NaN/inf walk: float32 forward units only, NaN, inf and -inf planted in the inputs")
     p.add_argument("--empty", dest="special", action="store_const", const="empty",
                    help="the zero-size walk: float32 forward units only, inputs empty along their first dim")
+    p.add_argument("--global-state", dest="special", action="store_const", const="state",
+                   help="the global-state walk: float32, int64 and bool forward units, each sample cached "
+                        "under the default state, then compared under float64 as the default dtype and "
+                        "deterministic algorithms")
     p.add_argument("--max-samples", type=int, default=8)
     p.add_argument("--out", default=None, help="results JSON (default: none)")
     p.add_argument("--workers", type=int, default=1)
