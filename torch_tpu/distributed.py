@@ -129,7 +129,31 @@ def register() -> bool:
     if getattr(dist.Backend, BACKEND.upper(), None) is not None:
         return True
     dist.Backend.register_backend(BACKEND, _create_backend, extended_api=True, devices=["tpu"])
+    _keep_the_default_backend_registered()
     return True
+
+
+def _keep_the_default_backend_registered() -> None:
+    """``init_process_group()`` with no backend builds a group with the accelerator's backend
+    only (``tpu:tpu_dist``), then names gloo its default because it sees no nccl; DDP asks the
+    group for its default backend ("Could not find backend type 1 ... gloo"). On CUDA the
+    default is the nccl it built. Each group whose backends are tpu_dist alone gets tpu_dist
+    as its default, as nccl is on CUDA (every group: the default one, new_group, DeviceMesh)."""
+    from torch.distributed import distributed_c10d as c10d
+
+    helper = c10d._new_process_group_helper
+    if getattr(helper, "_torch_tpu", False):
+        return
+
+    def new_process_group_helper(*args, **kwargs):
+        pg, store = helper(*args, **kwargs)
+        config = c10d._world.pg_backend_config.get(pg, "") if isinstance(pg, c10d.ProcessGroup) else ""
+        if config == f"tpu:{BACKEND}":
+            pg._set_default_backend(c10d.ProcessGroup.BackendType.CUSTOM)
+        return pg, store
+
+    new_process_group_helper._torch_tpu = True
+    c10d._new_process_group_helper = new_process_group_helper
 
 
 __all__ = ["BACKEND", "local_group", "register"]

@@ -22,9 +22,10 @@ STEPS = 5
 # (aten._foreach_norm); tensor parallelism trains without it, on both sides.
 CLIP = MODE not in ("tp", "pp")  # pp: the stages' norms would need a collective of their own
 torch_tpu.set_fallback("error")
-# Named: with no backend, PyTorch makes gloo the group's default even when only the
-# accelerator's backend exists, and DDP's logger then fails on every out-of-tree device.
-dist.init_process_group("cpu:gloo,tpu:tpu_dist", timeout=datetime.timedelta(seconds=120))
+# DDP is ported from CUDA as users write it: no backend named (tpu_dist for tpu tensors, and
+# the group's default backend, as nccl is on CUDA). The others name gloo for CPU tensors too.
+BACKEND = None if MODE == "ddp" else "cpu:gloo,tpu:tpu_dist"
+dist.init_process_group(BACKEND, timeout=datetime.timedelta(seconds=120))
 rank, size = dist.get_rank(), dist.get_world_size()
 VOCAB, BLOCK, BATCH = 32, 16, 4  # BATCH per rank; the global batch is BATCH * size
 
