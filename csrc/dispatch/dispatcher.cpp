@@ -224,6 +224,7 @@ OverlapChecks& overlapChecks() {
 struct OpFacts {
   bool ours = false;                   // aten:: or tpu:: (others' ops have no lowering here)
   std::string base;                    // "add" for aten::add_.Tensor
+  std::string overload;                // "Tensor" for aten::add_.Tensor
   const ops::Lowering* low = nullptr;  // null: none, or turned off
   bool foreach_expand = false;
   bool complex_ok = false;        // complexScalarsAllowed
@@ -240,7 +241,10 @@ struct OpFacts {
     Gather,
     SameDtypeOut,
     BoolAlpha,
-    EmptyIndexed
+    EmptyIndexed,
+    ReductionDims,
+    DegreesOfFreedom,
+    ValuesIndicesOut
   };
   KernelCheck kernel_check = KernelCheck::None;
   bool fill_range = false;  // aten::fill_.Scalar and aten::zero_: the strict-only range shortcut
@@ -307,6 +311,7 @@ std::shared_ptr<const OpFacts> buildFacts(const c10::OperatorHandle& op) {
   const std::string& overload = schema.overload_name();
   f->ours = name.rfind("aten::", 0) == 0 || name.rfind("tpu::", 0) == 0;
   f->base = baseName(name);
+  f->overload = overload;
   const std::string& base = f->base;
   if (f->ours) f->low = loweringFor(base, overload, f->foreach_expand);
   f->complex_ok = complexScalarsAllowed(base);
@@ -333,6 +338,14 @@ std::shared_ptr<const OpFacts> buildFacts(const c10::OperatorHandle& op) {
       f->kernel_check = K::Gather;
     else if (emptyIndexedOps().count(base))
       f->kernel_check = K::EmptyIndexed;
+    else if (base == "nansum" || base == "argmax" || base == "argmin" || base == "max" || base == "min")
+      f->kernel_check = K::ReductionDims;
+    else if (base == "var" || base == "std" || base == "var_mean" || base == "std_mean")
+      f->kernel_check = K::DegreesOfFreedom;
+    else if ((overload.find("values") != std::string::npos || overload.find("out") != std::string::npos) &&
+             (base == "mode" || base == "sort" || base == "kthvalue" || base == "cummax" || base == "cummin" ||
+              base == "median" || base == "nanmedian"))
+      f->kernel_check = K::ValuesIndicesOut;
     else if (overload.find("out") != std::string::npos && sameDtypeUnary().count(base))
       f->kernel_check = K::SameDtypeOut;
     else if (in_place && overlapChecks().internal.count(base) && !products.count(base))
@@ -659,6 +672,78 @@ void checkEmptyIndexed(const std::string& base, const std::vector<IValue>& args)
   TORCH_CHECK(false, base, "(): index out of bounds for dimension ", dim, " with size 0");
 }
 
+// Reductions over a dim: PyTorch's CPU and CUDA kernels keep the reduced dims in a 64-bit
+// mask, and max/min with a dim refuse an empty one (their meta kernels check neither).
+void checkReductionDims(const std::string& base, const std::vector<IValue>& args) {
+  if (args.size() < 2 || !args[0].isTensor()) return;
+  const at::Tensor& self = args[0].toTensor();
+  const bool dim_given = args[1].isInt() || (args[1].isIntList() && !args[1].toIntList().empty());
+  if (!dim_given) return;
+  TORCH_CHECK(self.dim() <= 64, "only tensors with up to 64 dims are supported");
+  if ((base == "max" || base == "min") && args[1].isInt() && self.dim() > 0) {
+    const int64_t dim = at::maybe_wrap_dim(args[1].toInt(), self.dim());
+    TORCH_CHECK_INDEX(self.size(dim) != 0, base, "(): Expected reduction dim ", dim, " to have non-zero size.");
+  }
+}
+
+// var/std(x, dim, correction): the CPU and CUDA kernels warn where the correction leaves no
+// degrees of freedom (the result is inf or NaN).
+void warnDegreesOfFreedom(const std::string& base, const std::string& overload, const std::vector<IValue>& args) {
+  if (args.size() < 2 || !args[0].isTensor() || args[0].toTensor().dim() > 64) return;  // that raises first
+  const at::Tensor& self = args[0].toTensor();
+  double correction = 1;
+  if (overload.rfind("correction", 0) == 0) {  // (self, dim, *, correction, keepdim)
+    if (args.size() > 2 && args[2].isScalar()) correction = args[2].toScalar().toDouble();
+  } else if (overload.rfind("dim", 0) == 0) {  // (self, dim, unbiased, keepdim)
+    if (args.size() > 2 && args[2].isBool()) correction = args[2].toBool() ? 1 : 0;
+  } else if (overload.empty()) {  // (self, unbiased): every element
+    if (args[1].isBool()) correction = args[1].toBool() ? 1 : 0;
+  } else {
+    return;  // names: not on tpu
+  }
+  int64_t n = self.numel();  // the reduction factor: the reduced dims' sizes
+  if (!overload.empty() && args[1].isIntList() && !args[1].toIntVector().empty()) {
+    n = 1;
+    for (int64_t d : args[1].toIntVector()) n *= self.dim() ? self.size(at::maybe_wrap_dim(d, self.dim())) : 1;
+  }
+  if (static_cast<double>(n) - correction <= 0)
+    TORCH_WARN(base,
+               "(): degrees of freedom is <= 0. Correction should be strictly less than the reduction factor "
+               "(input numel divided by output numel).");
+}
+
+// (values, indices) outputs of the sorting reductions: the CPU kernels' dtype checks, in
+// their words, where the meta kernels resize without checking.
+void checkValuesIndicesOut(const std::string& base, const std::vector<IValue>& args) {
+  if (args.size() < 3 || !args[0].isTensor() || !args[args.size() - 2].isTensor() || !args.back().isTensor()) return;
+  const at::ScalarType self = args[0].toTensor().scalar_type();
+  const at::ScalarType values = args[args.size() - 2].toTensor().scalar_type();
+  const at::ScalarType indices = args.back().toTensor().scalar_type();
+  auto meta = [](at::ScalarType t) { return std::string(c10::scalarTypeToTypeMeta(t).name()); };
+  if (base == "mode") {
+    TORCH_CHECK(values == self, "expected scalar type '", self, "' but got '", values, "' for values output");
+    TORCH_CHECK(indices == at::kLong, "expected scalar type 'Long' but got '", indices, "' for indices output");
+  } else if (base == "sort") {
+    TORCH_CHECK(values == self, "Expected out tensor to have dtype ", meta(self), ", but got ", meta(values),
+                " instead");
+    TORCH_CHECK(indices == at::kLong, "Expected out tensor to have dtype long int, but got ", meta(indices),
+                " instead");
+  } else if (base == "kthvalue") {
+    TORCH_CHECK(values == self, "output values must be of same type as input");
+    TORCH_CHECK(indices == at::kLong, "output indices must be of scalar type Long");
+  } else if (base == "cummax" || base == "cummin") {
+    TORCH_CHECK(values == self, "expected scalar_type ", self, " but found ", values);
+    TORCH_CHECK(indices == at::kLong, "expected scalar_type Long but found ", indices);
+  } else {  // median, nanmedian
+    TORCH_CHECK(values == self,
+                "Expected tensor for 'values' to have the same type as tensor for argument #2 "
+                "'self'; but got ",
+                values, " instead of ", self, " (while checking arguments for median_out)");
+    TORCH_CHECK(indices == at::kLong, "Expected tensor for argument #1 'indices' to have scalar type Long; but got ",
+                indices, " instead (while checking arguments for median_out)");
+  }
+}
+
 // Checks PyTorch's CPU and CUDA kernels make that its meta kernels skip, so
 // the meta run (op_steps/op_plan.cpp) does not raise them: the same exception
 // type and words, in every mode.
@@ -721,6 +806,15 @@ void checkLikeKernels(const OpFacts& f, const std::vector<IValue>& args) {
       return;
     case K::EmptyIndexed:
       checkEmptyIndexed(f.base, args);
+      return;
+    case K::ReductionDims:
+      checkReductionDims(f.base, args);
+      return;
+    case K::DegreesOfFreedom:
+      warnDegreesOfFreedom(f.base, f.overload, args);
+      return;
+    case K::ValuesIndicesOut:
+      checkValuesIndicesOut(f.base, args);
       return;
     case K::Gather:  // gather(self, dim, index)
       if (const at::Tensor *self = tensor(0), *index = tensor(2); self && index && index->numel() > 0)  // as PyTorch

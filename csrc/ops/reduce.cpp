@@ -159,7 +159,9 @@ std::vector<Value> anyAll(Ctx& c, bool is_any) {
   Value x = c.b.convert(c.tensor(0), DType::Bool);
   std::vector<int64_t> dims;
   bool keep = false;
-  if (c.kind(1) == Arg::Kind::Int || c.kind(1) == Arg::Kind::IntList) {
+  if (c.kind(1) == Arg::Kind::IntList && c.ints(1).empty()) {
+    keep = c.flagOr(2, false);  // all.dims(x, []): each element alone, unlike sum(x, [])
+  } else if (c.kind(1) == Arg::Kind::Int || c.kind(1) == Arg::Kind::IntList) {
     dims = reductionDims(c.optInts(1), x.rank());
     keep = c.flagOr(2, false);
   } else if (c.size() > 1 && c.kind(1) == Arg::Kind::None) {

@@ -219,3 +219,60 @@ def test_a_uint8_index_warns_as_on_the_cpu():
             assert v[torch.tensor([1, 0, 0], dtype=torch.uint8, device=device)].cpu().tolist() == [True]
         assert [str(m.message).split(" (Triggered")[0] for m in w] == [
             "indexing with dtype torch.uint8 is now deprecated, please use a dtype torch.bool instead."], device
+
+
+def _pair(d, values=torch.float32, indices=torch.long):
+    return torch.empty(0, dtype=values, device=d), torch.empty(0, dtype=indices, device=d)
+
+
+# Found by PyTorch's own reduction tests run against tpu.
+REDUCTION_CHECKS = {
+    # The kernels keep the reduced dims in a 64-bit mask.
+    **{f"{name} of 65 dims": (lambda d, name=name: getattr(torch, name)(torch.ones([1] * 65, device=d), dim=0))
+       for name in ("nansum", "argmax", "argmin", "max", "min")},
+    # max/min over a dim of size 0 have no value to give.
+    **{f"{name} over an empty dim": (lambda d, name=name: getattr(torch, name)(torch.ones(2, 0, 4, device=d), dim=1))
+       for name in ("max", "min")},
+    # (values, indices) outputs of another dtype.
+    "mode(out=int8 values)": lambda d: torch.mode(torch.ones(10, dtype=torch.uint8, device=d), -1,
+                                                  out=_pair(d, torch.int8)),
+    "mode(out=int32 indices)": lambda d: torch.mode(torch.ones(10, device=d), -1, out=_pair(d, indices=torch.int32)),
+    "sort(out=int32 indices)": lambda d: torch.sort(torch.ones(5, 4, device=d), 1, out=_pair(d, indices=torch.int32)),
+    "sort(out=float64 values)": lambda d: torch.sort(torch.ones(5, 4, device=d), 1, out=_pair(d, torch.float64)),
+    "kthvalue(out=int32 indices)": lambda d: torch.kthvalue(torch.ones(5, 4, device=d), 2, 1,
+                                                            out=_pair(d, indices=torch.int32)),
+    "cummax(out=float64 values)": lambda d: torch.cummax(torch.ones(5, 4, device=d), 1, out=_pair(d, torch.float64)),
+    "cummin(out=int32 indices)": lambda d: torch.cummin(torch.ones(5, 4, device=d), 1,
+                                                        out=_pair(d, indices=torch.int32)),
+    "median(out=int32 indices)": lambda d: torch.median(torch.ones(5, 4, device=d), 1,
+                                                        out=_pair(d, indices=torch.int32)),
+}
+
+
+@pytest.mark.parametrize("case", sorted(REDUCTION_CHECKS))
+def test_reduction_checks_only_the_kernels_make(case):
+    same_error(REDUCTION_CHECKS[case], raised(REDUCTION_CHECKS[case], "cpu")[1].split(":")[0][:40])
+
+
+@pytest.mark.parametrize("name", ["var", "std", "var_mean", "std_mean"])
+def test_no_degrees_of_freedom_warns_as_on_the_cpu(name):
+    fn = getattr(torch, name)
+    for dev in ("cpu", "tpu"):
+        x = torch.ones(10, 20, device=dev)
+        for kwargs in ({"dim": -1, "correction": 20}, {"dim": 0, "correction": 10}):
+            with warnings.catch_warnings(record=True) as w:
+                warnings.simplefilter("always")
+                fn(x, **kwargs)
+            said = [str(m.message) for m in w if "degrees of freedom" in str(m.message)]
+            assert said and said[0].startswith(f"{name}(): degrees of freedom is <= 0"), (dev, kwargs, said)
+        with warnings.catch_warnings(record=True) as w:  # one degree of freedom left: no warning
+            warnings.simplefilter("always")
+            fn(x, dim=-1, correction=19)
+        assert not [m for m in w if "degrees of freedom" in str(m.message)], dev
+
+
+def test_all_and_any_over_an_empty_dim_list_keep_every_element():
+    x = torch.tensor([[0.0, 1.0], [2.0, 0.0]])
+    for fn in (torch.all, torch.any):
+        assert torch.equal(fn(x.to("tpu"), dim=[]).cpu(), fn(x, dim=[]))
+        assert torch.equal(fn(x.to("tpu"), dim=[], keepdim=True).cpu(), fn(x, dim=[], keepdim=True))
