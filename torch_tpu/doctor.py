@@ -57,6 +57,17 @@ RULES = {
     "TPU009": ("matrix-unit-padding", "note",
                "A layer width that is not a multiple of 128: a TPU's matrix units work on 128x128 tiles, "
                "so the remainder is padded and computed for nothing."),
+    "TPU010": ("cuda-only-library-call", "error",
+               "A call into a CUDA-only library: the place the rewrite goes (the import alone does not say "
+               "where)."),
+    "TPU011": ("triton-kernel", "error",
+               "A Triton kernel: it compiles for NVIDIA and AMD GPUs only; a Pallas kernel through "
+               "`torch_tpu.kernels`, or the PyTorch ops it fuses, runs on a TPU."),
+    "TPU012": ("triton-launch", "error",
+               "A Triton kernel launched (`kernel[grid](...)`): the call to replace with the ported op."),
+    "TPU013": ("cpu-extension", "note",
+               "A C++ extension with no CUDA sources: its ops run on the CPU, not on tpu, so their tensors "
+               "go to the host and back."),
 }
 LEVELS = ("note", "warning", "error")
 
@@ -77,6 +88,62 @@ CUDA_ONLY_LIBRARIES = {
 }
 # deepspeed is portable except its compiled ops.
 CUDA_ONLY_SUBMODULES = {"deepspeed.ops": "torch.optim and torch.distributed"}
+# The move for a call site, by library and the API's last name; other APIs get the library's line above.
+# Triton is left out: its kernels are found by their definitions and launches (TPU011, TPU012), not
+# by every tl.* call inside them.
+PALLAS = "a Pallas kernel through torch_tpu.kernels.jax_op (with a PyTorch reference=)"
+SDPA = f"torch.nn.functional.scaled_dot_product_attention (runs natively on tpu), or {PALLAS}"
+API_MOVES = {
+    "flash_attn": dict.fromkeys(
+        ("flash_attn_func", "flash_attn_qkvpacked_func", "flash_attn_kvpacked_func", "flash_attn_varlen_func",
+         "flash_attn_varlen_qkvpacked_func", "flash_attn_varlen_kvpacked_func", "flash_attn_with_kvcache",
+         "FlashSelfAttention", "FlashCrossAttention"), SDPA),
+    "xformers": {"memory_efficient_attention": SDPA},
+    "flashinfer": {"single_prefill_with_kv_cache": SDPA, "single_decode_with_kv_cache": SDPA},
+    "apex": {
+        "FusedLayerNorm": "torch.nn.LayerNorm", "MixedFusedLayerNorm": "torch.nn.LayerNorm",
+        "FusedRMSNorm": "torch.nn.RMSNorm", "MixedFusedRMSNorm": "torch.nn.RMSNorm",
+        "fused_layer_norm": "torch.nn.functional.layer_norm", "fused_rms_norm": "torch.nn.functional.rms_norm",
+        "FusedAdam": "torch.optim.AdamW (torch.optim.Adam for adam_w_mode=False)",
+        "FusedSGD": "torch.optim.SGD", "FusedLAMB": f"torch.optim.AdamW, or LAMB in PyTorch ops or {PALLAS}",
+        "FusedNovoGrad": "torch.optim.AdamW, or NovoGrad in PyTorch ops",
+        "initialize": "torch.autocast(device_type, dtype=torch.bfloat16) (no loss scaling needed in bf16)",
+        "DistributedDataParallel": "torch.nn.parallel.DistributedDataParallel",
+        "SyncBatchNorm": "torch.nn.SyncBatchNorm",
+        "convert_syncbn_model": "torch.nn.SyncBatchNorm.convert_sync_batchnorm",
+    },
+    "bitsandbytes": {
+        "Adam8bit": "torch.optim.Adam", "AdamW8bit": "torch.optim.AdamW", "PagedAdamW8bit": "torch.optim.AdamW",
+        "PagedAdamW": "torch.optim.AdamW", "SGD8bit": "torch.optim.SGD",
+        "Linear8bitLt": "torch.nn.Linear with bf16 weights", "Linear4bit": "torch.nn.Linear with bf16 weights",
+        "LinearFP4": "torch.nn.Linear with bf16 weights", "LinearNF4": "torch.nn.Linear with bf16 weights",
+        "StableEmbedding": "torch.nn.Embedding followed by torch.nn.LayerNorm",
+    },
+    "transformer_engine": {
+        "Linear": "torch.nn.Linear under torch.autocast(device_type, dtype=torch.bfloat16)",
+        "LayerNorm": "torch.nn.LayerNorm", "RMSNorm": "torch.nn.RMSNorm",
+        "fp8_autocast": "torch.autocast(device_type, dtype=torch.bfloat16)",
+    },
+    "mamba_ssm": {"selective_scan_fn": "selective_scan_ref from the same module (PyTorch ops)",
+                  "mamba_inner_fn": "mamba_inner_ref from the same module (PyTorch ops)"},
+    "causal_conv1d": {"causal_conv1d_fn": "causal_conv1d_ref (PyTorch ops: a padded torch.nn.functional.conv1d)"},
+    "deepspeed": {"FusedAdam": "torch.optim.AdamW", "DeepSpeedCPUAdam": "torch.optim.AdamW",
+                  "FusedLamb": "torch.optim.AdamW, or LAMB in PyTorch ops"},
+}
+
+# Triton: the decorators that make a kernel (also stacked: @triton.autotune(...) over @triton.jit).
+TRITON_DECORATORS = {"triton.jit", "triton.autotune", "triton.heuristics", "triton.runtime.jit.jit",
+                     "triton.runtime.autotune", "triton.runtime.heuristics", "triton.runtime.autotuner.autotune",
+                     "triton.runtime.autotuner.heuristics"}
+PORT_TRITON = (f"port it as {PALLAS}, or replace it with the PyTorch ops it fuses "
+               "(torch.compile(backend=\"tpu\") fuses them into one program)")
+# A name imported from these is never a Triton kernel, even in a file that imports triton.
+NOT_KERNEL_MODULES = set(sys.stdlib_module_names) | {"torch", "numpy", "jax", "triton", "typing_extensions"}
+
+# torch.utils.cpp_extension: what builds an extension, and the arguments that carry CUDA code.
+CPP_EXTENSION = "torch.utils.cpp_extension"
+EXTENSION_BUILDS = ("load", "load_inline", "CUDAExtension", "CppExtension")
+CUDA_ARGUMENTS = ("cuda_sources", "extra_cuda_cflags")
 
 # torch.cuda.X -> the portable call, where it takes the same arguments (rewritten by --fix).
 SAME_ARGUMENTS = {
@@ -121,7 +188,8 @@ GRAPHS_STREAMS = {
     "ExternalStream": "torch.Stream",
 }
 PORT_KERNEL = ("give the op a PyTorch reference that runs on every device, and port the kernel itself "
-               "(an XLA FFI handler keeps CUDA code as it is; Pallas for a TPU)")
+               "(an XLA FFI handler keeps CUDA code as it is; Pallas for a TPU), both through torch_tpu.kernels")
+PORT_CPU_EXTENSION = f"for tensor math that stays on tpu, use PyTorch ops or {PALLAS}"
 LAYERS_IN_OUT = {"Linear": (0, 1), "Conv1d": (0, 1), "Conv2d": (0, 1), "Conv3d": (0, 1), "Embedding": (None, 1),
                  "Bilinear": (0, 2)}
 TILE = 128
@@ -191,8 +259,14 @@ class _Scanner(ast.NodeVisitor):
         self.torch_cuda_aliases = {"torch.cuda"}  # names bound to the torch.cuda module
         self.docstrings: set[int] = set()
         self.seen: set[tuple[int, int, str]] = set()
-        self.cpp_extension_names: set[str] = set()  # names bound by `from torch.utils.cpp_extension import`
         self.parents: dict[int, ast.AST] = {}
+        # Filled before the visit (a kernel may be launched above its definition):
+        self.imports: dict[str, str] = {}  # local name -> what it is bound to: fa -> flash_attn
+        self.triton_kernels: set[str] = set()  # names of the file's Triton kernels
+        self.triton_methods: set[str] = set()  # ... of those defined in a class body (self.k[grid])
+        self.imports_triton = False
+        self.decorators: set[int] = set()  # ids of the Triton decorators, reported with their def
+        self.build_extension: list[ast.AST] = []  # BuildExtension references, reported in finish()
 
     # -- helpers
     def add(self, rule, node, message, advice, fix=None, level=None):
@@ -223,11 +297,99 @@ class _Scanner(ast.NodeVisitor):
                 return name[len(alias) + 1:]
         return None
 
+    def qualified(self, node: ast.AST) -> str | None:
+        """What a name or attribute chain is, through the file's imports: with `import flash_attn as
+        fa`, fa.flash_attn_func -> 'flash_attn.flash_attn_func'; None for a name no import binds."""
+        name = _dotted(node)
+        if not name:
+            return None
+        head, dot, rest = name.partition(".")
+        return self.imports[head] + dot + rest if head in self.imports else None
+
+    def triton_decorator(self, node: ast.AST) -> str | None:
+        """'triton.jit' for triton.jit, jit (from triton import jit), triton.autotune(...); else None."""
+        if isinstance(node, ast.Call):
+            node = node.func
+        q = self.qualified(node)
+        return q if q in TRITON_DECORATORS else None
+
+    def extension_api(self, node: ast.AST) -> str | None:
+        """'load_inline' for torch.utils.cpp_extension.load_inline however it was imported, else None."""
+        q = self.qualified(node)
+        if q and q.startswith(CPP_EXTENSION + "."):
+            return q[len(CPP_EXTENSION) + 1:]
+        # Unimported, but no other library's name: a setup.py helper that re-exports it.
+        return "CUDAExtension" if _dotted(node) == "CUDAExtension" else None
+
+    def _bind_names(self, tree: ast.Module):
+        """The names the imports bind, anywhere in the file (imports inside try blocks and functions
+        count); a def, class or assignment at module level after an import takes its name back."""
+        events = []  # (line, local name, what it is bound to, or None where the import's binding ends)
+        for n in ast.walk(tree):
+            if isinstance(n, ast.Import):
+                for a in n.names:
+                    # import a.b binds a; import a.b as c binds c to a.b
+                    local, bound = (a.asname, a.name) if a.asname else ((a.name.split(".")[0],) * 2)
+                    events.append((n.lineno, local, bound))
+                    self.imports_triton |= a.name.split(".")[0] == "triton"
+            elif isinstance(n, ast.ImportFrom):
+                # from . import k -> .k; from .a import k -> .a.k (never a library's name)
+                prefix = "." * n.level + (n.module + "." if n.module else "")
+                self.imports_triton |= n.level == 0 and prefix.split(".")[0] == "triton"
+                for a in n.names:
+                    if a.name == "*" and n.module == CPP_EXTENSION and not n.level:
+                        events += [(n.lineno, api, prefix + api) for api in (*EXTENSION_BUILDS, "BuildExtension")]
+                    elif a.name != "*":
+                        events.append((n.lineno, a.asname or a.name, prefix + a.name))
+        for n in tree.body:
+            if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                events.append((n.lineno, n.name, None))
+            elif isinstance(n, ast.Assign):
+                events += [(n.lineno, t.id, None) for t in n.targets if isinstance(t, ast.Name)]
+        for _, local, bound in sorted(events, key=lambda e: e[0]):
+            if bound is None:
+                self.imports.pop(local, None)
+            else:
+                self.imports[local] = bound
+
+    def _find_triton_kernels(self, tree: ast.Module):
+        """The file's Triton kernels by name, so that a launch is known wherever it stands."""
+        for n in ast.walk(tree):
+            if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                triton = [d for d in n.decorator_list if self.triton_decorator(d)]
+                self.decorators |= {id(d) for d in triton}
+                if triton:
+                    self.triton_kernels.add(n.name)
+                    if isinstance(self.parents.get(id(n)), ast.ClassDef):
+                        self.triton_methods.add(n.name)
+            elif isinstance(n, ast.Assign) and self._wraps_triton(n.value):  # k = triton.jit(f)
+                self.triton_kernels |= {t.id for t in n.targets if isinstance(t, ast.Name)}
+
+    def _wraps_triton(self, node: ast.AST) -> bool:
+        """triton.jit(f), triton.autotune(configs, key)(triton.jit(f)): a call that makes a kernel."""
+        while isinstance(node, ast.Call):
+            if self.triton_decorator(node.func):
+                return True
+            node = node.func
+        return False
+
+    def finish(self):
+        """What needs the whole file: BuildExtension builds CUDA code where the file's extensions do."""
+        cuda = any(f.rule == "TPU005" for f in self.findings)
+        for node in self.build_extension:
+            if cuda:
+                self.add("TPU005", node, "BuildExtension builds the CUDA extension(s) of this file", PORT_KERNEL)
+            else:
+                self.add("TPU013", node, "BuildExtension builds C++ extensions: they run on the CPU, not on tpu",
+                         PORT_CPU_EXTENSION)
+
     # -- the visitors
     def visit_Module(self, node):
         for parent in ast.walk(node):
             for child in ast.iter_child_nodes(parent):
                 self.parents[id(child)] = parent
+        self._bind_names(node)
+        self._find_triton_kernels(node)
         self._note_docstrings(node)
         self.generic_visit(node)
 
@@ -238,6 +400,10 @@ class _Scanner(ast.NodeVisitor):
 
     def visit_FunctionDef(self, node):
         self._note_docstrings(node)
+        triton = [d for d in node.decorator_list if id(d) in self.decorators]
+        if triton:  # one finding per kernel, at its first Triton decorator
+            names = ", ".join("@" + self.triton_decorator(d) for d in triton)
+            self.add("TPU011", triton[0], f"the Triton kernel {node.name} ({names})", PORT_TRITON)
         self.generic_visit(node)
 
     visit_AsyncFunctionDef = visit_FunctionDef
@@ -262,8 +428,7 @@ class _Scanner(ast.NodeVisitor):
                 for a in node.names:
                     if a.name == "cuda":
                         self.torch_cuda_aliases.add(a.asname or "cuda")
-            if node.module == "torch.utils.cpp_extension":
-                self.cpp_extension_names |= {a.asname or a.name for a in node.names}
+            if node.module == CPP_EXTENSION:
                 for a in node.names:
                     if a.name == "CUDAExtension":
                         self.add("TPU005", node, "imports torch.utils.cpp_extension.CUDAExtension", PORT_KERNEL)
@@ -302,7 +467,16 @@ class _Scanner(ast.NodeVisitor):
         if name and (name.startswith("torch.backends.cudnn.") or name.startswith("torch.backends.cuda.matmul.")):
             self.add("TPU007", node, name, "torch.set_float32_matmul_precision('high') for TF32-like matmuls; "
                      "cuDNN switches have no effect off CUDA")
+        self._note_build_extension(node)
         self.generic_visit(node)
+
+    def visit_Name(self, node):
+        self._note_build_extension(node)
+
+    def _note_build_extension(self, node):
+        # cmdclass={"build_ext": BuildExtension}: a reference, not a call
+        if isinstance(node.ctx, ast.Load) and self.extension_api(node) == "BuildExtension":
+            self.build_extension.append(node)
 
     def visit_Call(self, node):
         func = node.func
@@ -332,19 +506,55 @@ class _Scanner(ast.NodeVisitor):
             if isinstance(backend, ast.Constant) and isinstance(backend.value, str) and "nccl" in backend.value:
                 self.add("TPU006", backend, f'backend "{backend.value}"',
                          "leave the backend out (PyTorch then picks one per device) or name it from the device")
-        if tail == "CUDAExtension":
-            self.add("TPU005", node, "a CUDAExtension", PORT_KERNEL)
-        if tail in ("load", "load_inline") and ("cpp_extension" in name or name in self.cpp_extension_names):
-            for k in node.keywords:
-                if tail == "load_inline" and k.arg == "cuda_sources":
-                    self.add("TPU005", node, "load_inline with cuda_sources", PORT_KERNEL)
-                if tail == "load" and k.arg == "sources" and _mentions_cu(k.value):
-                    self.add("TPU005", node, "cpp_extension.load of .cu sources", PORT_KERNEL)
-            if tail == "load" and node.args[1:2] and _mentions_cu(node.args[1]):
-                self.add("TPU005", node, "cpp_extension.load of .cu sources", PORT_KERNEL)
+        self._extension_build(node)
+        self._library_call(node)
+        self._triton_call(node)
         if tail in LAYERS_IN_OUT and (name.startswith("nn.") or name.startswith("torch.nn.") or name == tail):
             self._padding(node, tail)
         self.generic_visit(node)
+
+    def _extension_build(self, node):
+        api = self.extension_api(node.func)
+        if api not in EXTENSION_BUILDS:
+            return
+        if api == "CUDAExtension" or _builds_cuda(node, api):
+            self.add("TPU005", node, f"{api}(...) builds a CUDA extension", PORT_KERNEL)
+        else:
+            self.add("TPU013", node, f"{api}(...) builds a C++ extension with no CUDA sources: it runs on the CPU, "
+                     "not on tpu", PORT_CPU_EXTENSION)
+
+    def _library_call(self, node):
+        api = self.qualified(node.func)
+        if not api:
+            return
+        top, last = api.split(".")[0], api.rsplit(".", 1)[-1]
+        if top in CUDA_ONLY_LIBRARIES and top != "triton":  # triton: its kernels and launches, not tl.* calls
+            default = CUDA_ONLY_LIBRARIES[top]
+        else:
+            default = next((a for sub, a in CUDA_ONLY_SUBMODULES.items() if api.startswith(sub + ".")), None)
+            if default is None:
+                return
+        move = API_MOVES.get(top, {}).get(last, default)
+        self.add("TPU010", node, f"calls {api}, which runs on CUDA only", f"use {move}")
+
+    def _triton_call(self, node):
+        func = node.func
+        if isinstance(func, ast.Subscript):  # kernel[grid](...)
+            k = func.value
+            if (isinstance(k, ast.Name) and k.id in self.triton_kernels) or \
+                    (isinstance(k, ast.Attribute) and k.attr in self.triton_methods) or self._imported_kernel(k):
+                self.add("TPU012", node, f"launches the Triton kernel {_dotted(k)}",
+                         "call the ported op (torch.ops.torch_tpu_kernels.<name> from torch_tpu.kernels) or "
+                         "the PyTorch ops the kernel fuses")
+        elif self._wraps_triton(node) and isinstance(self.parents.get(id(node)), ast.Assign):
+            # k = triton.jit(f): a definition without a decorator (the outermost call only)
+            target = ast.unparse(self.parents[id(node)].targets[0])
+            self.add("TPU011", node, f"the Triton kernel {target}", PORT_TRITON)
+
+    def _imported_kernel(self, node) -> bool:
+        """A name imported from the project's own modules, in a file that imports triton."""
+        q = self.qualified(node)
+        return bool(self.imports_triton and q and q.split(".")[0] not in NOT_KERNEL_MODULES)
 
     def _padding(self, node, layer):
         i_in, i_out = LAYERS_IN_OUT[layer]
@@ -386,11 +596,36 @@ def _mentions_cu(node) -> bool:
     return False
 
 
+def _builds_cuda(call: ast.Call, api: str) -> bool:
+    """Whether a cpp_extension build gets CUDA code: .cu sources, cuda_sources (load_inline's third
+    argument), extra_cuda_cflags or with_cuda=True. Sources held in a variable are not seen."""
+    if any(_mentions_cu(a) for a in call.args):
+        return True
+    if api == "load_inline" and len(call.args) > 2 and not _empty(call.args[2]):
+        return True
+    for k in call.keywords:
+        if k.arg in CUDA_ARGUMENTS and not _empty(k.value):
+            return True
+        if k.arg == "with_cuda" and isinstance(k.value, ast.Constant) and k.value.value is True:
+            return True
+        if k.arg in ("sources", "cpp_sources") and _mentions_cu(k.value):
+            return True
+    return False
+
+
+def _empty(node) -> bool:
+    """None, "", [] or () written out."""
+    if isinstance(node, ast.Constant):
+        return not node.value
+    return isinstance(node, (ast.List, ast.Tuple)) and not node.elts
+
+
 def scan_source(source: str, path: str = "<string>", device_expr: str = DEFAULT_DEVICE_EXPR) -> list[Finding]:
     """The findings of one file's source; raises SyntaxError where it does not parse."""
     tree = ast.parse(source, filename=path)
     s = _Scanner(path, source, device_expr)
     s.visit(tree)
+    s.finish()
     return sorted(s.findings, key=lambda f: (f.line, f.column, f.rule))
 
 
