@@ -351,7 +351,7 @@ def _samples(op, dtype, requires_grad, max_samples, special=False):
                                     max_samples))
     if special == "empty":
         return [s for s in (_emptied(s) for s in samples) if s is not None]
-    if special:
+    if special == "special":
         for sample in samples:
             for t in _tensors((sample.input, sample.args, sample.kwargs)):
                 _plant_special_values(t)
