@@ -182,7 +182,7 @@ uint64_t opTablesGeneration() { return g_op_tables_generation.load(std::memory_o
 // ---------------------------------------------------------------- devices
 
 namespace {
-thread_local c10::DeviceIndex t_current = 0;
+thread_local c10::DeviceIndex t_current = -1;  // -1: the process's default device
 
 runtime::Runtime& rt() {
   try {
@@ -193,7 +193,23 @@ runtime::Runtime& rt() {
 }
 }  // namespace
 
-c10::DeviceIndex currentDevice() { return t_current; }
+// The device a thread starts on: tpu:LOCAL_RANK where torchrun (or a launcher like it)
+// started one process per device and this process sees them all, as
+// `torch.cuda.set_device(local_rank)` would; else tpu:0 (also where the launcher gave the
+// process its devices: TPU_VISIBLE_DEVICES / TPU_VISIBLE_CHIPS, Ray's way).
+c10::DeviceIndex defaultDevice() {
+  static const c10::DeviceIndex d = [] {
+    if (tpu::env::get("TPU_VISIBLE_DEVICES") || tpu::env::get("TPU_VISIBLE_CHIPS")) return c10::DeviceIndex{0};
+    const char* v = tpu::env::get("LOCAL_RANK");
+    char* end = nullptr;
+    const long long local_rank = v && *v ? std::strtoll(v, &end, 10) : 0;
+    if (v && *v && *end) return static_cast<c10::DeviceIndex>(0);  // not a number: not torchrun's
+    return static_cast<c10::DeviceIndex>(local_rank > 0 && local_rank < rt().deviceCount() ? local_rank : 0);
+  }();
+  return d;
+}
+
+c10::DeviceIndex currentDevice() { return t_current >= 0 ? t_current : defaultDevice(); }
 
 void checkDeviceIndex(c10::DeviceIndex d) {
   int n = rt().deviceCount();
@@ -625,11 +641,11 @@ struct TpuEvent {
 struct TpuGuardImpl final : public c10::impl::DeviceGuardImplInterface {
   c10::DeviceType type() const override { return kTpu; }
   c10::Device exchangeDevice(c10::Device d) const override {
-    c10::Device old(kTpu, t_current);
+    c10::Device old(kTpu, currentDevice());
     setDevice(d);
     return old;
   }
-  c10::Device getDevice() const override { return c10::Device(kTpu, t_current); }
+  c10::Device getDevice() const override { return c10::Device(kTpu, currentDevice()); }
   void setDevice(c10::Device d) const override {
     TORCH_CHECK(d.type() == kTpu, "torch_tpu: expected a tpu device, got ", d);
     if (d.index() >= 0) {
@@ -644,12 +660,12 @@ struct TpuGuardImpl final : public c10::impl::DeviceGuardImplInterface {
   // device share that order, so a stream is a name and waiting on it waits
   // for the device.
   c10::Stream getStream(c10::Device d) const override {
-    return c10::Stream(c10::Stream::DEFAULT, c10::Device(kTpu, d.index() < 0 ? t_current : d.index()));
+    return c10::Stream(c10::Stream::DEFAULT, c10::Device(kTpu, d.index() < 0 ? currentDevice() : d.index()));
   }
   c10::Stream getDefaultStream(c10::Device d) const override { return getStream(d); }
   c10::Stream getNewStream(c10::Device d, int priority) const override {
     static std::atomic<int64_t> next{1};
-    return c10::Stream(c10::Stream::UNSAFE, c10::Device(kTpu, d.index() < 0 ? t_current : d.index()), next++);
+    return c10::Stream(c10::Stream::UNSAFE, c10::Device(kTpu, d.index() < 0 ? currentDevice() : d.index()), next++);
   }
   c10::Stream getStreamFromGlobalPool(c10::Device d, bool high) const override { return getNewStream(d, 0); }
   c10::Stream exchangeStream(c10::Stream s) const override { return getStream(s.device()); }
@@ -666,7 +682,7 @@ struct TpuGuardImpl final : public c10::impl::DeviceGuardImplInterface {
   void synchronizeStream(const c10::Stream& s) const override { synchronizeDevice(s.device_index()); }
   void synchronizeDevice(const c10::DeviceIndex d) const override {
     try {
-      runtime::synchronize(d < 0 ? t_current : d);
+      runtime::synchronize(d < 0 ? currentDevice() : d);
     } catch (const std::exception& e) {
       rethrow(e, "torch_tpu: a device computation failed");
     }
@@ -823,9 +839,9 @@ struct TpuHooks final : public at::PrivateUse1HooksInterface {
     checkDeviceIndex(d);
     t_current = d;
   }
-  c10::DeviceIndex getCurrentDevice() const override { return t_current; }
+  c10::DeviceIndex getCurrentDevice() const override { return currentDevice(); }
   c10::DeviceIndex exchangeDevice(c10::DeviceIndex d) const override {
-    auto old = t_current;
+    auto old = currentDevice();
     setCurrentDevice(d);
     return old;
   }

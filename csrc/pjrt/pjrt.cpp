@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 
 #include <cstring>
+#include <stdexcept>
 #include <utility>
 
 namespace tpu::pjrt {
@@ -18,7 +19,7 @@ T makeArgs() {
 }
 
 bool fileExists(const std::string& p) {
-  struct stat st {};
+  struct stat st{};
   return ::stat(p.c_str(), &st) == 0 && S_ISREG(st.st_mode);
 }
 
@@ -549,7 +550,20 @@ std::unique_ptr<Client> Client::create(std::shared_ptr<Api> api, const ClientOpt
   all.client = c->client_;
   c->api_->check(raw->PJRT_Client_Devices(&all), "PJRT_Client_Devices");
   c->global_device_count_ = static_cast<int>(all.num_devices);
+  c->addressable_count_ = static_cast<int>(c->devices_.size());
   return c;
+}
+
+void Client::keepDevices(const std::vector<int>& positions) {
+  std::vector<DeviceInfo> kept;
+  for (int p : positions) {
+    if (p < 0 || p >= static_cast<int>(devices_.size()))
+      throw std::out_of_range("device " + std::to_string(p) + " does not exist (the plugin has " +
+                              std::to_string(devices_.size()) + ")");
+    kept.push_back(devices_[p]);
+    kept.back().id = static_cast<int>(kept.size()) - 1;
+  }
+  devices_ = std::move(kept);
 }
 
 Client::~Client() {

@@ -285,7 +285,11 @@ class Client {
   // Devices of every process of the client; more than devices() where the
   // client spans processes.
   int globalDeviceCount() const { return global_device_count_; }
-  bool spansProcesses() const { return global_device_count_ > static_cast<int>(devices_.size()); }
+  bool spansProcesses() const { return global_device_count_ > addressable_count_; }
+  // Keeps the addressable devices at these positions, in this order, as
+  // devices 0..n-1 (a process given some of a host's devices). Throws
+  // std::out_of_range naming a position the plugin does not have.
+  void keepDevices(const std::vector<int>& positions);
 
   // Compiles MLIR text with the given serialized CompileOptionsProto.
   std::unique_ptr<Executable> compile(const std::string& mlir, const std::string& options) const;
@@ -304,6 +308,7 @@ class Client {
   std::string platform_name_;
   std::string platform_version_;
   std::vector<DeviceInfo> devices_;
+  int addressable_count_ = 0;  // before keepDevices
   int global_device_count_ = 0;
   std::shared_ptr<KeyValueStore> kv_;  // the plugin may call back into it at any collective
 };

@@ -159,6 +159,14 @@ PYBIND11_MODULE(_C, m) {
     aten::checkDeviceIndex(d);
     return rt().memoryLimit(d);
   });
+  m.def("_program_stats", []() {
+    // (what, compile seconds, launches, last launch as Unix ns) per distinct program.
+    py::list out;
+    if (!runtime::Runtime::initialized()) return out;
+    for (const auto& p : rt().programStats())
+      out.append(py::make_tuple(p.what, p.compile_seconds, p.runs, p.last_run_unix_ns));
+    return out;
+  });
   m.def("_default_generator", [](int d) {
     aten::checkDeviceIndex(d);
     return py::reinterpret_steal<py::object>(THPGenerator_initDefaultGenerator(aten::defaultGenerator(d)));

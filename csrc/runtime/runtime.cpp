@@ -195,6 +195,34 @@ Runtime& Runtime::get() {
   return *rt;
 }
 
+namespace {
+// A process given some of the host's devices (Ray's workers, transformers' and
+// vLLM's launchers set these): TPU_VISIBLE_DEVICES, else TPU_VISIBLE_CHIPS, a
+// comma-separated list of device positions. libtpu applies TPU_VISIBLE_CHIPS
+// itself on a TPU; on the other plugins torch_tpu does.
+void keepVisibleDevices(pjrt::Client& client) {
+  const char* var = env::get("TPU_VISIBLE_DEVICES") ? "TPU_VISIBLE_DEVICES" : "TPU_VISIBLE_CHIPS";
+  const char* value = env::get(var);
+  if (!value || (std::string(var) == "TPU_VISIBLE_CHIPS" && client.platformName() == "tpu")) return;
+  std::vector<int> positions;
+  for (const auto& item : env::list(var)) {
+    if (item.empty()) continue;
+    try {
+      size_t used = 0;
+      positions.push_back(std::stoi(item, &used));
+      if (used != item.size()) throw std::invalid_argument(item);
+    } catch (const std::logic_error&) {
+      throw std::invalid_argument(std::string(var) + "=" + value + ": '" + item + "' is not a device number");
+    }
+  }
+  try {
+    client.keepDevices(positions);
+  } catch (const std::out_of_range& e) {
+    throw std::invalid_argument(std::string(var) + "=" + value + ": " + e.what());
+  }
+}
+}  // namespace
+
 Runtime::Runtime() {
   std::vector<std::string> dirs = env::list("TORCH_TPU_PLUGIN_PATH", ':');
   for (const auto& d : searchDirs()) dirs.push_back(d);
@@ -204,7 +232,12 @@ Runtime::Runtime() {
   auto api = pjrt::Api::load(path);
   client_ = createClient(api, location,
                          ClientRequest{static_cast<int>(env::positiveInt("TORCH_TPU_CPU_DEVICES", 1)), processSpan()});
-  if (client_->devices().empty()) throw pjrt::PluginError("The PJRT plugin '" + path + "' reports no devices.");
+  keepVisibleDevices(*client_);
+  if (client_->devices().empty())
+    throw pjrt::PluginError("The PJRT plugin '" + path + "' reports no devices" +
+                            (env::get("TPU_VISIBLE_DEVICES") || env::get("TPU_VISIBLE_CHIPS")
+                                 ? " (TPU_VISIBLE_DEVICES / TPU_VISIBLE_CHIPS left none visible)."
+                                 : "."));
   plugin_ = makePluginSupport(*api, *client_);
   launch_hooks_ = plugin_->wantsLaunchHooks() ? plugin_.get() : nullptr;
   reads_in_place_ = plugin_->readsInPlace();
@@ -276,7 +309,9 @@ std::shared_ptr<Program> Runtime::compile(const ir::Builder& b, const std::strin
       return it->second;
     }
   }
+  const auto t0 = std::chrono::steady_clock::now();
   prog->exe = build(*prog);
+  prog->compile_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   prog->last_used.store(++clock_, std::memory_order_relaxed);
   {
     std::lock_guard<std::mutex> g(mu_);
@@ -328,8 +363,22 @@ std::unique_ptr<pjrt::Executable> Runtime::build(const Program& p) {
   return exe;
 }
 
+std::vector<Runtime::ProgramStats> Runtime::programStats() {
+  std::lock_guard<std::mutex> g(mu_);
+  std::vector<ProgramStats> out;
+  out.reserve(programs_by_text_.size());
+  for (const auto& [key, p] : programs_by_text_)
+    out.push_back({p->what, p->compile_seconds, p->runs.load(std::memory_order_relaxed),
+                   p->last_run_unix_ns.load(std::memory_order_relaxed)});
+  return out;
+}
+
 std::shared_ptr<pjrt::Executable> Runtime::executable(const Program& p) {
   p.last_used.store(clock_.fetch_add(1, std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+  p.runs.fetch_add(1, std::memory_order_relaxed);
+  p.last_run_unix_ns.store(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch()).count(),
+      std::memory_order_relaxed);
   std::shared_ptr<pjrt::Executable> exe;
   bool reloaded = false;
   {

@@ -98,6 +98,11 @@ struct Program {
   mutable std::shared_ptr<pjrt::Executable> exe;  // under load_mu once published
   mutable std::mutex load_mu;
   mutable std::atomic<uint64_t> last_used{0};
+  // For torch.tpu._get_cache_stats: compile (or disk load) seconds, launches,
+  // and the wall-clock time of the last one.
+  double compile_seconds = 0;
+  mutable std::atomic<uint64_t> runs{0};
+  mutable std::atomic<int64_t> last_run_unix_ns{0};
   std::string text, key, what;
   std::vector<ir::Type> param_types;
   std::vector<ir::Type> out_types;
@@ -127,6 +132,14 @@ class Runtime {
   static bool initialized();
 
   pjrt::Client& client() { return *client_; }
+  struct ProgramStats {
+    std::string what;
+    double compile_seconds;
+    uint64_t runs;
+    int64_t last_run_unix_ns;
+  };
+  // One entry per distinct program held (loaded or not).
+  std::vector<ProgramStats> programStats();
   int deviceCount() const { return static_cast<int>(client_->devices().size()); }
   PJRT_Device* device(int i) const { return client_->devices().at(i).raw; }
   const std::string& pluginPath() const { return client_->api()->path(); }
