@@ -117,9 +117,13 @@ if "torch._dynamo" in sys.modules:  # else Dynamo finds it through the entry poi
 
     _compile_backend._register()
 
+from . import _dynamo_device  # noqa: E402
+
+_dynamo_device.install()  # Dynamo's tpu device interface; Inductor on tpu tensors compiles with ours
+
 from . import _env  # noqa: E402
 
-if _env.get("TPU_LAUNCH_BLOCKING", "") == "1":
+if "1" in (_env.get("TPU_LAUNCH_BLOCKING", ""), _env.get("TORCH_TPU_LAUNCH_BLOCKING", "")):  # ours, Google's
     _C._set_launch_blocking(True)
 
 _MODES = ("strict", "debug", "fused")

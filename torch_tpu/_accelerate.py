@@ -17,6 +17,10 @@ the CPU and a tpu device is available, it returns ``tpu``. An explicit
 ``cpu=True``, ``ACCELERATE_TORCH_DEVICE`` and every built-in accelerator keep
 their meaning. ``TORCH_TPU_ACCELERATE=0`` turns this off.
 
+Under torchrun, Accelerate finds no distributed backend for ``tpu`` in its table and each
+rank would train alone; the same hook makes it use ``tpu_dist`` (its process group, DDP) with
+each process on its own tpu device (see ``_patch_distributed``).
+
 ``device_map="auto"`` asks ``accelerate.utils.get_max_memory`` which devices there are; for
 an accelerator named ``tpu`` it lists only the current device (it assumes a runtime where a
 process drives one chip). torch_tpu drives every device of the process, so the same hook makes
@@ -30,8 +34,6 @@ torch_compile_backend="tpu")`` would be refused; the same hook adds ``TPU`` to i
 
 from __future__ import annotations
 
-import importlib.abc
-import importlib.util
 import sys
 
 import torch
@@ -128,50 +130,90 @@ def _patch_state_module(module) -> None:
     default_device._torch_tpu = True
     default_device.__doc__ = original.__doc__
     cls.default_device = property(default_device)
+    try:
+        _patch_distributed(cls)
+    except Exception:  # a changed accelerate must not break its import
+        pass
 
 
-class _Loader(importlib.abc.Loader):
-    def __init__(self, inner):
-        self._inner = inner
-
-    def create_module(self, spec):
-        return self._inner.create_module(spec)
-
-    def exec_module(self, module):
-        self._inner.exec_module(module)
-        if module.__name__ == _MODELING:
-            try:
-                _patch_max_memory()
-            except Exception:  # a changed accelerate must not break its import
-                pass
-        else:
-            _patch_state_module(module)
+# Accelerate's distributed type for tpu processes. Accelerate has none for tpu, and every
+# multi-device path tests the type against fixed lists; MULTI_HPU's paths are device-generic
+# and take the device a process was given (not tpu:LOCAL_RANK, which a process that sees one
+# device does not have). The device, backend and process group are tpu's.
+_DISTRIBUTED_TYPE = "MULTI_HPU"
 
 
-class _Finder(importlib.abc.MetaPathFinder):
-    def find_spec(self, fullname, path, target=None):
-        if fullname not in (_TARGET, _MODELING):
+def _patch_distributed(cls) -> None:
+    """Under torchrun (LOCAL_RANK set), Accelerate looks the accelerator's distributed backend
+    up in a table without tpu and stays single-process: each rank would train alone. With
+    this, it initialises the process group over tpu_dist and wraps the model in DDP, through
+    its own state classes."""
+    from accelerate.utils import DistributedType
+
+    from . import _env
+
+    prepare, set_device = cls._prepare_backend, cls.set_device
+    if getattr(prepare, "_torch_tpu", False):
+        return
+    multi = DistributedType(_DISTRIBUTED_TYPE)
+
+    def _prepare_backend(self, cpu=False, sagemaker_dp=False, backend=None):
+        got, kind = prepare(self, cpu, sagemaker_dp, backend)
+        under_torchrun = int(_env.get("LOCAL_RANK", "-1") or -1) != -1
+        on_tpu = torch.accelerator.current_accelerator() is not None and \
+            torch.accelerator.current_accelerator().type == "tpu"
+        if kind == DistributedType.NO and under_torchrun and not cpu and on_tpu and _tpu_available():
+            return backend or "tpu_dist", multi
+        return got, kind
+
+    def _set_device(self):
+        if self.device is None and self.distributed_type == multi and self.backend in ("tpu_dist", "tpu"):
+            self.device = torch.device("tpu", torch.tpu.current_device())
             return None
-        # Find the real spec with every other finder, then wrap its loader.
-        for finder in sys.meta_path:
-            if finder is self or not hasattr(finder, "find_spec"):
-                continue
-            spec = finder.find_spec(fullname, path, target)
-            if spec is not None:
-                if spec.loader is not None:
-                    spec.loader = _Loader(spec.loader)
-                return spec
-        return None
+        return set_device(self)
+
+    _prepare_backend._torch_tpu = True
+    cls._prepare_backend, cls.set_device = _prepare_backend, _set_device
+
+
+def _patch_prepare_model(module) -> None:
+    """Accelerate wraps DDP with ``device_ids=[local_process_index]`` (CUDA's one process per
+    device of the host); a tpu process may have been given one device only (TPU_VISIBLE_CHIPS,
+    Ray), its tpu:0. DDP gets the device the process trains on, as Accelerate does for hpu."""
+    cls = getattr(module, "Accelerator", None)
+    prepare = getattr(cls, "prepare_model", None)
+    if prepare is None or getattr(prepare, "_torch_tpu", False):
+        return
+
+    def prepare_model(self, model, *args, **kwargs):
+        state = self.state
+        device = state.device
+        if device is None or device.type != "tpu" or device.index in (None, state.local_process_index):
+            return prepare(self, model, *args, **kwargs)
+        local = state.local_process_index
+        state.local_process_index = device.index  # shared state: restored below
+        try:
+            return prepare(self, model, *args, **kwargs)
+        finally:
+            state.local_process_index = local
+
+    prepare_model._torch_tpu = True
+    prepare_model.__doc__ = prepare.__doc__
+    cls.prepare_model = prepare_model
+
+
+def _patched_modeling(module) -> None:
+    try:
+        _patch_max_memory()
+    except Exception:  # a changed accelerate must not break its import
+        pass
 
 
 def install() -> None:
-    from . import _env
+    from . import _env, _import_hooks
 
     if _env.get("TORCH_TPU_ACCELERATE", "1") == "0":
         return
-    if _MODELING in sys.modules:
-        _patch_max_memory()
-    if _TARGET in sys.modules:
-        _patch_state_module(sys.modules[_TARGET])
-    elif not any(isinstance(f, _Finder) for f in sys.meta_path):
-        sys.meta_path.insert(0, _Finder())
+    _import_hooks.when_imported(_MODELING, _patched_modeling)
+    _import_hooks.when_imported(_TARGET, _patch_state_module)
+    _import_hooks.when_imported("accelerate.accelerator", _patch_prepare_model)

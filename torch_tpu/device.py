@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Any, Optional, Union
+import datetime
+import enum
+import sys
+import types
+from typing import Any, NamedTuple, Optional, Union
 
 import torch
 
@@ -49,21 +53,37 @@ def set_device(device: _DeviceLike) -> None:
     _C._set_device(_index(device))
 
 
+def _exchange_device(device: int) -> int:
+    """Makes ``device`` current and returns the device that was (torch.cuda's contract: -1
+    changes nothing and returns -1)."""
+    if device < 0:
+        return -1
+    prev = _C._current_device()
+    if device != prev:
+        _C._set_device(device)
+    return prev
+
+
+def _maybe_exchange_device(device: int) -> int:
+    """As _exchange_device, where the runtime has started; before, nothing changes."""
+    if device < 0 or not _C._initialized():
+        return -1
+    return _exchange_device(device)
+
+
 class device:
-    """Context manager that changes the current tpu device."""
+    """Context manager that changes the current tpu device (-1: leaves it)."""
 
     def __init__(self, device: _DeviceLike):
         self.idx = _index(device)
         self.prev = -1
 
     def __enter__(self):
-        self.prev = _C._current_device()
-        if self.idx != self.prev:
-            _C._set_device(self.idx)
+        self.prev = _exchange_device(self.idx)
         return self
 
     def __exit__(self, *exc):
-        if self.prev != self.idx:
+        if self.prev >= 0 and self.prev != self.idx:
             _C._set_device(self.prev)
         return False
 
@@ -77,9 +97,20 @@ def synchronize(device: _DeviceLike = None) -> None:
     _C._synchronize(_index(device))
 
 
+# PJRT's TPU device kinds, by the names Google's TorchTPU gives them (TorchTitan finds a
+# TPU's peak FLOP/s by them: a name starting with "TPU").
+_TPU_NAMES = {"TPU v4": "TPU v4", "TPU v5": "TPU v5p", "TPU v5p": "TPU v5p", "TPU v5 lite": "TPU v5e",
+              "TPU v5e": "TPU v5e", "TPU v6 lite": "TPU v6e", "TPU v6e": "TPU v6e", "TPU7x": "TPU v7",
+              "TPU v7": "TPU v7", "TPU v7x": "TPU v7"}
+
+
 def get_device_name(device: _DeviceLike = None) -> str:
-    idx = _index(device)
-    return f"{_C._platform()}:{_C._device_kind(idx)}"
+    """The device's name as its vendor gives it: "TPU v6e" on a TPU (Google's TorchTPU names),
+    "NVIDIA H100 80GB HBM3" on the CUDA plugin, "cpu" on the CPU plugin."""
+    kind = _C._device_kind(_index(device))
+    if _C._platform() == "tpu":
+        return _TPU_NAMES.get(kind, kind if kind.startswith("TPU") else f"TPU {kind}")
+    return kind
 
 
 class _DeviceProperties:
@@ -90,6 +121,9 @@ class _DeviceProperties:
         self.kind = _C._device_kind(idx)
         self.total_memory = _C._memory_limit(idx)
         self.index = idx
+        # Inductor and Dynamo read it (CUDA's SM count); a device is one core to them here,
+        # as in Google's TorchTPU.
+        self.multi_processor_count = 1
 
     def __repr__(self):
         return (f"_TpuDeviceProperties(name='{self.name}', total_memory={self.total_memory // (1 << 20)}MB, "
@@ -109,6 +143,26 @@ def get_device_capability(device: _DeviceLike = None):
 
 def default_generator(device: _DeviceLike = None) -> torch.Generator:
     return _C._default_generator(_index(device))
+
+
+def _get_generator(device: torch.device) -> torch.Generator:
+    """The default generator of ``device`` (the current device where it has no index), as
+    ``torch.cuda._get_generator``: AOTAutograd's RNG functionalization asks for it."""
+    return _default_generators()[_index(device)]
+
+
+_generators: tuple = ()
+
+
+def _default_generators() -> tuple:
+    """One Python generator object per device, made once (the same objects every time, as
+    torch.cuda.default_generators)."""
+    global _generators
+    if not _generators:
+        _generators = tuple(_C._default_generator(i) for i in range(device_count()))
+    return _generators
+
+
 
 
 def manual_seed(seed: int) -> None:
@@ -274,5 +328,104 @@ def _lazy_init() -> None:
 def _get_device_index(device: Any, optional: bool = False) -> int:
     return _index(device)
 
+
+# --- execution modes, by Google's TorchTPU names
+
+
+class EagerMode(enum.Enum):
+    """How eager ops run (torch_tpu's modes, by Google's TorchTPU names)."""
+
+    DEFER_NEVER = "strict"  # each op its own program, launched without waiting
+    DEFER_NEVER_AND_LAUNCH_BLOCKING = "debug"  # ... and waited for: errors at their op
+    DEFER_AND_FUSE = "fused"  # ops deferred into graphs that run as one program
+
+
+def _eager_mode() -> EagerMode:
+    import torch_tpu
+
+    return EagerMode(torch_tpu.get_mode())
+
+
+class set_eager_mode:
+    """Sets the eager mode; as a context manager, restores the one before on exit."""
+
+    def __init__(self, mode: EagerMode):
+        import torch_tpu
+
+        self._before = _eager_mode()
+        torch_tpu.set_mode(EagerMode(mode).value)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        import torch_tpu
+
+        torch_tpu.set_mode(self._before.value)
+        return False
+
+
+# --- the compilation cache, as Google's TorchTPU reports it
+
+
+class _EntryStats(NamedTuple):
+    what: str  # the op or graph the program runs
+    compilation_duration: datetime.timedelta  # compile (or load from the disk cache) time
+    last_read: Optional[datetime.datetime]  # the last launch; None: never launched
+    read_count: int  # launches
+
+
+class _CacheStats(NamedTuple):
+    num_cache_reqs: int  # programs looked up by signature
+    num_cache_hits: int  # ... and found in memory
+    peak_compilation_host_memory_bytes: Optional[int]  # not measured: None
+    per_entry_stats: list  # one _EntryStats per program held
+
+
+def _get_cache_stats() -> _CacheStats:
+    """The program cache: lookups and hits, and each program held (its compile time, launches
+    and last launch). vLLM's TorchTPU runner reads it to find recompiles."""
+    import torch_tpu
+
+    m = torch_tpu.metrics()
+    entries = [
+        _EntryStats(what, datetime.timedelta(seconds=secs),
+                    datetime.datetime.fromtimestamp(ns / 1e9) if ns else None, int(runs))
+        for what, secs, runs, ns in _C._program_stats()
+    ]
+    return _CacheStats(int(m["cache_hits"]) + int(m["cache_misses"]), int(m["cache_hits"]), None, entries)
+
+
+def _get_cache_requests() -> int:
+    return _get_cache_stats().num_cache_reqs
+
+
+def _get_cache_hits() -> int:
+    return _get_cache_stats().num_cache_hits
+
+
+def _get_cache_misses() -> int:
+    s = _get_cache_stats()
+    return s.num_cache_reqs - s.num_cache_hits
+
+
+class _TpuModule(types.ModuleType):
+    """``torch.tpu``'s module type: attributes computed when read (or set)."""
+
+    @property
+    def default_generators(self) -> tuple:
+        """One generator per device, as ``torch.cuda.default_generators`` (it starts the runtime)."""
+        return _default_generators()
+
+    @property
+    def eager_mode(self) -> EagerMode:
+        return _eager_mode()
+
+    @eager_mode.setter
+    def eager_mode(self, mode: EagerMode) -> None:
+        set_eager_mode(mode)
+
+
+sys.modules[__name__].__class__ = _TpuModule
 
 from . import comm  # noqa: E402  (torch.tpu.comm, as torch.cuda.comm)

@@ -29,6 +29,7 @@ from __future__ import annotations
 import itertools
 
 BACKEND = "tpu_dist"
+ALIAS = "tpu"  # init_process_group("tpu"): the same backend
 _local_names = itertools.count()  # c10d keeps group names for the process's life
 
 
@@ -128,7 +129,10 @@ def register() -> bool:
         return False
     if getattr(dist.Backend, BACKEND.upper(), None) is not None:
         return True
+    # "tpu" too, as Google's TorchTPU registers both; tpu_dist is the device's default.
+    dist.Backend.register_backend(ALIAS, _create_backend, extended_api=True, devices=["tpu"])
     dist.Backend.register_backend(BACKEND, _create_backend, extended_api=True, devices=["tpu"])
+    dist.Backend.default_device_backend_map["tpu"] = BACKEND  # the first registered would stay
     _keep_the_default_backend_registered()
     return True
 
@@ -148,7 +152,7 @@ def _keep_the_default_backend_registered() -> None:
     def new_process_group_helper(*args, **kwargs):
         pg, store = helper(*args, **kwargs)
         config = c10d._world.pg_backend_config.get(pg, "") if isinstance(pg, c10d.ProcessGroup) else ""
-        if config == f"tpu:{BACKEND}":
+        if config in (f"tpu:{BACKEND}", f"tpu:{ALIAS}"):
             pg._set_default_backend(c10d.ProcessGroup.BackendType.CUSTOM)
         return pg, store
 
@@ -156,4 +160,4 @@ def _keep_the_default_backend_registered() -> None:
     c10d._new_process_group_helper = new_process_group_helper
 
 
-__all__ = ["BACKEND", "local_group", "register"]
+__all__ = ["ALIAS", "BACKEND", "local_group", "register"]
