@@ -65,6 +65,11 @@ if ! "$PY" -c "import matplotlib, yaml, tqdm, sarif_pydantic" 2>/dev/null; then
   "$PY" -m pip install -q "torch==2.13.0" "matplotlib>=3.8" pyyaml tqdm "sarif-pydantic==0.6.2" >/dev/null 2>&1 ||
     echo "setup: could not install matplotlib/pyyaml/tqdm/sarif-pydantic; the bench and doctor tests will fail"
 fi
+# Ray Train calls torch_tpu to train on tpu (tests/python/test_ray.py); it pins no torch.
+if ! "$PY" -c "import ray.train" 2>/dev/null; then
+  "$PY" -m pip install -q "torch==2.13.0" "ray[train]==2.60.0" >/dev/null 2>&1 ||
+    echo "setup: could not install ray; the Ray Train test will be skipped"
+fi
 # JAX lowers JAX and Pallas kernels to StableHLO (torch_tpu.kernels); optional for users.
 if ! "$PY" -c "import jax" 2>/dev/null; then
   "$PY" -m pip install -q "torch==2.13.0" "jax>=0.8" >/dev/null 2>&1 ||
@@ -76,9 +81,14 @@ if ! wait "$build_pid"; then
   exit 1
 fi
 tail -1 "$build_log"
+ENTRY_POINTS_CURRENT='import importlib.metadata as m, sys
+sys.exit(not any(e.name == "torch_tpu" for e in m.entry_points(group="vllm.platform_plugins")))'
+export ENTRY_POINTS_CURRENT
 # Editable install: the package (its torch.backends autoload entry point, and the
 # torch-tpu command) points at this checkout.
-if ! "$PY" -m pip show -q torch_tpu >/dev/null 2>&1 || [ ! -x "$VENV/bin/torch-tpu" ]; then
+# Installed again where its entry points are older than pyproject.toml's (the vLLM plugin's name).
+if ! "$PY" -m pip show -q torch_tpu >/dev/null 2>&1 || [ ! -x "$VENV/bin/torch-tpu" ] ||
+  ! "$PY" -c "$ENTRY_POINTS_CURRENT" 2>/dev/null; then
   "$PY" -m pip install -q --no-build-isolation --no-deps -e . >/dev/null
 fi
 # The XLA FFI headers the CPU plugin's handlers are built against (the FFI kernel tests).

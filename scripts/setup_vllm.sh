@@ -29,4 +29,10 @@ if ! "$PY" -c "import vllm, pytest, torch_tpu.vllm" 2>/dev/null; then
   PATH="$ROOT/.venv/bin:$PATH" "$PY" -m pip install -q --no-build-isolation --no-deps -e . >>"$LOG" 2>&1 ||
     { tail -20 "$LOG"; echo "setup_vllm: installing torch_tpu failed (log: $LOG)"; exit 1; }
 fi
+# An install older than pyproject.toml's entry points (the plugin was named "tpu"): again.
+if ! "$PY" -c 'import importlib.metadata as m, sys
+sys.exit(not any(e.name == "torch_tpu" for e in m.entry_points(group="vllm.platform_plugins")))' 2>/dev/null; then
+  PATH="$ROOT/.venv/bin:$PATH" "$PY" -m pip install -q --no-build-isolation --no-deps -e . >/dev/null 2>&1 ||
+    { echo "setup_vllm: installing torch_tpu again failed"; exit 1; }
+fi
 echo "setup_vllm: done ($("$PY" -c 'import vllm, torch; print("vllm", vllm.__version__, "torch", torch.__version__)' 2>/dev/null))"

@@ -1,7 +1,8 @@
 """vLLM platform plugin: serves models on tpu with vLLM's own engine.
 
 Installed with the `vllm` extra; vLLM finds it through the entry point
-`tpu` of group `vllm.platform_plugins` and then runs on the "tpu" device:
+`torch_tpu` of group `vllm.platform_plugins` (not `tpu`: that is vLLM's own TPU
+platform's name) and then runs on the "tpu" device:
 the platform (`platform.py`), a worker and model runner (`worker.py`), paged
 attention as one native op (`attention.py`, `torch.ops.tpu.paged_attention`)
 and torch versions of vLLM's Triton helpers (`kernels.py`).
