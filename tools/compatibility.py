@@ -2,7 +2,7 @@
 """docs/compatibility.md: every call other libraries make into ``torch_tpu`` / ``torch.tpu`` /
 device ``tpu`` / ``tpu_dist`` / ``TPU_*``, where it is, and whether torch_tpu answers it.
 
-Each row names the caller's file (inside its installed package) and a line of code that
+Each row (tools/compatibility_rows.toml) names the caller's file (inside its installed package) and a line of code that
 identifies the call; the tool finds the line's number in the version installed here, and runs
 the row's check against torch_tpu: a Python expression that is true when the call works as the
 caller expects. A caller that is not installed here (TorchRec, Helion, Google's vLLM plugin)
@@ -35,157 +35,17 @@ class Row(NamedTuple):
     reason: Optional[str] = None  # where the check is expected to fail: why
 
 
-TORCHREC = "meta-pytorch/torchrec@376cac6"
-HELION = "pytorch/helion@ef091f4"
-VLLM_TORCHTPU = "vllm-torchtpu@0095cdc"
+ROWS_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "compatibility_rows.toml")
 
-ROWS = [
-    # --- Ray
-    Row("ray", "ray/air/_internal/device_manager/tpu.py", "torch_tpu._loader.load()",
-        "`torch_tpu._loader.load()`", "registers the device and `tpu_dist` before Ray Train's process group; "
-        "callable again", "`torch_tpu/_loader.py`", "_call('torch_tpu._loader.load') is None and 'tpu_dist' in "
-        "dist.Backend.backend_list"),
-    Row("ray", "ray/air/_internal/device_manager/tpu.py", "return [torch.device(\"tpu\")]",
-        "`torch.device(\"tpu\")` per worker", "each worker bound to the chips Ray gave it (TPU_VISIBLE_CHIPS)",
-        "TPU_VISIBLE_CHIPS / TPU_VISIBLE_DEVICES select the devices (libtpu applies TPU_VISIBLE_CHIPS on a TPU); "
-        "the process starts on the first", "'TPU_VISIBLE_CHIPS' in _env_vars()"),
-    Row("ray", "ray/train/torch/config.py", "elif backend in (\"hccl\", \"tpu_dist\"):",
-        "`init_process_group(backend=\"tpu_dist\")`", "a working c10d backend", "registered at import",
-        "'tpu_dist' in dist.Backend.backend_list"),
-    Row("ray", "ray/train/v2/torch/torch_trainer.py", "torch_config.backend = \"tpu_dist\"",
-        "`ScalingConfig(use_tpu=True)` → `tpu_dist`", "DDP over tpu_dist with one chip per worker",
-        "tests/python/test_ray.py trains 2 workers, losses equal to one process", "True"),
-    Row("ray", "ray/_private/accelerators/tpu.py", "def set_current_process_visible_accelerator_ids(",
-        "`TPU_VISIBLE_CHIPS` per worker", "the worker uses those chips only", "applied (see above)",
-        "'TPU_VISIBLE_CHIPS' in _env_vars()"),
-    # --- PyTorch: Dynamo, Inductor, AOTAutograd, generic device paths
-    Row("torch", "torch/_dynamo/device_interface.py", "register_interface_for_device(\"tpu\", TpuInterface)",
-        "Dynamo's device interface for `tpu`", "device(), current_stream(), current_device() answer",
-        "torch_tpu's interface (`torch_tpu/_dynamo_device.py`) replaces PyTorch's placeholder",
-        ""
-        "importlib.import_module('torch._dynamo.device_interface').get_interface_for_device('tpu').__module__ "
-        "== 'torch_tpu._dynamo_device'"),
-    Row("torch", "torch/_inductor/runtime/hints.py", "multi_processor_count",
-        "`get_device_properties().multi_processor_count`", "an int", "1",
-        "torch.tpu.get_device_properties(0).multi_processor_count == 1"),
-    Row("torch", "torch/_inductor/codegen/pallas.py", "from torch_tpu._internal.pallas import tpu_torch_pallas",
-        "Inductor's Pallas code for `tpu` (`torch.compile` with no backend)", "Google's `tpu_torch_pallas` runtime",
-        "graphs of tpu tensors given to Inductor compile with torch_tpu's backend (one log line); its Pallas "
-        "code generation is not reached", "_inductor_redirected()"),
-    Row("torch", "torch/_functorch/_aot_autograd/utils.py", "Calls ``torch.<device_type>._get_generator(device)``.",
-        "`torch.tpu._get_generator(device)`", "the device's default generator", "the same object each time",
-        "torch.tpu._get_generator(torch.device('tpu', 0)) is torch.tpu.default_generators[0]"),
-    Row("torch", "torch/_prims/rng_prims.py", "default_generators", "`torch.tpu.default_generators`",
-        "a tuple, one generator per device", "built once, when first read",
-        "len(torch.tpu.default_generators) == torch.tpu.device_count()"),
-    Row("torch", "torch/utils/_pallas.py", "def has_torch_tpu() -> bool:", "`torch.tpu` exists",
-        "the device module registered", "registered at import", "hasattr(torch, 'tpu')"),
-    Row("torch", "torch/random.py", "manual_seed_all", "`torch.tpu.manual_seed_all`, `_is_in_bad_fork`",
-        "seed every device", "yes", "callable(torch.tpu.manual_seed_all) and torch.tpu._is_in_bad_fork() is False"),
-    Row("torch", "torch/utils/checkpoint.py", "get_rng_state", "`with torch.tpu.device(i): get_rng_state()`",
-        "per-device RNG state", "yes", "isinstance(torch.tpu.get_rng_state(0), torch.Tensor)"),
-    Row("torch", "torch/distributed/device_mesh.py", "set_device", "`torch.tpu.set_device(LOCAL_RANK)` ...",
-        "bind the process's device", "a process that sees several devices starts on tpu:LOCAL_RANK",
-        "'LOCAL_RANK' in _env_vars()"),
-    Row("torch", "torch/distributed/distributed_c10d.py", "pg._set_default_backend(ProcessGroup.BackendType.GLOO)",
-        "`init_process_group()` with no backend, then DDP", "as on CUDA", "tpu_dist is the group's default backend "
-        "(PyTorch named gloo, which it had not built)", "_patched('torch.distributed.distributed_c10d', "
-        "'_new_process_group_helper')"),
-    Row("torch", "torch/amp/autocast_mode.py", "get_amp_supported_dtype", "`torch.tpu.get_amp_supported_dtype()`",
-        "the dtypes autocast may cast to", "bfloat16, float16, float32",
-        "torch.bfloat16 in torch.tpu.get_amp_supported_dtype()"),
-    # --- transformers
-    Row("transformers", "transformers/utils/import_utils.py", "def is_torch_tpu_available",
-        "`is_torch_tpu_available()`", "True where tpu is the accelerator", "yes",
-        "importlib.import_module('transformers.utils').is_torch_tpu_available()"),
-    Row("transformers", "transformers/distributed/utils.py", "\"tpu\": \"tpu_dist\"",
-        "`init_process_group(\"tpu_dist\")`", "the backend", "yes", "'tpu_dist' in dist.Backend.backend_list"),
-    Row("transformers", "transformers/distributed/utils.py", "torch.accelerator.current_device_index()",
-        "each process already on its own device", "the process's device", "tpu:LOCAL_RANK, or tpu:0 where the "
-        "launcher gave the process its devices", "'LOCAL_RANK' in _env_vars()"),
-    Row("transformers", "transformers/testing_utils.py", "BACKEND_MANUAL_SEED[\"tpu\"] = torch.tpu.manual_seed",
-        "test helpers: `torch.tpu.manual_seed`, `empty_cache`, device count", "callables", "yes",
-        "callable(torch.tpu.manual_seed) and callable(torch.tpu.empty_cache)"),
-    Row("transformers", "transformers/testing_utils.py", "TPU_VISIBLE_DEVICES",
-        "`TPU_VISIBLE_DEVICES` caps the devices", "the runtime honours it", "applied when the runtime starts",
-        "'TPU_VISIBLE_DEVICES' in _env_vars()"),
-    Row("transformers", "transformers/modeling_utils.py", "if self.device.type in (\"tpu\", \"neuron\"):",
-        "`torch.compile(backend=\"tpu\")`", "a Dynamo backend", "yes",
-        "'tpu' in importlib.import_module('torch._dynamo').list_backends(exclude_tags=())"),
-    Row("transformers", "transformers/training_args.py", "torch_compile_backend",
-        "`TrainingArguments(torch_compile=True)`: Inductor", "compiles on tpu",
-        "Inductor on tpu tensors compiles with torch_tpu's backend", "_inductor_redirected()"),
-    Row("transformers", "transformers/integrations/moe.py", "grouped_mm", "`torch._grouped_mm` on tpu",
-        "grouped GEMM for MoE", "not lowered: runs through the CPU fallback",
-        "'_grouped_mm' in torch_tpu.lowered_ops()", reason="a lowering is issue 6/6's work (expert parallelism)"),
-    # --- accelerate
-    Row("accelerate", "accelerate/state.py", "default_backend = get_distributed_backend(device_type)",
-        "a distributed backend for tpu under torchrun", "multi-process training",
-        "tpu_dist, DDP, each rank on its device, through Accelerate's own state classes "
-        "(tests/python/test_dropin.py: the Trainer on 2 ranks equals 1)", "_accelerate_distributed()"),
-    Row("accelerate", "accelerate/state.py", "def default_device", "`PartialState().default_device`", "tpu",
-        "tpu (Accelerate's table has no tpu; torch_tpu's hook answers)", "_accelerate_default_device()"),
-    Row("accelerate", "accelerate/utils/random.py", "get_rng_state", "`torch.get_device_module(\"tpu\").get_rng_state()`",
-        "RNG state", "yes", "isinstance(torch.get_device_module('tpu').get_rng_state(), torch.Tensor)"),
-    Row("accelerate", "accelerate/checkpointing.py", "states[rng_key] = device_module.get_rng_state()",
-        "`torch.tpu.get_rng_state()` / `set_rng_state()`", "checkpointed RNG", "yes",
-        "callable(torch.tpu.set_rng_state)"),
-    Row("accelerate", "accelerate/accelerator.py", "_amp_foreach_non_finite_check_and_unscale_",
-        "float16 training with a GradScaler", "the unscale kernel", "Accelerate refuses fp16 on tpu itself; "
-        "bfloat16 needs no scaler", "True"),
-    # --- torchtitan
-    Row("torchtitan", "torchtitan/tools/utils.py", "device_module = _get_device_module(device_type)",
-        "`torch.tpu` as the device module", "device_count, set_device, synchronize, memory_stats", "yes",
-        "all(callable(getattr(torch.tpu, n)) for n in ('device_count', 'set_device', 'synchronize', "
-        "'memory_stats', 'reset_peak_memory_stats', 'empty_cache'))"),
-    Row("torchtitan", "torchtitan/tools/utils.py", "def get_peak_flops",
-        "`get_device_name()` starting with \"TPU\"", "the TPU's peak FLOP/s for MFU",
-        "\"TPU v6e\" etc. on a TPU (the vendor's name elsewhere: NVIDIA's on CUDA)",
-        "_titan_peak('TPU v6 lite') == 918e12"),
-    Row("torchtitan", "torchtitan/tools/profiler.py", "_record_memory_history", "`torch.tpu.memory._snapshot()`",
-        "CUDA's memory snapshot", "missing (Google's TorchTPU has none either)", "hasattr(torch.tpu, 'memory')",
-        reason="no allocator history is recorded; torch.tpu.memory_stats() has the counters"),
-    # --- TorchRec (not installed: read at the commit named)
-    Row("torchrec", f"{TORCHREC}:torchrec/experimental/torch_tpu/pallas/impl.py", "from torch_tpu._internal import pallas",
-        "`pallas.jax_op(\"ns::op\", fn)`, called by keyword", "a PyTorch op from a JAX/Pallas function",
-        "`torch_tpu._internal.pallas.jax_op` over torch_tpu.kernels", "_has('torch_tpu._internal.pallas', 'jax_op')"),
-    Row("torchrec", f"{TORCHREC}:torchrec/experimental/torch_tpu/benchmarks/benchmark_single_lookup.py",
-        "from torch_tpu._internal import profiler, sync", "`sync.synchronize()`, `profiler.profile(...)`",
-        "flush and wait; an xprof trace", "synchronize; a PyTorch profiler trace in the folder",
-        "_has('torch_tpu._internal.sync', 'synchronize') and _has('torch_tpu._internal.profiler', 'profile')"),
-    Row("torchrec", f"{TORCHREC}:torchrec/distributed/utils.py", "torch.tpu.is_available()",
-        "`torch.tpu.is_available()`", "True", "yes", "torch.tpu.is_available()"),
-    Row("torchrec", "Google's torch_tpu 0.2.0: torch/tpu/ops", "sparse_dense_matmul", "`torch.tpu.ops.sparse_dense_matmul`",
-        "SparseCore embedding lookups", "not provided: no caller in TorchRec (main or nightly) uses it",
-        "hasattr(torch.tpu, 'ops')", reason="SparseCore ops need a TPU's SparseCores; no library calls them"),
-    # --- Helion (not installed)
-    Row("helion", f"{HELION}:helion/runtime/pallas/launcher.py", "from torch_tpu._internal.pallas import tpu_torch_pallas",
-        "`tpu_torch_pallas.call_custom_kernel`, `JaxCallable`", "Google's Pallas runtime on a TPU",
-        "missing: Helion falls back to its own launcher (an ImportError it catches)",
-        "_has('torch_tpu._internal.pallas', 'tpu_torch_pallas')",
-        reason="Google's runtime internals (serialized Mosaic kernels); Helion catches the ImportError"),
-    # --- vLLM
-    Row("vllm", "vllm/platforms/__init__.py", "vllm.platform_plugins",
-        "out-of-tree platform plugins by entry-point name", "a name of its own",
-        "`torch_tpu` (vLLM's TPU platform is `tpu`, Google's plugin `torchtpu`)", "_vllm_entry_point() == 'torch_tpu'"),
-    Row("vllm-torchtpu", f"{VLLM_TORCHTPU}:src/vllm_torchtpu/runner/tpu_runner.py", "torch.tpu._get_cache_stats()",
-        "`torch.tpu._get_cache_stats()`", "num_cache_reqs, num_cache_hits, per_entry_stats (compilation_duration, "
-        "last_read, read_count)", "from the runtime's program cache",
-        "all(hasattr(torch.tpu._get_cache_stats(), a) for a in ('num_cache_reqs', 'num_cache_hits', 'per_entry_stats'))"),
-    Row("vllm-torchtpu", f"{VLLM_TORCHTPU}:src/vllm_torchtpu/platforms/tpu_platform.py", "execution_mode",
-        "`execution_mode.eager_mode = EagerMode.DEFER_AND_FUSE`", "fused eager", "torch_tpu's modes by Google's names",
-        "_has('torch_tpu._internal.execution_mode', 'EagerMode') and hasattr(torch.tpu, 'set_eager_mode')"),
-    Row("vllm-torchtpu", f"{VLLM_TORCHTPU}:src/vllm_torchtpu/platforms/tpu_platform.py", "hardware",
-        "`hardware.get_tpu_device_name()`, `get_tpu_topology()`", "the TPU's name and layout",
-        "on a TPU; None without one", "_has('torch_tpu._internal.utils.hardware', 'get_tpu_topology')"),
-    # --- Google's TorchTPU names with no single caller
-    Row("torch-tpu", "Google's torch_tpu 0.2.0 (its public API)", "tpu", "`init_process_group(\"tpu\")`", "the c10d name `tpu`",
-        "the same backend as tpu_dist", "'tpu' in dist.Backend.backend_list"),
-    Row("torch-tpu", "Google's torch_tpu 0.2.0 (its public API)", "TORCH_TPU_LAUNCH_BLOCKING", "`TORCH_TPU_LAUNCH_BLOCKING=1`",
-        "debug eager", "as TPU_LAUNCH_BLOCKING", "'TORCH_TPU_LAUNCH_BLOCKING' in _env_vars()"),
-    Row("torch-tpu", "Google's torch_tpu 0.2.0 (its public API)", "_exchange_device", "`torch.tpu._exchange_device(i)`",
-        "torch.cuda's contract (-1: nothing)", "yes", "torch.tpu._exchange_device(-1) == -1"),
-]
+
+def load_rows() -> list:
+    import tomllib
+
+    with open(ROWS_FILE, "rb") as f:
+        return [Row(**r) for r in tomllib.load(f)["row"]]
+
+
+ROWS = load_rows()
 
 
 # --- helpers the checks use

@@ -409,13 +409,9 @@ def _get_cache_misses() -> int:
     return s.num_cache_reqs - s.num_cache_hits
 
 
-class _TpuModule(types.ModuleType):
-    """``torch.tpu``'s module type: attributes computed when read (or set)."""
-
-    @property
-    def default_generators(self) -> tuple:
-        """One generator per device, as ``torch.cuda.default_generators`` (it starts the runtime)."""
-        return _default_generators()
+class _EagerModeModule(types.ModuleType):
+    """A module with an ``eager_mode`` attribute that reads and sets torch_tpu's mode
+    (``torch.tpu`` and ``torch_tpu._internal.execution_mode``)."""
 
     @property
     def eager_mode(self) -> EagerMode:
@@ -424,6 +420,15 @@ class _TpuModule(types.ModuleType):
     @eager_mode.setter
     def eager_mode(self, mode: EagerMode) -> None:
         set_eager_mode(mode)
+
+
+class _TpuModule(_EagerModeModule):
+    """``torch.tpu``'s module type: attributes computed when read (or set)."""
+
+    @property
+    def default_generators(self) -> tuple:
+        """One generator per device, as ``torch.cuda.default_generators`` (it starts the runtime)."""
+        return _default_generators()
 
 
 sys.modules[__name__].__class__ = _TpuModule

@@ -5,21 +5,9 @@ its debug mode and ``DEFER_AND_FUSE`` fused eager."""
 from __future__ import annotations
 
 import sys
-import types
 
-from torch_tpu.device import EagerMode, _eager_mode, set_eager_mode
+from torch_tpu.device import EagerMode, _EagerModeModule, set_eager_mode
 
-__all__ = ["EagerMode", "set_eager_mode"]  # and the eager_mode property
+__all__ = ["EagerMode", "set_eager_mode"]  # and the eager_mode attribute
 
-
-class _Module(types.ModuleType):
-    @property
-    def eager_mode(self) -> EagerMode:
-        return _eager_mode()
-
-    @eager_mode.setter
-    def eager_mode(self, mode: EagerMode) -> None:
-        set_eager_mode(mode)
-
-
-sys.modules[__name__].__class__ = _Module
+sys.modules[__name__].__class__ = _EagerModeModule
