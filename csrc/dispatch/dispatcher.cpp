@@ -580,6 +580,14 @@ std::string unsupportedArguments(const OpFacts& f, const std::vector<IValue>& ar
   return "";
 }
 
+// An integer Scalar's 64 bits: uint64 values past int64's range keep their bits
+// (deterministic mode fills new uint64 memory with the uint64 maximum).
+int64_t integerBits(const at::Scalar& v) {
+  if (v.isBoolean()) return v.toBool();
+  if (v.isUnsigned()) return static_cast<int64_t>(v.toUInt64());
+  return v.toLong();
+}
+
 // x[a:b].fill_(v) or .zero_() where the view is one contiguous run of a
 // larger tensor: the range and the value are the program's arguments, so
 // every length shares one program per tensor size (serving fills the padded
@@ -595,8 +603,8 @@ bool fillContiguousRange(const OpFacts& f, torch::jit::Stack* stack, const std::
   const at::Scalar v = f.zero ? at::Scalar(0) : args[1].toScalar();
   if (v.isComplex()) return false;
   const int dev = self.device().index();
-  runtime::BufferPtr value = ir::isFloat(t) ? runtime::scalarBuffer(t, v.toDouble(), dev)
-                                            : runtime::scalarBufferInt(t, v.isBoolean() ? v.toBool() : v.toLong(), dev);
+  runtime::BufferPtr value =
+      ir::isFloat(t) ? runtime::scalarBuffer(t, v.toDouble(), dev) : runtime::scalarBufferInt(t, integerBits(v), dev);
   runtime::fillRange(a, t, self.storage_offset(), self.storage_offset() + self.numel(), value);
   torch::jit::drop(*stack, args.size());
   torch::jit::push(*stack, self);
@@ -626,7 +634,7 @@ struct KeptUploads {
 };
 
 int64_t scalarBits(const at::Scalar& v) {
-  if (!v.isFloatingPoint()) return v.isBoolean() ? v.toBool() : v.toLong();
+  if (!v.isFloatingPoint()) return integerBits(v);
   const double d = v.toDouble();
   int64_t bits;
   std::memcpy(&bits, &d, sizeof bits);

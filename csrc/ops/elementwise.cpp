@@ -726,9 +726,10 @@ Registrar reg_logit("logit", [](Ctx& c) {
   return floatUnary(c, [&c](ir::Builder& b, const Value& x0) {
     Value x = x0;
     if (c.has(1)) {
-      // The bounds in the input's own type, as the CPU kernel holds them
-      // (bfloat16's 1 - 1e-3 is 1: logit is then inf there too).
-      const DType in = c.tensor(0).dtype();
+      // The bounds in a floating input's own type, as the CPU kernel holds them
+      // (bfloat16's 1 - 1e-3 is 1: logit is then inf there too); an integer
+      // input computes in its float result type (its bounds are not 0 and 0).
+      const DType in = ir::isFloat(c.tensor(0).dtype()) ? c.tensor(0).dtype() : x.dtype();
       const double eps = c.f64(1);
       x = b.clamp(b.convert(b.convert(k(b, eps, x), in), x.dtype()), x,
                   b.convert(b.convert(k(b, 1 - eps, x), in), x.dtype()));

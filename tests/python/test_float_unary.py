@@ -67,3 +67,15 @@ def test_real_and_integer_inputs_promote_as_on_the_cpu(name, fallback_error):
         want = f(x)
         assert got.dtype == want.dtype
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.uint8, torch.bool, torch.float32, torch.bfloat16])
+def test_logit_with_eps_clamps_in_the_result_type(dtype, fallback_error):
+    # Found by the global-state walk: an integer input's bounds were cast to the integer type
+    # (0.1 and 0.9 both 0), so every element was -inf.
+    x = torch.tensor([-2, 0, 1, 3]).to(dtype) if dtype != torch.bool else torch.tensor([True, False])
+    for eps in (0.1, 1e-3):
+        want = torch.logit(x, eps)
+        got = torch.logit(x.to("tpu"), eps).cpu()
+        assert got.dtype == want.dtype
+        torch.testing.assert_close(got, want)

@@ -94,6 +94,18 @@ def test_deterministic_mode_fills_new_memory_as_the_cpu_does():
     assert not torch.empty(4, device="tpu").cpu().isnan().any()  # and off again outside the mode
 
 
+@pytest.mark.mode_dependent
+def test_deterministic_fill_of_unsigned_types_keeps_their_maximum():
+    # The global-state walk: uint64's maximum is past int64's range, and the fill raised
+    # "value cannot be converted to type int64_t without overflow" (hash_tensor's output).
+    with deterministic():
+        for dt in (torch.uint64, torch.uint32, torch.uint16, torch.uint8):
+            got = torch.empty(3, dtype=dt, device="tpu").cpu()
+            assert got.tolist() == torch.empty(3, dtype=dt).tolist(), dt
+        x = torch.randn(4, 5)
+        assert torch.equal(torch.hash_tensor(x.to("tpu")).cpu(), torch.hash_tensor(x))
+
+
 def test_autocast_state():
     a, b = torch.randn(8, 8), torch.randn(8, 8)
     ta, tb = a.to("tpu"), b.to("tpu")
