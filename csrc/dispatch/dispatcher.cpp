@@ -312,6 +312,8 @@ std::shared_ptr<const OpFacts> buildFacts(const c10::OperatorHandle& op) {
              (base == "mode" || base == "sort" || base == "kthvalue" || base == "cummax" || base == "cummin" ||
               base == "median" || base == "nanmedian"))
       f->kernel_check = K::ValuesIndicesOut;
+    else if (base == "histc" || base == "uniform" || base == "bernoulli")
+      f->kernel_check = K::ScalarRanges;
     else if (overload.find("out") != std::string::npos && sameDtypeUnary().count(base))
       f->kernel_check = K::SameDtypeOut;
     else if (in_place && overlapChecks().internal.count(base) && !products.count(base))

@@ -5,9 +5,12 @@
 #include <ATen/WrapDimUtils.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/native/DistributionTemplates.h>
+#include <c10/util/BFloat16.h>
 #include <c10/util/Exception.h>
 
 #include <algorithm>
+#include <cmath>
+#include <limits>
 #include <optional>
 
 namespace tpu::aten {
@@ -167,6 +170,36 @@ void checkValuesIndicesOut(const std::string& base, const std::vector<IValue>& a
   }
 }
 
+// Ranges of scalar arguments. A scalar reaches a program as one of its inputs (a new
+// value compiles nothing), so the meta kernel that checks it runs only when the program is
+// built: a later call with a bad value would skip it.
+void checkScalarRanges(const std::string& base, const std::string& overload, const std::vector<IValue>& args) {
+  auto number = [&](size_t i) -> std::optional<double> {
+    if (i < args.size() && args[i].isScalar()) return args[i].toScalar().toDouble();
+    return std::nullopt;
+  };
+  if (base == "histc") {  // histc(self, bins, min, max)
+    const auto lo = number(2), hi = number(3);
+    if (!lo || !hi || *lo == *hi) return;  // equal: the range comes from the data
+    TORCH_CHECK(std::isfinite(*lo) && std::isfinite(*hi), "torch.histc: range of [", *lo, ", ", *hi, "] is not finite");
+    TORCH_CHECK(*lo <= *hi, "torch.histc: max must be larger than min");
+  } else if (base == "uniform") {  // uniform_(self, from, to)
+    const auto lo = number(1), hi = number(2);
+    if (!lo || !hi || args.empty() || !args[0].isTensor()) return;
+    TORCH_CHECK(*lo <= *hi, "uniform_ expects to return a [from, to) range, but found from=", *lo, " > to=", *hi);
+    const at::ScalarType t = args[0].toTensor().scalar_type();
+    double limit = std::numeric_limits<double>::max();
+    if (t == at::kFloat) limit = std::numeric_limits<float>::max();
+    if (t == at::kHalf) limit = 65504.0;
+    if (t == at::kBFloat16) limit = static_cast<double>(std::numeric_limits<c10::BFloat16>::max());
+    TORCH_CHECK(*hi - *lo <= limit, "uniform_ expects to-from <= std::numeric_limits<", t,
+                ">::max(), but found to=", *hi, " and from=", *lo, " which result in to-from to exceed the limit");
+  } else if (base == "bernoulli" && (overload == "float" || overload == "p")) {  // bernoulli(self, p: float)
+    if (const auto p = number(1))
+      TORCH_CHECK(*p >= 0 && *p <= 1, "bernoulli_ expects p to be in [0, 1], but got p=", *p);
+  }
+}
+
 }  // namespace
 
 // Checks PyTorch's CPU and CUDA kernels make that its meta kernels skip, so
@@ -241,6 +274,9 @@ void checkLikeKernels(KernelCheck check, const std::string& base, const std::str
       return;
     case K::ValuesIndicesOut:
       checkValuesIndicesOut(base, args);
+      return;
+    case K::ScalarRanges:
+      checkScalarRanges(base, overload, args);
       return;
     case K::Gather:  // gather(self, dim, index)
       if (const at::Tensor *self = tensor(0), *index = tensor(2); self && index && index->numel() > 0)  // as PyTorch

@@ -27,7 +27,9 @@ enum class KernelCheck : uint8_t {
   EmptyIndexed,
   ReductionDims,
   DegreesOfFreedom,
-  ValuesIndicesOut
+  ValuesIndicesOut,
+  ScalarRanges  // histc, uniform_, bernoulli: checks on scalar arguments that are not part of a
+                // program's signature, so a cached program would skip the meta kernel's check
 };
 
 // Ops with an index into self's dim: a non-empty index into a dim of size 0 raises.

@@ -276,3 +276,29 @@ def test_all_and_any_over_an_empty_dim_list_keep_every_element():
     for fn in (torch.all, torch.any):
         assert torch.equal(fn(x.to("tpu"), dim=[]).cpu(), fn(x, dim=[]))
         assert torch.equal(fn(x.to("tpu"), dim=[], keepdim=True).cpu(), fn(x, dim=[], keepdim=True))
+
+
+# A scalar argument is an input of the cached program, so the meta kernel that checks it ran only
+# when the program was built: after a good call, a bad value went through (PyTorch's
+# test_reductions found histc's).
+SCALAR_RANGES = {
+    "histc(min > max)": (lambda x: torch.histc(x, bins=4, min=0, max=3), lambda x: torch.histc(x, bins=4, min=5, max=1)),
+    "histc(max nan)": (lambda x: torch.histc(x, bins=4, min=0, max=3),
+                       lambda x: torch.histc(x, bins=4, min=0, max=float("nan"))),
+    "uniform_(from > to)": (lambda x: x.clone().uniform_(0, 1), lambda x: x.clone().uniform_(5, 1)),
+    "uniform_(to - from too wide)": (lambda x: x.clone().uniform_(0, 1), lambda x: x.clone().uniform_(-3e38, 3e38)),
+    "bernoulli_(p=2)": (lambda x: x.clone().bernoulli_(0.5), lambda x: x.clone().bernoulli_(2.0)),
+    "bernoulli(p=-0.1)": (lambda x: torch.bernoulli(x, 0.5), lambda x: torch.bernoulli(x, -0.1)),
+}
+
+
+@pytest.mark.parametrize("case", sorted(SCALAR_RANGES))
+def test_a_bad_scalar_after_a_good_one_raises_as_on_the_cpu(case):
+    good, bad = SCALAR_RANGES[case]
+    with pytest.raises(RuntimeError) as cpu:
+        bad(torch.tensor([1.0, 2.0, 3.0]))
+    x = torch.tensor([1.0, 2.0, 3.0], device="tpu")
+    good(x).cpu()  # the program, cached
+    with pytest.raises(RuntimeError) as tpu:
+        bad(x).cpu()
+    assert str(cpu.value).split("(")[0][:40] in str(tpu.value)
