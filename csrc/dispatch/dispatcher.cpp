@@ -302,7 +302,7 @@ std::shared_ptr<const OpFacts> buildFacts(const c10::OperatorHandle& op) {
       f->kernel_check = K::IndexSelect;
     else if (base == "gather")
       f->kernel_check = K::Gather;
-    else if (emptyIndexedOps().count(base))
+    else if (emptyIndexedOps().count(base) || base == "index_add")
       f->kernel_check = K::EmptyIndexed;
     else if (base == "nansum" || base == "argmax" || base == "argmin" || base == "max" || base == "min")
       f->kernel_check = K::ReductionDims;

@@ -62,10 +62,34 @@ void checkBoolAlpha(const std::vector<IValue>& args) {
   TORCH_CHECK(!other_bool, "For integral input tensors, argument alpha must not be a floating point number.");
 }
 
+// index_add / index_reduce(self, dim, index, source): the source's slices have self's
+// shape and one per index, as their CPU kernels check (index_reduce's meta kernel checks
+// neither; index_add's only the count). A mismatch otherwise gave a value or a compiler error.
+void checkIndexSource(const std::string& base, const std::vector<IValue>& args) {
+  if (args.size() < 4 || !args[1].isInt() || !args[2].isTensor() || !args[3].isTensor()) return;
+  const at::Tensor &self = args[0].toTensor(), &index = args[2].toTensor(), &source = args[3].toTensor();
+  if (self.dim() == 0 || source.dim() == 0) return;  // scalars: the op's own checks
+  const int64_t dim = at::maybe_wrap_dim(args[1].toInt(), self.dim());
+  TORCH_CHECK(dim < source.dim(), base, "_(): Indexing dim ", dim, " is out of bounds of the source tensor with dim ",
+              source.dim());
+  TORCH_CHECK(index.numel() == source.size(dim), base, "_(): Number of indices (", index.numel(),
+              ") should be equal to source.size(dim): (", source.size(dim), "), for dim: ", dim);
+  bool same = self.dim() == source.dim();
+  for (int64_t d = 0; same && d < self.dim(); ++d) same = d == dim || self.size(d) == source.size(d);
+  TORCH_CHECK(same,
+              "source tensor shape must match self tensor shape, excluding the specified dimension. Got "
+              "self.shape = ",
+              self.sizes(), " source.shape = ", source.sizes());
+}
+
 // A non-empty index into a dimension of size 0: the CPU kernel's exception
 // type for each op (its words where they do not name an index value).
 void checkEmptyIndexed(const std::string& base, const std::vector<IValue>& args) {
   if (args.size() < 3 || !args[0].isTensor()) return;
+  if (base == "index_add" || base == "index_reduce") {
+    checkIndexSource(base, args);
+    if (base == "index_add") return;  // its CPU kernel accepts an empty self
+  }
   const at::Tensor& self = args[0].toTensor();
   if (!self.defined() || self.numel() != 0) return;
   if (base == "put") {

@@ -302,3 +302,26 @@ def test_a_bad_scalar_after_a_good_one_raises_as_on_the_cpu(case):
     with pytest.raises(RuntimeError) as tpu:
         bad(x).cpu()
     assert str(cpu.value).split("(")[0][:40] in str(tpu.value)
+
+
+# index_add / index_reduce with a source that does not fit self (the zero-size walk found
+# index_reduce's: it returned a value; index_add's gave the compiler's error).
+INDEX_SOURCE = {
+    "index_reduce(source of another shape)": lambda d: torch.zeros(3, 5, device=d).index_reduce(
+        1, torch.zeros(10, dtype=torch.long, device=d), torch.ones(4, 10, device=d), "amax"),
+    "index_reduce(one index too many)": lambda d: torch.zeros(3, 5, device=d).index_reduce(
+        1, torch.zeros(10, dtype=torch.long, device=d), torch.ones(3, 9, device=d), "prod"),
+    "index_reduce(empty self, source of another shape)": lambda d: torch.zeros(0, 5, device=d).index_reduce(
+        1, torch.zeros(10, dtype=torch.long, device=d), torch.ones(5, 10, device=d), "mean"),
+    "index_add(source of another shape)": lambda d: torch.zeros(3, 5, device=d).index_add(
+        1, torch.zeros(10, dtype=torch.long, device=d), torch.ones(4, 10, device=d)),
+    "index_add(source of another rank)": lambda d: torch.zeros(3, 5, device=d).index_add(
+        1, torch.zeros(10, dtype=torch.long, device=d), torch.ones(3, 10, 2, device=d)),
+}
+
+
+@pytest.mark.parametrize("case", sorted(INDEX_SOURCE))
+def test_an_index_source_that_does_not_fit_raises_as_on_the_cpu(case):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # index_reduce is in beta
+        same_error(INDEX_SOURCE[case], raised(INDEX_SOURCE[case], "cpu")[1].split(".")[0][:40])
