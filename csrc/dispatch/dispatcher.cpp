@@ -314,6 +314,8 @@ std::shared_ptr<const OpFacts> buildFacts(const c10::OperatorHandle& op) {
       f->kernel_check = K::ValuesIndicesOut;
     else if (base == "histc" || base == "uniform" || base == "bernoulli")
       f->kernel_check = K::ScalarRanges;
+    else if (base == "convolution" || base == "convolution_overrideable")
+      f->kernel_check = K::ConvWeight;
     else if (overload.find("out") != std::string::npos && sameDtypeUnary().count(base))
       f->kernel_check = K::SameDtypeOut;
     else if (in_place && overlapChecks().internal.count(base) && !products.count(base))

@@ -224,6 +224,18 @@ void checkScalarRanges(const std::string& base, const std::string& overload, con
   }
 }
 
+// convolution(input, weight, bias, stride, padding, dilation, transposed, output_padding,
+// groups): PyTorch's shape check (Convolution.cpp, every device) refuses a weight with fewer
+// than `groups` channels in dim 0; its meta kernel does not, and tpu returned an empty result.
+void checkConvWeight(const std::vector<IValue>& args) {
+  if (args.size() < 9 || !args[1].isTensor() || !args[8].isInt()) return;
+  const at::Tensor& weight = args[1].toTensor();
+  const int64_t groups = args[8].toInt();
+  if (weight.dim() == 0) return;
+  TORCH_CHECK(weight.size(0) >= groups, "Given groups=", groups, ", expected weight to be at least ", groups,
+              " at dimension 0, but got weight of size ", weight.sizes(), " instead");
+}
+
 }  // namespace
 
 // Checks PyTorch's CPU and CUDA kernels make that its meta kernels skip, so
@@ -301,6 +313,9 @@ void checkLikeKernels(KernelCheck check, const std::string& base, const std::str
       return;
     case K::ScalarRanges:
       checkScalarRanges(base, overload, args);
+      return;
+    case K::ConvWeight:
+      checkConvWeight(args);
       return;
     case K::Gather:  // gather(self, dim, index)
       if (const at::Tensor *self = tensor(0), *index = tensor(2); self && index && index->numel() > 0)  // as PyTorch

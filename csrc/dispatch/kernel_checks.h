@@ -28,8 +28,9 @@ enum class KernelCheck : uint8_t {
   ReductionDims,
   DegreesOfFreedom,
   ValuesIndicesOut,
-  ScalarRanges  // histc, uniform_, bernoulli: checks on scalar arguments that are not part of a
-                // program's signature, so a cached program would skip the meta kernel's check
+  ScalarRanges,  // histc, uniform_, bernoulli: checks on scalar arguments that are not part of a
+                 // program's signature, so a cached program would skip the meta kernel's check
+  ConvWeight     // convolution: at least `groups` output (or, transposed, input) channels
 };
 
 // Ops with an index into self's dim: a non-empty index into a dim of size 0 raises.

@@ -325,3 +325,23 @@ def test_an_index_source_that_does_not_fit_raises_as_on_the_cpu(case):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # index_reduce is in beta
         same_error(INDEX_SOURCE[case], raised(INDEX_SOURCE[case], "cpu")[1].split(".")[0][:40])
+
+
+# A convolution weight with fewer channels in dim 0 than groups (the zero-size walk: tpu gave an
+# empty result where PyTorch's shape check, on every device, raises).
+CONV_WEIGHTS = {
+    "conv1d(weight [0, 1, 3])": lambda d: F.conv1d(torch.randn(2, 1, 5, device=d), torch.randn(0, 1, 3, device=d)),
+    "conv2d(weight [0, 1, 3, 3])": lambda d: F.conv2d(torch.randn(1, 1, 5, 5, device=d),
+                                                     torch.randn(0, 1, 3, 3, device=d)),
+    "conv3d(empty batch, weight [0, ...])": lambda d: F.conv3d(torch.randn(0, 1, 5, 5, 5, device=d),
+                                                               torch.randn(0, 1, 4, 4, 4, device=d)),
+    "conv2d(groups=2, weight [1, ...])": lambda d: F.conv2d(torch.randn(1, 2, 5, 5, device=d),
+                                                           torch.randn(1, 1, 3, 3, device=d), groups=2),
+    "conv_transpose2d(weight [0, 1, 3, 3])": lambda d: F.conv_transpose2d(torch.randn(0, 0, 5, 5, device=d),
+                                                                         torch.randn(0, 1, 3, 3, device=d)),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CONV_WEIGHTS))
+def test_a_convolution_weight_with_too_few_channels_raises(case):
+    same_error(CONV_WEIGHTS[case], "expected weight to be at least")
