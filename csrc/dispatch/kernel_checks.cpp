@@ -226,7 +226,8 @@ void checkScalarRanges(const std::string& base, const std::string& overload, con
 
 // convolution(input, weight, bias, stride, padding, dilation, transposed, output_padding,
 // groups): PyTorch's shape check (Convolution.cpp, every device) refuses a weight with fewer
-// than `groups` channels in dim 0; its meta kernel does not, and tpu returned an empty result.
+// than `groups` channels in dim 0 (and, transposed, an input whose channels are not the
+// weight's dim 0); its meta kernel does not, and tpu returned an empty result.
 void checkConvWeight(const std::vector<IValue>& args) {
   if (args.size() < 9 || !args[1].isTensor() || !args[8].isInt()) return;
   const at::Tensor& weight = args[1].toTensor();
@@ -234,6 +235,14 @@ void checkConvWeight(const std::vector<IValue>& args) {
   if (weight.dim() == 0) return;
   TORCH_CHECK(weight.size(0) >= groups, "Given groups=", groups, ", expected weight to be at least ", groups,
               " at dimension 0, but got weight of size ", weight.sizes(), " instead");
+  // Transposed: the input's channels are the weight's dim 0 (the compiler refused a mismatch,
+  // and an input of 0 channels gave an empty result).
+  if (!args[0].isTensor() || !args[6].isBool() || !args[6].toBool()) return;
+  const at::Tensor& input = args[0].toTensor();
+  if (input.dim() != weight.dim()) return;  // unbatched: PyTorch adds the batch dim itself
+  TORCH_CHECK(input.size(1) == weight.size(0), "Given transposed=1, weight of size ", weight.sizes(),
+              ", expected input", input.sizes(), " to have ", weight.size(0), " channels, but got ", input.size(1),
+              " channels instead");
 }
 
 }  // namespace

@@ -345,3 +345,10 @@ CONV_WEIGHTS = {
 @pytest.mark.parametrize("case", sorted(CONV_WEIGHTS))
 def test_a_convolution_weight_with_too_few_channels_raises(case):
     same_error(CONV_WEIGHTS[case], "expected weight to be at least")
+
+
+@pytest.mark.parametrize("channels", [0, 2])
+def test_a_transposed_convolution_input_of_other_channels_raises(channels):
+    # 2: the compiler refused the program; 0: an empty result.
+    same_error(lambda d: F.conv_transpose2d(torch.randn(1, channels, 4, 4, device=d), torch.randn(3, 3, 3, 3, device=d)),
+               "to have 3 channels")
