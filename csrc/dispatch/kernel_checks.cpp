@@ -53,7 +53,7 @@ namespace {
 
 // add/sub(bool, bool, alpha=1.5): PyTorch's CPU and CUDA alpha check counts
 // bool as integral.
-void checkBoolAlpha(const std::vector<IValue>& args) {
+void checkBoolAlpha(const std::string&, const std::string&, const std::vector<IValue>& args) {
   if (args.size() < 3 || !args[0].isTensor() || args[0].toTensor().scalar_type() != at::kBool || !args[2].isScalar() ||
       !args[2].toScalar().isFloatingPoint())
     return;
@@ -84,7 +84,7 @@ void checkIndexSource(const std::string& base, const std::vector<IValue>& args) 
 
 // A non-empty index into a dimension of size 0: the CPU kernel's exception
 // type for each op (its words where they do not name an index value).
-void checkEmptyIndexed(const std::string& base, const std::vector<IValue>& args) {
+void checkEmptyIndexed(const std::string& base, const std::string&, const std::vector<IValue>& args) {
   if (args.size() < 3 || !args[0].isTensor()) return;
   if (base == "index_add" || base == "index_reduce") {
     checkIndexSource(base, args);
@@ -124,7 +124,7 @@ void checkEmptyIndexed(const std::string& base, const std::vector<IValue>& args)
 
 // Reductions over a dim: PyTorch's CPU and CUDA kernels keep the reduced dims in a 64-bit
 // mask, and max/min with a dim refuse an empty one (their meta kernels check neither).
-void checkReductionDims(const std::string& base, const std::vector<IValue>& args) {
+void checkReductionDims(const std::string& base, const std::string&, const std::vector<IValue>& args) {
   if (args.size() < 2 || !args[0].isTensor()) return;
   const at::Tensor& self = args[0].toTensor();
   const bool dim_given = args[1].isInt() || (args[1].isIntList() && !args[1].toIntList().empty());
@@ -164,7 +164,7 @@ void warnDegreesOfFreedom(const std::string& base, const std::string& overload, 
 
 // (values, indices) outputs of the sorting reductions: the CPU kernels' dtype checks, in
 // their words, where the meta kernels resize without checking.
-void checkValuesIndicesOut(const std::string& base, const std::vector<IValue>& args) {
+void checkValuesIndicesOut(const std::string& base, const std::string&, const std::vector<IValue>& args) {
   if (args.size() < 3 || !args[0].isTensor() || !args[args.size() - 2].isTensor() || !args.back().isTensor()) return;
   const at::ScalarType self = args[0].toTensor().scalar_type();
   const at::ScalarType values = args[args.size() - 2].toTensor().scalar_type();
@@ -228,7 +228,7 @@ void checkScalarRanges(const std::string& base, const std::string& overload, con
 // groups): PyTorch's shape check (Convolution.cpp, every device) refuses a weight with fewer
 // than `groups` channels in dim 0 (and, transposed, an input whose channels are not the
 // weight's dim 0); its meta kernel does not, and tpu returned an empty result.
-void checkConvWeight(const std::vector<IValue>& args) {
+void checkConvWeight(const std::string&, const std::string&, const std::vector<IValue>& args) {
   if (args.size() < 9 || !args[1].isTensor() || !args[8].isInt()) return;
   const at::Tensor& weight = args[1].toTensor();
   const int64_t groups = args[8].toInt();
@@ -244,6 +244,16 @@ void checkConvWeight(const std::vector<IValue>& args) {
               ", expected input", input.sizes(), " to have ", weight.size(0), " channels, but got ", input.size(1),
               " channels instead");
 }
+
+// The checks with a function of their own, by kind (the rest are written in checkLikeKernels).
+using Check = void (*)(const std::string& base, const std::string& overload, const std::vector<IValue>& args);
+const std::pair<KernelCheck, Check> kChecks[] = {{KernelCheck::BoolAlpha, checkBoolAlpha},
+                                                 {KernelCheck::EmptyIndexed, checkEmptyIndexed},
+                                                 {KernelCheck::ReductionDims, checkReductionDims},
+                                                 {KernelCheck::DegreesOfFreedom, warnDegreesOfFreedom},
+                                                 {KernelCheck::ValuesIndicesOut, checkValuesIndicesOut},
+                                                 {KernelCheck::ScalarRanges, checkScalarRanges},
+                                                 {KernelCheck::ConvWeight, checkConvWeight}};
 
 }  // namespace
 
@@ -271,7 +281,7 @@ void checkLikeKernels(KernelCheck check, const std::string& base, const std::str
       }
       TORCH_CHECK(c10::IntArrayRef(shape) == self->sizes(), "output with shape ", self->sizes(),
                   " doesn't match the broadcast shape ", c10::IntArrayRef(shape));
-      if (base == "add" || base == "sub") checkBoolAlpha(args);
+      if (base == "add" || base == "sub") checkBoolAlpha(base, overload, args);
       return;
     }
     case K::BoolResult: {  // all/any(out=): a bool result (uint8 for a uint8 input)
@@ -294,7 +304,7 @@ void checkLikeKernels(KernelCheck check, const std::string& base, const std::str
     case K::IndexSelect:  // index_select(self, dim, index)
       if (const at::Tensor* index = tensor(2))
         TORCH_CHECK_INDEX(index->dim() <= 1, "index_select(): Index is supposed to be a vector");
-      checkEmptyIndexed(base, args);
+      checkEmptyIndexed(base, overload, args);
       return;
     case K::SameDtypeOut: {  // neg(x, out=y): y has x's dtype (abs of a complex x: its real type)
       const at::Tensor *self = tensor(0), *out = nullptr;
@@ -305,32 +315,15 @@ void checkLikeKernels(KernelCheck check, const std::string& base, const std::str
       TORCH_CHECK(out->scalar_type() == want, "Found dtype ", out->scalar_type(), " but expected ", want);
       return;
     }
-    case K::BoolAlpha:
-      checkBoolAlpha(args);
-      return;
-    case K::EmptyIndexed:
-      checkEmptyIndexed(base, args);
-      return;
-    case K::ReductionDims:
-      checkReductionDims(base, args);
-      return;
-    case K::DegreesOfFreedom:
-      warnDegreesOfFreedom(base, overload, args);
-      return;
-    case K::ValuesIndicesOut:
-      checkValuesIndicesOut(base, args);
-      return;
-    case K::ScalarRanges:
-      checkScalarRanges(base, overload, args);
-      return;
-    case K::ConvWeight:
-      checkConvWeight(args);
+    default:  // a check with a function of its own
+      for (const auto& [k, fn] : kChecks)
+        if (k == check) return fn(base, overload, args);
       return;
     case K::Gather:  // gather(self, dim, index)
       if (const at::Tensor *self = tensor(0), *index = tensor(2); self && index && index->numel() > 0)  // as PyTorch
         TORCH_CHECK(std::max<int64_t>(self->dim(), 1) == std::max<int64_t>(index->dim(), 1),
                     "Index tensor must have the same number of dimensions as input tensor");
-      checkEmptyIndexed(base, args);
+      checkEmptyIndexed(base, overload, args);
       return;
   }
 }
