@@ -376,7 +376,7 @@ class _EntryStats(NamedTuple):
 
 
 class _CacheStats(NamedTuple):
-    num_cache_reqs: int  # programs looked up by signature
+    num_cache_reqs: int  # programs strict eager looked up by signature (fused graphs are not counted)
     num_cache_hits: int  # ... and found in memory
     peak_compilation_host_memory_bytes: Optional[int]  # not measured: None
     per_entry_stats: list  # one _EntryStats per program held
