@@ -23,8 +23,9 @@ model = LlamaForCausalLM(config)
 g = torch.Generator().manual_seed(1)
 ids = torch.randint(0, 64, (16, 12), generator=g)
 dataset = [{"input_ids": ids[i], "labels": ids[i]} for i in range(16)]
+output = tempfile.TemporaryDirectory()  # removed at exit
 args = TrainingArguments(
-    output_dir=tempfile.mkdtemp(),
+    output_dir=output.name,
     per_device_train_batch_size=4 // world,
     max_steps=3,
     learning_rate=1e-2,
@@ -47,4 +48,5 @@ print("RESULT " + json.dumps({
     "device": str(trainer.accelerator.device), "group": dist.get_world_size() if dist.is_initialized() else 1,
     "ddp": type(trainer.model_wrapped).__name__,
 }), flush=True)
+output.cleanup()
 sys.exit(0)
