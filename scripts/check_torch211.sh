@@ -21,6 +21,10 @@ if [ ! -x "$VENV/bin/python" ]; then
   python3 -m venv "$VENV"
 fi
 PY=$VENV/bin/python
+# The checks below import torch from this folder, where ./torch_tpu is the main build (for torch
+# 2.13): torch's backend autoload would load it into torch 2.11 once a run has installed
+# torch_tpu in this venv (a second run of the gate in one checkout failed so).
+export TORCH_DEVICE_BACKEND_AUTOLOAD=0
 if ! "$PY" -c "import torch, xla_plugins.xla_cpu_pjrt, pytest, xdist, ninja, cmake, transformers, expecttest" 2>/dev/null; then
   "$PY" -m pip install -q --upgrade pip >/dev/null 2>&1 || true
   "$PY" -m pip install -q "torch==2.11.0" numpy pytest pytest-xdist expecttest ninja "cmake>=3.24" "setuptools>=70" wheel \
@@ -42,6 +46,7 @@ rm -rf "$SRC" && mv "$SRC.new" "$SRC"
 
 export PATH="$VENV/bin:$PATH"
 cd "$SRC"
+unset TORCH_DEVICE_BACKEND_AUTOLOAD  # from here on, torch_tpu is this folder's build for torch 2.11
 if [ ! -f build/build.ninja ]; then
   # ccache sees paths relative to the checkout (this environment lies outside the copy), so
   # the next clean clone's check compiles nothing that did not change.
