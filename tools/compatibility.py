@@ -106,9 +106,6 @@ def _vllm_entry_point() -> Optional[str]:
     return None
 
 
-import importlib  # noqa: E402
-
-
 def _site_packages() -> list:
     import site
 

@@ -160,8 +160,7 @@ def _patch_distributed(cls) -> None:
     def _prepare_backend(self, cpu=False, sagemaker_dp=False, backend=None):
         got, kind = prepare(self, cpu, sagemaker_dp, backend)
         under_torchrun = int(_env.get("LOCAL_RANK", "-1") or -1) != -1
-        on_tpu = torch.accelerator.current_accelerator() is not None and \
-            torch.accelerator.current_accelerator().type == "tpu"
+        on_tpu = getattr(torch.accelerator.current_accelerator(), "type", None) == "tpu"
         if kind == DistributedType.NO and under_torchrun and not cpu and on_tpu and _tpu_available():
             return backend or "tpu_dist", multi
         return got, kind
