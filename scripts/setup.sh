@@ -70,6 +70,14 @@ if ! "$PY" -c "import ray.train" 2>/dev/null; then
   "$PY" -m pip install -q "torch==2.13.0" "ray[train]==2.60.0" >/dev/null 2>&1 ||
     echo "setup: could not install ray; the Ray Train test will be skipped"
 fi
+# TorchRec on tpu (tests/python/test_torchrec.py). torchrec names the CUDA fbgemm-gpu: it comes
+# --no-deps, beside FBGEMM's CPU build (1.8.0: 1.9.0 fails to load on torch 2.13) and the rest
+# of what it imports.
+if ! "$PY" -c "import torchrec, fbgemm_gpu" 2>/dev/null; then
+  { "$PY" -m pip install -q "torch==2.13.0" "fbgemm-gpu-cpu==1.8.0" tensordict "torchmetrics==1.0.3" pyre-extensions \
+      iopath >/dev/null 2>&1 && "$PY" -m pip install -q --no-deps "torchrec==1.9.2" >/dev/null 2>&1; } ||
+    echo "setup: could not install torchrec; the TorchRec tests will be skipped"
+fi
 # JAX lowers JAX and Pallas kernels to StableHLO (torch_tpu.kernels); optional for users.
 if ! "$PY" -c "import jax" 2>/dev/null; then
   "$PY" -m pip install -q "torch==2.13.0" "jax>=0.8" >/dev/null 2>&1 ||

@@ -121,6 +121,10 @@ from . import _dynamo_device  # noqa: E402
 
 _dynamo_device.install()  # Dynamo's tpu device interface; Inductor on tpu tensors compiles with ours
 
+from . import _torchrec  # noqa: E402
+
+_torchrec.install()  # FBGEMM's and TorchRec's operators on tpu, once those libraries load
+
 from . import _env  # noqa: E402
 
 if "1" in (_env.get("TPU_LAUNCH_BLOCKING", ""), _env.get("TORCH_TPU_LAUNCH_BLOCKING", "")):  # ours, Google's

@@ -1,11 +1,13 @@
 // torch_tpu._C: the Python-facing entry points of the C++ core.
 #include <torch/csrc/Generator.h>
 #include <torch/csrc/autograd/autograd.h>
+#include <torch/csrc/jit/python/pybind_utils.h>
 #include <torch/extension.h>
 
 #include "aten/kernels.h"
 #include "aten/tpu.h"
 #include "compile/capture.h"
+#include "dispatch/fallback.h"
 #include "distributed/tpu_dist.h"
 #include "fused/engine/fused_graph.h"
 #include "ops/kernel_slots.h"
@@ -247,6 +249,19 @@ PYBIND11_MODULE(_C, m) {
         [](std::vector<std::string> names) { aten::setDisabledLowerings(std::move(names)); });
   m.def("_disabled_lowerings", [] { return aten::disabledLowerings(); });
   m.def("_fallback_is_error", []() { return aten::fallbackIsError(); });
+  // The CPU fallback for a Python kernel's case it has no tpu program for (a
+  // library op registered from Python): counted, warned and refused like any
+  // other fallback. Returns the op's results as the op itself would.
+  m.def("_cpu_fallback", [](const std::string& name, const std::string& overload, const std::string& why, py::args args,
+                            const py::kwargs& kwargs) {
+    const auto op = c10::Dispatcher::singleton().findSchemaOrThrow(name.c_str(), overload.c_str());
+    torch::jit::Stack stack = torch::jit::createStackForSchema(op.schema(), args, kwargs, std::nullopt);
+    {
+      py::gil_scoped_release no_gil;
+      aten::cpuFallback(op, &stack, why);
+    }
+    return torch::jit::createPyObjectForStack(std::move(stack));
+  });
   // User kernels (torch_tpu.kernels): types as (dtype name, shape) pairs.
   using TypeList = std::vector<std::pair<std::string, std::vector<int64_t>>>;
   auto irTypes = [](const TypeList& ts) {

@@ -1,0 +1,555 @@
+"""TorchRec and FBGEMM on tpu, natively: tpu kernels for the FBGEMM and TorchRec operators that
+TorchRec's sharded embedding modules call, registered for PrivateUse1 when the library loads.
+
+FBGEMM registers its operators for the CPU and CUDA only, so on tpu tensors they would run
+through the CPU fallback (a copy in and out per call, refused under TORCH_TPU_FALLBACK=error).
+Here each is written once over ATen ops that torch_tpu lowers (gathers, scatters, prefix sums,
+embedding_bag), so an EmbeddingBagCollection sharded by DistributedModelParallel runs on tpu end
+to end:
+
+- the sparse-data ops of the input and output distributions (``permute_{1D,2D}_sparse_data``,
+  ``block_bucketize_sparse_features``, the cumsums, ``invert_permute``,
+  ``permute_pooled_embs*``, jagged/dense conversions);
+- the table-batched embedding (TBE) lookup with its optimizer fused into the backward, which the
+  planner's ``fused`` kernel builds (``split_embedding_codegen_lookup_*_function_pt2``): SGD,
+  exact Adagrad and exact row-wise Adagrad, checked against FBGEMM's own CPU kernels;
+- TorchRec's ``torchrec::embedding_*`` lookups (its ``unfused_tpu`` kernel).
+
+Where a call uses an option written here for no tpu path (variable batch sizes per feature,
+gradient clipping, weight decay modes other than L2), the operator raises NotImplementedError
+saying which, or, for the sparse-data ops, runs through torch_tpu's CPU fallback: counted in
+``torch_tpu.metrics()``, warned once, refused under ``TORCH_TPU_FALLBACK=error``.
+Data-dependent output sizes (the permuted values' length) are read from the device once per call,
+as FBGEMM's own CUDA kernels do.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import _C
+
+_KEYS = ("PrivateUse1", "AutogradPrivateUse1")
+_libs: list = []  # torch.library handles: kept alive, or the registrations go with them
+
+
+def _fallback(op: str, why: str, *args, **kwargs):
+    """The op through torch_tpu's CPU fallback (counted, warned, refused under =error)."""
+    name, _, overload = op.partition(".")
+    return _C._cpu_fallback(name, overload, why, *args, **kwargs)
+
+
+def _register(namespace: str, kernels: dict, keys=_KEYS) -> None:
+    lib = torch.library.Library(namespace, "IMPL")
+    for name, fn in kernels.items():
+        for key in keys:
+            lib.impl(name, fn, key)
+    _libs.append(lib)
+
+
+# --- jagged and sparse-data ops --------------------------------------------------------------
+
+
+def complete_cumsum(t: torch.Tensor) -> torch.Tensor:
+    """[0, t0, t0+t1, ...] along the last dim (FBGEMM's asynchronous_complete_cumsum)."""
+    zero = torch.zeros(*t.shape[:-1], 1, dtype=t.dtype, device=t.device)
+    return torch.cat([zero, torch.cumsum(t, -1).to(t.dtype)], -1)
+
+
+def _exclusive_cumsum(t):
+    return complete_cumsum(t)[..., :-1]
+
+
+def _inclusive_cumsum(t):
+    return torch.cumsum(t, -1).to(t.dtype)
+
+
+def segment_of(offsets: torch.Tensor, n: int) -> torch.Tensor:
+    """The segment (0-based) each of n positions falls in, given complete offsets [S+1]."""
+    pos = torch.arange(n, device=offsets.device, dtype=offsets.dtype)
+    return torch.searchsorted(offsets[1:].contiguous(), pos, right=True)
+
+
+def _permute_segments(permute, seg_lengths, values, weights, total):
+    """Values (and weights) of segments taken in `permute`'s order; seg_lengths per segment."""
+    in_off = complete_cumsum(seg_lengths.long())
+    out_len = seg_lengths.long()[permute.long()]
+    out_off = complete_cumsum(out_len)
+    if total is None:
+        total = int(out_off[-1])  # the output's size: one host read, as FBGEMM's CUDA kernel does
+    seg = segment_of(out_off, total)
+    src = in_off[permute.long()[seg]] + (torch.arange(total, device=values.device) - out_off[seg])
+    return values[src], (weights[src] if weights is not None else None)
+
+
+def _permute_2d(permute, lengths, values, weights=None, permuted_lengths_sum=None):
+    lengths2 = lengths.reshape(lengths.shape[0], -1) if lengths.dim() > 1 else lengths.reshape(-1, 1)
+    out_lengths = lengths2[permute.long()]
+    v, w = _permute_segments(permute, lengths2.sum(1), values, weights, permuted_lengths_sum)
+    return out_lengths.reshape(permute.shape[0], *lengths.shape[1:]), v, w
+
+
+def _permute_1d(permute, lengths, values, weights=None, permuted_lengths_sum=None):
+    v, w = _permute_segments(permute, lengths, values, weights, permuted_lengths_sum)
+    return lengths[permute.long()], v, w
+
+
+def _invert_permute(permute):
+    out = torch.empty_like(permute)
+    return out.scatter_(0, permute.long(), torch.arange(permute.numel(), device=permute.device, dtype=permute.dtype))
+
+
+def _block_bucketize(lengths, indices, bucketize_pos, sequence, block_sizes, my_size, weights=None,
+                     batch_size_per_feature=None, max_B=-1, block_bucketize_pos=None, keep_orig_idx=False,
+                     total_num_blocks=None, keep_orig_idx_per_feature=None):
+    """Row-wise sharding's split of each feature's ids into `my_size` buckets of `block_sizes`
+    rows: bucket p holds ids in [p*bs, (p+1)*bs) renumbered from 0 (ids past the last block go
+    to bucket id % my_size, as id // my_size). Output is bucket-major, then feature and sample,
+    ids of a sample in their order."""
+    if batch_size_per_feature is not None or block_bucketize_pos is not None or total_num_blocks is not None \
+            or keep_orig_idx_per_feature is not None:
+        return _fallback("fbgemm::block_bucketize_sparse_features", "variable batch sizes or block boundaries",
+                         lengths, indices, bucketize_pos, sequence, block_sizes, my_size, weights,
+                         batch_size_per_feature, max_B, block_bucketize_pos, keep_orig_idx, total_num_blocks,
+                         keep_orig_idx_per_feature)
+    dev = indices.device
+    n, segs, feats = indices.numel(), lengths.numel(), block_sizes.numel()
+    batch = segs // max(feats, 1)
+    off = complete_cumsum(lengths.long())
+    seg = segment_of(off, n)
+    ids = indices.long()
+    bs = block_sizes.long()[torch.div(seg, batch, rounding_mode="floor")]
+    in_blocks = ids < bs * my_size
+    bucket = torch.where(in_blocks, torch.div(ids, bs, rounding_mode="floor"), ids % my_size)
+    new_ids = ids if keep_orig_idx else torch.where(in_blocks, ids % bs, torch.div(ids, my_size, rounding_mode="floor"))
+    key = bucket * segs + seg
+    order = torch.sort(key, stable=True).indices
+    new_lengths = torch.zeros(my_size * segs, dtype=lengths.dtype, device=dev)
+    new_lengths.index_add_(0, key, torch.ones(n, dtype=lengths.dtype, device=dev))
+    pos = (torch.arange(n, device=dev) - off[seg])[order].to(indices.dtype) if bucketize_pos else None
+    unbucketize = _invert_permute(order).to(indices.dtype) if sequence else None
+    w = weights[order] if weights is not None else None
+    return new_lengths, new_ids[order].to(indices.dtype), w, pos, unbucketize
+
+
+def _permute_columns(pooled, offset_dim_list, permute_list):
+    """Column blocks of `pooled` ([B, sum(dims)]) in `permute_list`'s order."""
+    dims = (offset_dim_list[1:] - offset_dim_list[:-1]).long()
+    perm = permute_list.long()
+    out_off = complete_cumsum(dims[perm])
+    cols = torch.arange(pooled.shape[1], device=pooled.device)
+    block = segment_of(out_off, pooled.shape[1])
+    return pooled[:, offset_dim_list.long()[perm[block]] + cols - out_off[block]]
+
+
+def _permute_pooled_embs(pooled, offset_dim_list, permute_list, inv_offset_dim_list, inv_permute_list):
+    return _permute_columns(pooled, offset_dim_list, permute_list)
+
+
+def _jagged_2d_to_dense(values, offsets, max_sequence_length):
+    """[B, max_len, D] from jagged rows (values [N, D], offsets [B+1]); zeros past each length."""
+    return _jagged_to_padded_dense(values, [offsets], [max_sequence_length], 0.0)
+
+
+def _jagged_to_padded_dense(values, offsets, max_lengths, padding_value=0.0):
+    if len(offsets) != 1:
+        return _fallback("fbgemm::jagged_to_padded_dense_forward", "more than one jagged dim", values, offsets,
+                         max_lengths, padding_value)
+    off = offsets[0].long()
+    b, m = off.numel() - 1, int(max_lengths[0])
+    j = torch.arange(m, device=values.device)
+    src = off[:-1, None] + j[None, :]
+    valid = j[None, :] < (off[1:] - off[:-1])[:, None]
+    rows = values[torch.where(valid, src, torch.zeros_like(src)).clamp(max=max(values.shape[0] - 1, 0))]
+    mask = valid.reshape(b, m, *([1] * (values.dim() - 1)))
+    return torch.where(mask, rows, torch.full_like(rows, padding_value))
+
+
+def _dense_to_jagged_forward(dense, offsets, total_L=None):
+    off = offsets[0].long()
+    total = int(off[-1]) if total_L is None else int(total_L)
+    seg = segment_of(off, total)
+    return dense[seg, torch.arange(total, device=dense.device) - off[seg]]
+
+
+def _segment_sum_csr(batch_size, csr_seg, values):
+    seg = segment_of(csr_seg.long() * batch_size, values.numel())
+    out = torch.zeros(csr_seg.numel() - 1, dtype=values.dtype, device=values.device)
+    return out.index_add_(0, seg, values)
+
+
+def _offsets_range(offsets, range_size):
+    """For each position in [0, range_size), its distance from the start of its segment."""
+    pos = torch.arange(range_size, device=offsets.device)
+    seg = torch.searchsorted(offsets.long().contiguous(), pos, right=True) - 1
+    return (pos - offsets.long()[seg]).to(offsets.dtype)
+
+
+def _lengths_range(t_in, shape=None):
+    total = int(t_in.sum())
+    off = complete_cumsum(t_in.long())
+    seg = segment_of(off, total)
+    out = (torch.arange(total, device=t_in.device) - off[seg]).to(t_in.dtype)
+    return out.reshape(shape) if shape else out
+
+
+def _get_infos_metadata(unused, B, T):
+    # Bit widths for FBGEMM's packed (batch, feature) ids: a function of B and T only; the tensor
+    # argument is not read, so the CPU kernel runs on an empty CPU tensor.
+    return torch.ops.fbgemm.get_infos_metadata(torch.empty(0), B, T)
+
+
+def _bounds_check_indices(rows_per_table, indices, offsets, bounds_check_mode, warning, weights=None,
+                          B_offsets=None, max_B=-1, b_t_map=None, info_B_num_bits=-1, info_B_mask=-1,
+                          bounds_check_version=1, prefetch_pipeline=False):
+    """FBGEMM's check of ids against their table's rows before a TBE lookup: FATAL raises, WARNING
+    and IGNORE replace a bad id by 0 (WARNING counts them in `warning`), NONE does nothing."""
+    mode = {4: 2, 5: 1, 6: 0}.get(bounds_check_mode, bounds_check_mode)  # V2_IGNORE, V2_WARNING, V2_FATAL
+    if mode == 3 or indices.numel() == 0:
+        return
+    if B_offsets is not None:
+        return _fallback("fbgemm::bounds_check_indices", "variable batch sizes per feature", rows_per_table, indices,
+                         offsets, bounds_check_mode, warning, weights, B_offsets, max_B, b_t_map, info_B_num_bits,
+                         info_B_mask, bounds_check_version, prefetch_pipeline)
+    tables = rows_per_table.numel()
+    batch = (offsets.numel() - 1) // tables
+    feature = torch.div(segment_of(offsets.long(), indices.numel()).clamp(max=offsets.numel() - 2), batch,
+                        rounding_mode="floor")
+    ids = indices.long()
+    bad = (ids < 0) | (ids >= rows_per_table.long()[feature])
+    if mode == 0:
+        if bool(bad.any()):
+            raise RuntimeError("fbgemm bounds_check_indices: an index is outside its table's rows (BoundsCheckMode.FATAL)")
+        return
+    if mode == 1:
+        warning.add_(bad.sum().to(warning.dtype))
+    indices.copy_(torch.where(bad, torch.zeros_like(indices), indices))
+
+
+SPARSE_OPS = {
+    "bounds_check_indices": _bounds_check_indices,
+    "get_infos_metadata": _get_infos_metadata,
+    "asynchronous_complete_cumsum": complete_cumsum,
+    "asynchronous_exclusive_cumsum": _exclusive_cumsum,
+    "asynchronous_inclusive_cumsum": _inclusive_cumsum,
+    "permute_2D_sparse_data": _permute_2d,
+    "permute_1D_sparse_data": _permute_1d,
+    "invert_permute": _invert_permute,
+    "block_bucketize_sparse_features": _block_bucketize,
+    "permute_pooled_embs": _permute_pooled_embs,
+    "permute_pooled_embs_auto_grad": _permute_pooled_embs,
+    "permute_pooled_embs_auto_grad_split": _permute_pooled_embs,
+    "jagged_2d_to_dense": _jagged_2d_to_dense,
+    "jagged_to_padded_dense_forward": _jagged_to_padded_dense,
+    "dense_to_jagged_forward": _dense_to_jagged_forward,
+    "segment_sum_csr": _segment_sum_csr,
+    "offsets_range": _offsets_range,
+    "lengths_range": _lengths_range,
+}
+
+
+# --- TorchRec's own lookups (torchrec::embedding_*, its unfused_tpu kernel) -------------------
+
+
+def _rec_lookup(indices, weights, emb_dim):
+    return weights[indices.long()]
+
+
+def _rec_lookup_backward(grad_out, indices, num_rows, emb_dim):
+    return grad_out.new_zeros((num_rows, emb_dim)).index_add_(0, indices.long(), grad_out)
+
+
+def _rec_pooled_lookup(idx, table, pool):
+    b = idx.numel() // pool
+    return torch.nn.functional.embedding_bag(idx.reshape(b, pool), table, mode="sum")
+
+
+def _rec_pooled_lookup_backward(grad_out, idx, pool, num_rows, emb_dim):
+    return grad_out.new_zeros((num_rows, emb_dim)).index_add_(0, idx.long(),
+                                                             grad_out.repeat_interleave(pool, dim=0))
+
+
+def _rec_pooled_offset(indices, offsets, weights, emb_dim):
+    # TorchRec's offsets are complete ([B+1]); indices past the last offset are padding.
+    return torch.nn.functional.embedding_bag(indices, weights, offsets, mode="sum", include_last_offset=True)
+
+
+def _rec_pooled_offset_backward(grad_out, indices, offsets, num_rows, emb_dim):
+    bag = segment_of(offsets.long(), indices.numel())
+    valid = bag < offsets.numel() - 1
+    rows = grad_out[bag.clamp(max=grad_out.shape[0] - 1)] * valid[:, None]
+    return grad_out.new_zeros((num_rows, emb_dim)).index_add_(0, indices.long(), rows)
+
+
+def _rec_pooled_batched_offset(indices, offsets, weights, row_offsets, emb_dim):
+    bag = segment_of(offsets.long(), indices.numel()).clamp(max=offsets.numel() - 2)
+    return _rec_pooled_offset(indices.long() + row_offsets.long()[bag], offsets, weights, emb_dim)
+
+
+def _rec_pooled_batched_offset_backward(grad_out, indices, offsets, row_offsets, num_rows, emb_dim):
+    bag = segment_of(offsets.long(), indices.numel()).clamp(max=offsets.numel() - 2)
+    return _rec_pooled_offset_backward(grad_out, indices.long() + row_offsets.long()[bag], offsets, num_rows,
+                                       emb_dim)
+
+
+def _rec_permute_pooled_embs_backward(grad_out, offset_dim_list, permute_list):
+    dims = (offset_dim_list[1:] - offset_dim_list[:-1]).long()
+    inv = _invert_permute(permute_list.long())
+    return _permute_columns(grad_out, complete_cumsum(dims[permute_list.long()]), inv)
+
+
+TORCHREC_OPS = {
+    "embedding_lookup": _rec_lookup,
+    "embedding_lookup_backward": _rec_lookup_backward,
+    "embedding_pooled_lookup": _rec_pooled_lookup,
+    "embedding_pooled_lookup_backward": _rec_pooled_lookup_backward,
+    "embedding_pooled_lookup_offset": _rec_pooled_offset,
+    "embedding_pooled_lookup_offset_backward": _rec_pooled_offset_backward,
+    "embedding_pooled_batched_lookup_offset": _rec_pooled_batched_offset,
+    "embedding_pooled_batched_lookup_offset_backward": _rec_pooled_batched_offset_backward,
+    "permute_pooled_embs": _permute_columns,
+    "permute_pooled_embs_backward": _rec_permute_pooled_embs_backward,
+}
+
+
+# --- the table-batched embedding (TBE) with its optimizer fused into the backward ------------
+#
+# FBGEMM's TBE keeps every table of a group in one flat buffer (`host_weights` off CUDA): feature
+# f's table starts at element weights_offsets[f], has rows hash_size_cumsum[f+1] -
+# hash_size_cumsum[f] of D_offsets[f+1] - D_offsets[f] columns. The lookup pools each of the
+# T * B bags (offsets, feature-major) into its feature's columns of a [B, total_D] output. The
+# backward does not return a gradient: it updates the tables (and the optimizer's state) in place.
+
+_SPARSE_DTYPES = {0: torch.float32, 1: torch.float16, 5: torch.bfloat16}
+_POOL_SUM, _POOL_MEAN, _POOL_NONE = 0, 1, 2
+
+
+class _TbeLayout:
+    """The host-side facts of one TBE's buffers, read from the device once and kept on its
+    D_offsets tensor: per feature its columns, its table's first element and rows; per physical
+    table (features may share one) its rows' first element and state offset."""
+
+    def __init__(self, D_offsets, weights_offsets, hash_size_cumsum, state_offsets):
+        d_off = D_offsets.cpu().tolist()
+        w_off = weights_offsets.cpu().tolist()
+        h = hash_size_cumsum.cpu().tolist()
+        self.T = len(d_off) - 1
+        self.dims = [d_off[f + 1] - d_off[f] for f in range(self.T)]
+        self.max_D = max(self.dims)
+        self.total_D = d_off[-1]
+        rows = [h[f + 1] - h[f] for f in range(self.T)]
+        # Physical tables: features with the same first element share a table.
+        first_of = {}
+        self.table_of = [first_of.setdefault(w_off[f], len(first_of)) for f in range(self.T)]
+        n_tables = len(first_of)
+        t_rows, t_dim, t_woff = [0] * n_tables, [0] * n_tables, [0] * n_tables
+        for f in range(self.T):
+            t = self.table_of[f]
+            t_rows[t], t_dim[t], t_woff[t] = rows[f], self.dims[f], w_off[f]
+        self.row_base = [0]
+        for r in t_rows:
+            self.row_base.append(self.row_base[-1] + r)
+        self.total_rows = self.row_base[-1]
+        dev = D_offsets.device
+        long = dict(dtype=torch.long, device=dev)
+        self.f_dim = torch.tensor(self.dims, **long)
+        self.f_woff = torch.tensor(w_off, **long)
+        self.f_rowbase = torch.tensor([self.row_base[self.table_of[f]] for f in range(self.T)], **long)
+        # Each physical row's elements in the flat buffer ([total_rows, max_D]) and which are real.
+        row_table = torch.repeat_interleave(torch.arange(n_tables), torch.tensor(t_rows))
+        local = torch.arange(self.total_rows) - torch.tensor(self.row_base[:-1])[row_table]
+        cols = torch.arange(self.max_D)
+        dim = torch.tensor(t_dim)[row_table]
+        flat = torch.tensor(t_woff)[row_table, None] + local[:, None] * dim[:, None] + cols[None, :]
+        self.row_cols_valid = (cols[None, :] < dim[:, None]).to(dev)
+        self.row_elems = torch.where(self.row_cols_valid.cpu(), flat, torch.zeros_like(flat)).to(dev)
+        # Output column c comes from feature f(c)'s pooled column j(c).
+        out_f = torch.repeat_interleave(torch.arange(self.T), torch.tensor(self.dims))
+        out_j = torch.arange(self.total_D) - torch.tensor(d_off[:-1])[out_f]
+        self.out_cols = (out_f * self.max_D + out_j).to(dev)
+        # Optimizer state (momentum) offsets per physical table, when the state is per row.
+        self.t_state = None
+        if state_offsets is not None:
+            s_off = state_offsets.cpu().tolist()
+            t_state = [0] * n_tables
+            for f in range(self.T):
+                t_state[self.table_of[f]] = s_off[f]
+            self.t_state = t_state
+            self.row_state = (torch.tensor(t_state)[row_table] + local).to(dev)
+
+    @classmethod
+    def of(cls, D_offsets, weights_offsets, hash_size_cumsum, state_offsets=None):
+        layout = getattr(D_offsets, "_torch_tpu_tbe_layout", None)
+        if layout is None:
+            layout = cls(D_offsets, weights_offsets, hash_size_cumsum, state_offsets)
+            D_offsets._torch_tpu_tbe_layout = layout
+        return layout
+
+
+def _tbe_rows(layout, indices, offsets):
+    """For each index: its bag and its physical row ([n] each)."""
+    n = indices.numel()
+    bag = segment_of(offsets.long(), n).clamp(max=offsets.numel() - 2)
+    batch = (offsets.numel() - 1) // layout.T
+    feature = torch.div(bag, batch, rounding_mode="floor")
+    row = layout.f_rowbase[feature] + indices.long()
+    return bag, row
+
+
+def _tbe_forward(layout, host_weights, indices, offsets, pooling_mode, indice_weights, out_dtype):
+    bag, row = _tbe_rows(layout, indices, offsets)
+    bags = offsets.numel() - 1
+    vals = host_weights[layout.row_elems[row]] * layout.row_cols_valid[row]
+    if pooling_mode == _POOL_NONE:
+        return vals[:, : layout.max_D].to(out_dtype)
+    if indice_weights is not None:
+        vals = vals * indice_weights[:, None].to(vals.dtype)
+    pooled = torch.zeros(bags, layout.max_D, dtype=vals.dtype, device=vals.device).index_add_(0, bag, vals)
+    if pooling_mode == _POOL_MEAN:
+        count = (offsets[1:] - offsets[:-1]).clamp(min=1)
+        pooled = pooled / count[:, None].to(pooled.dtype)
+    batch = bags // layout.T
+    out = pooled.reshape(layout.T, batch, layout.max_D).permute(1, 0, 2).reshape(batch, -1)
+    return out[:, layout.out_cols].to(out_dtype)
+
+
+def _tbe_row_grads(layout, grad, indices, offsets, pooling_mode, indice_weights):
+    """The gradient of each physical row, summed over its occurrences ([total_rows, max_D]), and
+    which rows occurred ([total_rows] bool)."""
+    bag, row = _tbe_rows(layout, indices, offsets)
+    bags = offsets.numel() - 1
+    grad = grad.float()
+    if pooling_mode == _POOL_NONE:
+        per = torch.nn.functional.pad(grad, (0, layout.max_D - grad.shape[1]))
+    else:
+        batch = bags // layout.T
+        by_bag = torch.zeros(batch, layout.T * layout.max_D, dtype=grad.dtype, device=grad.device)
+        by_bag[:, layout.out_cols] = grad
+        by_bag = by_bag.reshape(batch, layout.T, layout.max_D).permute(1, 0, 2).reshape(bags, layout.max_D)
+        if pooling_mode == _POOL_MEAN:
+            by_bag = by_bag / (offsets[1:] - offsets[:-1]).clamp(min=1)[:, None].to(grad.dtype)
+        per = by_bag[bag]
+        if indice_weights is not None:
+            per = per * indice_weights[:, None].float()
+    per = per * layout.row_cols_valid[row]
+    g = torch.zeros(layout.total_rows, layout.max_D, dtype=grad.dtype, device=grad.device).index_add_(0, row, per)
+    seen = torch.zeros(layout.total_rows, dtype=torch.bool, device=grad.device)
+    seen[row] = True
+    return g, seen
+
+
+def _update_rows(host_weights, layout, new_rows):
+    """Writes rows ([total_rows, max_D]) back into the flat buffer (the real columns only)."""
+    flat = layout.row_elems[layout.row_cols_valid]
+    host_weights.index_put_((flat,), new_rows[layout.row_cols_valid].to(host_weights.dtype))
+
+
+def _apply_optimizer(name, args, layout, g, seen):
+    w_flat = args["weights"][0]
+    rows = w_flat[layout.row_elems].float()
+    lr = args["learning_rate_tensor"].float()
+    opt_f = list(args.get("optim_float") or [])
+    if name == "sgd":
+        new = rows - lr * g
+    elif name == "adagrad":
+        eps = opt_f[0]
+        m_flat = args["momentum1"][0]
+        m = m_flat[layout.row_elems].float() + g * g
+        new = rows - lr * g / (m.sqrt() + eps)
+        _update_rows(m_flat, layout, torch.where(seen[:, None], m, m_flat[layout.row_elems].float()))
+    elif name == "rowwise_adagrad":
+        eps, weight_decay = opt_f[0], opt_f[1]
+        decay_mode = (args.get("optim_int") or [0])[0]
+        if weight_decay != 0 and decay_mode != 1:
+            raise NotImplementedError("torch_tpu: row-wise Adagrad on tpu supports weight decay mode L2 (1) only; "
+                                      f"got mode {decay_mode}")
+        if weight_decay != 0:
+            g = g + weight_decay * rows * seen[:, None]
+        dims = layout.row_cols_valid.sum(1).float()
+        m_flat = args["momentum1"][0]
+        m = m_flat[layout.row_state].float() + (g * g).sum(1) / dims
+        new = rows - (lr / (m.sqrt() + eps))[:, None] * g
+        m_flat.index_put_((layout.row_state,), torch.where(seen, m, m_flat[layout.row_state].float()).to(m_flat.dtype))
+    else:
+        raise NotImplementedError(f"torch_tpu: the TBE optimizer {name!r} has no tpu kernel (sgd, adagrad and "
+                                  "rowwise_adagrad do)")
+    _update_rows(w_flat, layout, torch.where(seen[:, None], new, rows))
+
+
+class _TbeLookup(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, placeholder, name, args):
+        layout = _tbe_layout(name, args)
+        ctx.name, ctx.args, ctx.layout = name, args, layout
+        out_dtype = _SPARSE_DTYPES.get(args["output_dtype"], args["weights"][0].dtype)
+        return _tbe_forward(layout, args["weights"][0], args["indices"], args["offsets"], args["pooling_mode"],
+                            args["indice_weights"], out_dtype)
+
+    @staticmethod
+    def backward(ctx, grad):
+        a = ctx.args
+        with torch.no_grad():
+            g, seen = _tbe_row_grads(ctx.layout, grad, a["indices"], a["offsets"], a["pooling_mode"],
+                                     a["indice_weights"])
+            _apply_optimizer(ctx.name, a, ctx.layout, g, seen)
+        return None, None, None
+
+
+def _tbe_layout(name, args):
+    aux_tensor = args["aux_tensor"]
+    if aux_tensor[0] is not None:  # B_offsets: variable batch sizes per feature
+        raise NotImplementedError("torch_tpu: TBE lookups with variable batch sizes per feature (VBE) have no tpu "
+                                  "kernel")
+    aux_bool = args["aux_bool"]
+    if len(aux_bool) > 4 and aux_bool[4]:
+        raise NotImplementedError("torch_tpu: TBE gradient clipping has no tpu kernel")
+    w = args["weights"]
+    if len(w) != 3:
+        raise NotImplementedError("torch_tpu: the TBE's weights are not in host memory layout")
+    state = args["momentum1"][2] if name == "rowwise_adagrad" else None
+    return _TbeLayout.of(args["D_offsets"], w[2], args["hash_size_cumsum"], state)
+
+
+def _tbe_kernel(name, op):
+    arg_names = [a.name for a in op._schema.arguments]
+
+    def kernel(*args, **kwargs):
+        bound = dict(zip(arg_names, args))
+        bound.update(kwargs)
+        return _TbeLookup.apply(bound["placeholder_autograd_tensor"], name, bound)
+
+    return kernel
+
+
+TBE_OPTIMIZERS = ("sgd", "adagrad", "rowwise_adagrad")
+
+
+def register() -> None:
+    """Registers the tpu kernels (once FBGEMM's operators are defined)."""
+    _register("fbgemm", {n: f for n, f in SPARSE_OPS.items() if _defined("fbgemm", n)})
+    tbe = {}
+    for name in TBE_OPTIMIZERS:
+        op_name = f"split_embedding_codegen_lookup_{name}_function_pt2"
+        if _defined("fbgemm", op_name):
+            tbe[op_name] = _tbe_kernel(name, getattr(torch.ops.fbgemm, op_name).default)
+    _register("fbgemm", tbe, keys=("AutogradPrivateUse1",))
+
+
+def register_torchrec_ops(_module=None) -> None:
+    """Registers torchrec::embedding_* (defined by torchrec.experimental.torch_tpu.pallas.ops)."""
+    _register("torchrec", {n: f for n, f in TORCHREC_OPS.items() if _defined("torchrec", n)}, keys=("PrivateUse1",))
+
+
+def _defined(namespace: str, name: str) -> bool:
+    try:
+        torch._C._dispatch_find_schema_or_throw(f"{namespace}::{name}", "")
+        return True
+    except RuntimeError:
+        return False
+
+
+def install() -> None:
+    from . import _import_hooks
+
+    _import_hooks.when_imported("fbgemm_gpu", lambda _module: register())
+    _import_hooks.when_imported("torchrec.experimental.torch_tpu.pallas.ops", register_torchrec_ops)
