@@ -16,7 +16,7 @@ to end:
 - TorchRec's ``torchrec::embedding_*`` lookups (its ``unfused_tpu`` kernel).
 
 Where a call uses an option written here for no tpu path (variable batch sizes per feature,
-gradient clipping, weight decay modes other than L2), the operator raises NotImplementedError
+gradient clipping, weight decay), the operator raises NotImplementedError
 saying which, or, for the sparse-data ops, runs through torch_tpu's CPU fallback: counted in
 ``torch_tpu.metrics()``, warned once, refused under ``TORCH_TPU_FALLBACK=error``.
 Data-dependent output sizes (the permuted values' length) are read from the device once per call,
@@ -43,7 +43,10 @@ def _register(namespace: str, kernels: dict, keys=_KEYS) -> None:
     lib = torch.library.Library(namespace, "IMPL")
     for name, fn in kernels.items():
         for key in keys:
-            lib.impl(name, fn, key)
+            # A kernel registered before ours (TorchRec's own Pallas kernels for "TPU", which
+            # torchrec.experimental.torch_tpu.pallas.impl registers when imported) is kept.
+            if not torch._C._dispatch_has_kernel_for_dispatch_key(f"{namespace}::{name}", key):
+                lib.impl(name, fn, key)
     _libs.append(lib)
 
 
@@ -337,24 +340,20 @@ class _TbeLayout:
         self.dims = [d_off[f + 1] - d_off[f] for f in range(self.T)]
         self.max_D = max(self.dims)
         self.total_D = d_off[-1]
-        rows = [h[f + 1] - h[f] for f in range(self.T)]
-        # Physical tables: features with the same first element share a table.
-        first_of = {}
-        self.table_of = [first_of.setdefault(w_off[f], len(first_of)) for f in range(self.T)]
-        n_tables = len(first_of)
-        t_rows, t_dim, t_woff = [0] * n_tables, [0] * n_tables, [0] * n_tables
+        # hash_size_cumsum numbers the rows of all tables in one range (features of one table
+        # repeat its first row; its last entry is the total): physical tables, in that order.
+        starts = sorted(set(h[:-1]))
+        self.row_base = starts + [h[-1]]
+        self.total_rows = h[-1]
+        n_tables = len(starts)
+        self.table_of = [starts.index(h[f]) for f in range(self.T)]
+        t_rows = [self.row_base[t + 1] - self.row_base[t] for t in range(n_tables)]
+        t_dim, t_woff = [0] * n_tables, [0] * n_tables
         for f in range(self.T):
-            t = self.table_of[f]
-            t_rows[t], t_dim[t], t_woff[t] = rows[f], self.dims[f], w_off[f]
-        self.row_base = [0]
-        for r in t_rows:
-            self.row_base.append(self.row_base[-1] + r)
-        self.total_rows = self.row_base[-1]
+            t_dim[self.table_of[f]], t_woff[self.table_of[f]] = self.dims[f], w_off[f]
         dev = D_offsets.device
         long = dict(dtype=torch.long, device=dev)
-        self.f_dim = torch.tensor(self.dims, **long)
-        self.f_woff = torch.tensor(w_off, **long)
-        self.f_rowbase = torch.tensor([self.row_base[self.table_of[f]] for f in range(self.T)], **long)
+        self.f_rowbase = torch.tensor(h[:-1], **long)
         # Each physical row's elements in the flat buffer ([total_rows, max_D]) and which are real.
         row_table = torch.repeat_interleave(torch.arange(n_tables), torch.tensor(t_rows))
         local = torch.arange(self.total_rows) - torch.tensor(self.row_base[:-1])[row_table]
@@ -459,12 +458,9 @@ def _apply_optimizer(name, args, layout, g, seen):
         _update_rows(m_flat, layout, torch.where(seen[:, None], m, m_flat[layout.row_elems].float()))
     elif name == "rowwise_adagrad":
         eps, weight_decay = opt_f[0], opt_f[1]
-        decay_mode = (args.get("optim_int") or [0])[0]
-        if weight_decay != 0 and decay_mode != 1:
-            raise NotImplementedError("torch_tpu: row-wise Adagrad on tpu supports weight decay mode L2 (1) only; "
-                                      f"got mode {decay_mode}")
         if weight_decay != 0:
-            g = g + weight_decay * rows * seen[:, None]
+            # FBGEMM's CPU and CUDA kernels disagree on it (a row's decay with repeated ids).
+            raise NotImplementedError("torch_tpu: row-wise Adagrad with weight decay has no tpu kernel")
         dims = layout.row_cols_valid.sum(1).float()
         m_flat = args["momentum1"][0]
         m = m_flat[layout.row_state].float() + (g * g).sum(1) / dims

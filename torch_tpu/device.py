@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime
 import enum
+import importlib
 import sys
 import types
 from typing import Any, NamedTuple, Optional, Union
@@ -421,6 +422,12 @@ class _EagerModeModule(types.ModuleType):
     def eager_mode(self, mode: EagerMode) -> None:
         set_eager_mode(mode)
 
+    def __reduce__(self):
+        # Pickled by name, as pickle cannot pickle a module subclass otherwise: cloudpickle (Ray,
+        # Spark, Dask) sends a function that reads torch.tpu.* with the submodules it names, so a
+        # Ray Train loop defined in a script failed to send ("cannot pickle '_TpuModule' object").
+        return importlib.import_module, (self.__name__,)
+
 
 class _TpuModule(_EagerModeModule):
     """``torch.tpu``'s module type: attributes computed when read (or set)."""
@@ -434,3 +441,4 @@ class _TpuModule(_EagerModeModule):
 sys.modules[__name__].__class__ = _TpuModule
 
 from . import comm  # noqa: E402  (torch.tpu.comm, as torch.cuda.comm)
+from . import ops  # noqa: E402,F401  (torch.tpu.ops: the sparse embedding ops TorchRec calls)
