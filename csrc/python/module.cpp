@@ -1,4 +1,5 @@
 // torch_tpu._C: the Python-facing entry points of the C++ core.
+#include <torch/csrc/Exceptions.h>
 #include <torch/csrc/Generator.h>
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/jit/python/pybind_utils.h>
@@ -254,6 +255,7 @@ PYBIND11_MODULE(_C, m) {
   // other fallback. Returns the op's results as the op itself would.
   m.def("_cpu_fallback", [](const std::string& name, const std::string& overload, const std::string& why, py::args args,
                             const py::kwargs& kwargs) {
+    torch::PyWarningHandler warnings;  // its warning reaches Python's warnings (as an op's does)
     const auto op = c10::Dispatcher::singleton().findSchemaOrThrow(name.c_str(), overload.c_str());
     torch::jit::Stack stack = torch::jit::createStackForSchema(op.schema(), args, kwargs, std::nullopt);
     {

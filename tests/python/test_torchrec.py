@@ -316,3 +316,28 @@ def test_torchrec_sparsecore_custom_op_trains_through_autograd(fallback_error):
     out.backward(grad.to("tpu"))
     torch.testing.assert_close(out.detach().cpu(), S @ table)
     torch.testing.assert_close(tt.detach().cpu(), table - 0.1 * (S.T @ grad))
+
+
+def test_a_case_with_no_tpu_path_goes_through_the_counted_fallback():
+    """block_bucketize_sparse_features with variable batch sizes per feature: the CPU fallback,
+    counted in metrics() under "warn", refused under "error"."""
+    import torch_tpu
+
+    lengths, values, _ = jagged(features=2, batch=3)
+    args = (lengths, values, False, False, torch.tensor([30, 30]), 2, None, torch.tensor([3, 3]), 3)
+    want = fb.block_bucketize_sparse_features(*args)
+    targs = [_to_tpu(a) for a in args]
+    torch_tpu.reset_metrics()
+    previous = "error" if torch_tpu._C._fallback_is_error() else "warn"
+    try:
+        torch_tpu.set_fallback("warn")
+        with pytest.warns(UserWarning, match="block_bucketize"):
+            got = fb.block_bucketize_sparse_features(*targs)
+        assert torch_tpu.metrics()["fallbacks"].get("fbgemm::block_bucketize_sparse_features") == 1
+        torch.testing.assert_close(got[0].cpu(), want[0])
+        torch.testing.assert_close(got[1].cpu(), want[1])
+        torch_tpu.set_fallback("error")
+        with pytest.raises(RuntimeError, match="variable batch sizes"):
+            fb.block_bucketize_sparse_features(*targs)
+    finally:
+        torch_tpu.set_fallback(previous)
