@@ -329,52 +329,27 @@ _POOL_SUM, _POOL_MEAN, _POOL_NONE = 0, 1, 2
 
 class _TbeLayout:
     """The host-side facts of one TBE's buffers, read from the device once and kept on its
-    D_offsets tensor: per feature its columns, its table's first element and rows; per physical
-    table (features may share one) its rows' first element and state offset."""
+    D_offsets tensor: per feature its columns, its table's first element, first row (in one
+    numbering of all tables' rows) and first optimizer-state element."""
 
     def __init__(self, D_offsets, weights_offsets, hash_size_cumsum, state_offsets):
         d_off = D_offsets.cpu().tolist()
-        w_off = weights_offsets.cpu().tolist()
         h = hash_size_cumsum.cpu().tolist()
         self.T = len(d_off) - 1
-        self.dims = [d_off[f + 1] - d_off[f] for f in range(self.T)]
-        self.max_D = max(self.dims)
-        self.total_D = d_off[-1]
+        dims = [d_off[f + 1] - d_off[f] for f in range(self.T)]
+        self.max_D, self.total_D = max(dims), d_off[-1]
         # hash_size_cumsum numbers the rows of all tables in one range (features of one table
-        # repeat its first row; its last entry is the total): physical tables, in that order.
-        starts = sorted(set(h[:-1]))
-        self.row_base = starts + [h[-1]]
+        # repeat its first row; its last entry is the total).
         self.total_rows = h[-1]
-        n_tables = len(starts)
-        self.table_of = [starts.index(h[f]) for f in range(self.T)]
-        t_rows = [self.row_base[t + 1] - self.row_base[t] for t in range(n_tables)]
-        t_dim, t_woff = [0] * n_tables, [0] * n_tables
-        for f in range(self.T):
-            t_dim[self.table_of[f]], t_woff[self.table_of[f]] = self.dims[f], w_off[f]
         dev = D_offsets.device
-        long = dict(dtype=torch.long, device=dev)
-        self.f_rowbase = torch.tensor(h[:-1], **long)
-        # Each physical row's elements in the flat buffer ([total_rows, max_D]) and which are real.
-        row_table = torch.repeat_interleave(torch.arange(n_tables), torch.tensor(t_rows))
-        local = torch.arange(self.total_rows) - torch.tensor(self.row_base[:-1])[row_table]
-        cols = torch.arange(self.max_D)
-        dim = torch.tensor(t_dim)[row_table]
-        flat = torch.tensor(t_woff)[row_table, None] + local[:, None] * dim[:, None] + cols[None, :]
-        self.row_cols_valid = (cols[None, :] < dim[:, None]).to(dev)
-        self.row_elems = torch.where(self.row_cols_valid.cpu(), flat, torch.zeros_like(flat)).to(dev)
+        self.f_dim = torch.tensor(dims, dtype=torch.long, device=dev)
+        self.f_woff = weights_offsets.long()
+        self.f_rowbase = hash_size_cumsum[:-1].long()
+        self.f_state = state_offsets.long() if state_offsets is not None else None
         # Output column c comes from feature f(c)'s pooled column j(c).
-        out_f = torch.repeat_interleave(torch.arange(self.T), torch.tensor(self.dims))
+        out_f = torch.repeat_interleave(torch.arange(self.T), torch.tensor(dims))
         out_j = torch.arange(self.total_D) - torch.tensor(d_off[:-1])[out_f]
         self.out_cols = (out_f * self.max_D + out_j).to(dev)
-        # Optimizer state (momentum) offsets per physical table, when the state is per row.
-        self.t_state = None
-        if state_offsets is not None:
-            s_off = state_offsets.cpu().tolist()
-            t_state = [0] * n_tables
-            for f in range(self.T):
-                t_state[self.table_of[f]] = s_off[f]
-            self.t_state = t_state
-            self.row_state = (torch.tensor(t_state)[row_table] + local).to(dev)
 
     @classmethod
     def of(cls, D_offsets, weights_offsets, hash_size_cumsum, state_offsets=None):
@@ -385,109 +360,110 @@ class _TbeLayout:
         return layout
 
 
-def _tbe_rows(layout, indices, offsets):
-    """For each index: its bag and its physical row ([n] each)."""
-    n = indices.numel()
-    bag = segment_of(offsets.long(), n).clamp(max=offsets.numel() - 2)
-    batch = (offsets.numel() - 1) // layout.T
-    feature = torch.div(bag, batch, rounding_mode="floor")
-    row = layout.f_rowbase[feature] + indices.long()
-    return bag, row
+class _Ids:
+    """Where each of the n ids of a lookup lands: its bag, its row (one numbering over all
+    tables), its elements in the flat weights ([n, max_D]; the columns past its table's width
+    repeat the last real one, so that writes back stay identical) and which columns are real."""
+
+    def __init__(self, layout, indices, offsets):
+        n = indices.numel()
+        self.bag = segment_of(offsets.long(), n).clamp(max=offsets.numel() - 2)
+        feature = torch.div(self.bag, (offsets.numel() - 1) // layout.T, rounding_mode="floor")
+        ids = indices.long()
+        self.row = layout.f_rowbase[feature] + ids
+        dim = layout.f_dim[feature][:, None]
+        cols = torch.arange(layout.max_D, device=ids.device)[None, :]
+        self.valid = cols < dim
+        self.cols = torch.minimum(cols, dim - 1)
+        self.elems = (layout.f_woff[feature] + ids * layout.f_dim[feature])[:, None] + self.cols
+        self.state = layout.f_state[feature] + ids if layout.f_state is not None else None
 
 
-def _tbe_forward(layout, host_weights, indices, offsets, pooling_mode, indice_weights, out_dtype):
-    bag, row = _tbe_rows(layout, indices, offsets)
-    bags = offsets.numel() - 1
-    vals = host_weights[layout.row_elems[row]] * layout.row_cols_valid[row]
+def _tbe_forward(layout, ids, host_weights, offsets, pooling_mode, indice_weights, out_dtype):
+    vals = host_weights[ids.elems] * ids.valid
     if pooling_mode == _POOL_NONE:
-        return vals[:, : layout.max_D].to(out_dtype)
+        return vals.to(out_dtype)
     if indice_weights is not None:
         vals = vals * indice_weights[:, None].to(vals.dtype)
-    pooled = torch.zeros(bags, layout.max_D, dtype=vals.dtype, device=vals.device).index_add_(0, bag, vals)
+    bags = offsets.numel() - 1
+    pooled = torch.zeros(bags, layout.max_D, dtype=vals.dtype, device=vals.device).index_add_(0, ids.bag, vals)
     if pooling_mode == _POOL_MEAN:
-        count = (offsets[1:] - offsets[:-1]).clamp(min=1)
-        pooled = pooled / count[:, None].to(pooled.dtype)
+        pooled = pooled / (offsets[1:] - offsets[:-1]).clamp(min=1)[:, None].to(pooled.dtype)
     batch = bags // layout.T
     out = pooled.reshape(layout.T, batch, layout.max_D).permute(1, 0, 2).reshape(batch, -1)
     return out[:, layout.out_cols].to(out_dtype)
 
 
-def _tbe_row_grads(layout, grad, indices, offsets, pooling_mode, indice_weights):
-    """The gradient of each physical row, summed over its occurrences ([total_rows, max_D]), and
-    which rows occurred ([total_rows] bool)."""
-    bag, row = _tbe_rows(layout, indices, offsets)
-    bags = offsets.numel() - 1
+def _tbe_id_grads(layout, ids, grad, offsets, pooling_mode, indice_weights):
+    """Each id's share of the gradient ([n, max_D], float32; zero past its table's width)."""
     grad = grad.float()
     if pooling_mode == _POOL_NONE:
         per = torch.nn.functional.pad(grad, (0, layout.max_D - grad.shape[1]))
     else:
+        bags = offsets.numel() - 1
         batch = bags // layout.T
         by_bag = torch.zeros(batch, layout.T * layout.max_D, dtype=grad.dtype, device=grad.device)
         by_bag[:, layout.out_cols] = grad
         by_bag = by_bag.reshape(batch, layout.T, layout.max_D).permute(1, 0, 2).reshape(bags, layout.max_D)
         if pooling_mode == _POOL_MEAN:
             by_bag = by_bag / (offsets[1:] - offsets[:-1]).clamp(min=1)[:, None].to(grad.dtype)
-        per = by_bag[bag]
+        per = by_bag[ids.bag]
         if indice_weights is not None:
             per = per * indice_weights[:, None].float()
-    per = per * layout.row_cols_valid[row]
-    g = torch.zeros(layout.total_rows, layout.max_D, dtype=grad.dtype, device=grad.device).index_add_(0, row, per)
-    seen = torch.zeros(layout.total_rows, dtype=torch.bool, device=grad.device)
-    seen[row] = True
-    return g, seen
+    return per * ids.valid
 
 
-def _update_rows(host_weights, layout, new_rows):
-    """Writes rows ([total_rows, max_D]) back into the flat buffer (the real columns only)."""
-    flat = layout.row_elems[layout.row_cols_valid]
-    host_weights.index_put_((flat,), new_rows[layout.row_cols_valid].to(host_weights.dtype))
-
-
-def _apply_optimizer(name, args, layout, g, seen):
-    w_flat = args["weights"][0]
-    rows = w_flat[layout.row_elems].float()
+def _apply_optimizer(name, args, layout, ids, per):
+    """The fused update. Work is per id, not per table row: a row's gradient is summed over its
+    ids (through a [rows, max_D] buffer), every id of a row computes the same new row, and the
+    writes back carry identical values."""
+    w = args["weights"][0]
     lr = args["learning_rate_tensor"].float()
     opt_f = list(args.get("optim_float") or [])
-    if name == "sgd":
-        new = rows - lr * g
-    elif name == "adagrad":
-        eps = opt_f[0]
+    if name == "sgd":  # summed over repeats by the scatter-add itself
+        w.index_add_(0, ids.elems.flatten(), (-lr * per).flatten().to(w.dtype))
+        return
+    summed = torch.zeros(layout.total_rows, layout.max_D, dtype=per.dtype, device=per.device)
+    g = summed.index_add_(0, ids.row, per)[ids.row]
+    # The columns past a table's width address its last real element: they get its value too.
+    g_wide = g.gather(1, ids.cols)
+    rows = w[ids.elems].float()
+    if name == "adagrad":
         m_flat = args["momentum1"][0]
-        m = m_flat[layout.row_elems].float() + g * g
-        new = rows - lr * g / (m.sqrt() + eps)
-        _update_rows(m_flat, layout, torch.where(seen[:, None], m, m_flat[layout.row_elems].float()))
+        m = m_flat[ids.elems].float() + g_wide * g_wide
+        new = rows - lr * g_wide / (m.sqrt() + opt_f[0])
+        m_flat.index_put_((ids.elems.flatten(),), m.flatten().to(m_flat.dtype))
     elif name == "rowwise_adagrad":
         eps, weight_decay = opt_f[0], opt_f[1]
         if weight_decay != 0:
             # FBGEMM's CPU and CUDA kernels disagree on it (a row's decay with repeated ids).
             raise NotImplementedError("torch_tpu: row-wise Adagrad with weight decay has no tpu kernel")
-        dims = layout.row_cols_valid.sum(1).float()
         m_flat = args["momentum1"][0]
-        m = m_flat[layout.row_state].float() + (g * g).sum(1) / dims
-        new = rows - (lr / (m.sqrt() + eps))[:, None] * g
-        m_flat.index_put_((layout.row_state,), torch.where(seen, m, m_flat[layout.row_state].float()).to(m_flat.dtype))
+        m = m_flat[ids.state].float() + (g * g).sum(1) / ids.valid.sum(1)
+        new = rows - (lr / (m.sqrt() + eps))[:, None] * g_wide
+        m_flat.index_put_((ids.state,), m.to(m_flat.dtype))
     else:
         raise NotImplementedError(f"torch_tpu: the TBE optimizer {name!r} has no tpu kernel (sgd, adagrad and "
                                   "rowwise_adagrad do)")
-    _update_rows(w_flat, layout, torch.where(seen[:, None], new, rows))
+    w.index_put_((ids.elems.flatten(),), new.flatten().to(w.dtype))
 
 
 class _TbeLookup(torch.autograd.Function):
     @staticmethod
     def forward(ctx, placeholder, name, args):
         layout = _tbe_layout(name, args)
-        ctx.name, ctx.args, ctx.layout = name, args, layout
+        ids = _Ids(layout, args["indices"], args["offsets"])
+        ctx.name, ctx.args, ctx.layout, ctx.ids = name, args, layout, ids
         out_dtype = _SPARSE_DTYPES.get(args["output_dtype"], args["weights"][0].dtype)
-        return _tbe_forward(layout, args["weights"][0], args["indices"], args["offsets"], args["pooling_mode"],
+        return _tbe_forward(layout, ids, args["weights"][0], args["offsets"], args["pooling_mode"],
                             args["indice_weights"], out_dtype)
 
     @staticmethod
     def backward(ctx, grad):
         a = ctx.args
         with torch.no_grad():
-            g, seen = _tbe_row_grads(ctx.layout, grad, a["indices"], a["offsets"], a["pooling_mode"],
-                                     a["indice_weights"])
-            _apply_optimizer(ctx.name, a, ctx.layout, g, seen)
+            per = _tbe_id_grads(ctx.layout, ctx.ids, grad, a["offsets"], a["pooling_mode"], a["indice_weights"])
+            _apply_optimizer(ctx.name, a, ctx.layout, ctx.ids, per)
         return None, None, None
 
 
