@@ -334,16 +334,14 @@ class _TbeLayout:
 
     def __init__(self, D_offsets, weights_offsets, hash_size_cumsum, state_offsets):
         d_off = D_offsets.cpu().tolist()
-        h = hash_size_cumsum.cpu().tolist()
         self.T = len(d_off) - 1
         dims = [d_off[f + 1] - d_off[f] for f in range(self.T)]
         self.max_D, self.total_D = max(dims), d_off[-1]
-        # hash_size_cumsum numbers the rows of all tables in one range (features of one table
-        # repeat its first row; its last entry is the total).
-        self.total_rows = h[-1]
         dev = D_offsets.device
         self.f_dim = torch.tensor(dims, dtype=torch.long, device=dev)
         self.f_woff = weights_offsets.long()
+        # hash_size_cumsum numbers the rows of all tables in one range (features of one table
+        # repeat its first row): a row's number, to find an id's repeats.
         self.f_rowbase = hash_size_cumsum[:-1].long()
         self.f_state = state_offsets.long() if state_offsets is not None else None
         # Output column c comes from feature f(c)'s pooled column j(c).
@@ -415,16 +413,19 @@ def _tbe_id_grads(layout, ids, grad, offsets, pooling_mode, indice_weights):
 
 def _apply_optimizer(name, args, layout, ids, per):
     """The fused update. Work is per id, not per table row: a row's gradient is summed over its
-    ids (through a [rows, max_D] buffer), every id of a row computes the same new row, and the
-    writes back carry identical values."""
+    ids, every id of a row computes the same new row, and the writes back carry identical values."""
     w = args["weights"][0]
     lr = args["learning_rate_tensor"].float()
     opt_f = list(args.get("optim_float") or [])
     if name == "sgd":  # summed over repeats by the scatter-add itself
         w.index_add_(0, ids.elems.flatten(), (-lr * per).flatten().to(w.dtype))
         return
-    summed = torch.zeros(layout.total_rows, layout.max_D, dtype=per.dtype, device=per.device)
-    g = summed.index_add_(0, ids.row, per)[ids.row]
+    # Ids of one row share a segment (numbered in sorted order): no buffer the size of the tables.
+    rows_sorted, order = torch.sort(ids.row, stable=True)
+    starts = torch.ones_like(rows_sorted)
+    starts[1:] = rows_sorted[1:] != rows_sorted[:-1]
+    segment = torch.empty_like(order).scatter_(0, order, torch.cumsum(starts, 0) - 1)
+    g = torch.zeros_like(per).index_add_(0, segment, per)[segment]
     # The columns past a table's width address its last real element: they get its value too.
     g_wide = g.gather(1, ids.cols)
     rows = w[ids.elems].float()
