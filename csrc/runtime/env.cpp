@@ -111,7 +111,7 @@ const std::vector<Var>& all() {
       {"TORCHELASTIC_RESTART_COUNT", "integer", "0", "distributed (set by torchrun)",
        "the restart attempt: a restarted job's client does not read the last attempt's keys"},
       {"TPU_ACCELERATOR_TYPE", "text", "", "tests (Ray's)",
-       "a TPU host's type (`v6e-8`): Ray's TPU detection reads it; tests/python/test_ray.py sets it for a local "
+       "a TPU host's type (`v6e-8`): Ray's TPU detection reads it; tests/python/ray_local.py sets it for a local "
        "cluster"},
       {"TPU_TOPOLOGY", "text", "", "tests (Ray's)", "a TPU slice's chip layout (`2x4`), read by Ray's TPU detection"},
       {"TPU_NAME", "text", "", "tests (Ray's)", "a TPU slice's name, read by Ray's TPU detection"},
