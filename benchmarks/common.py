@@ -42,6 +42,28 @@ def time_per_call(fn, device: str, warmup: int = 5, iters: int = 50, repeats: in
     return statistics.median(samples)
 
 
+def optimizer_step(model_loss, opt):
+    """One training step: the loss `model_loss()` computes, backward, the optimizer's step."""
+    loss = model_loss()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    return loss
+
+
+def timed_steps(step, warmup: int, steps: int, before=lambda: None) -> float:
+    """Seconds for `steps` calls of `step(i)` (returning a loss) after `warmup` calls, each warm-up
+    loss read back; `before()` runs just before the clock starts (a barrier across ranks)."""
+    for i in range(warmup):
+        step(i).item()
+    before()
+    t0 = time.perf_counter()
+    for i in range(steps):
+        loss = step(i)
+    loss.item()
+    return time.perf_counter() - t0
+
+
 def interleaved(runs: dict, steps: int, rounds: int = 5) -> dict:
     """Seconds per call of each run, taken in turns: every round times `steps`
     calls of each run one after the other, so a slow spell of a shared machine

@@ -16,7 +16,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
@@ -48,24 +47,14 @@ def worker(args):
     g = torch.Generator().manual_seed(rank)
     data = [torch.randint(0, 65, (args.batch, args.block + 1), generator=g).to("tpu") for _ in range(4)]
 
+    from common import optimizer_step, timed_steps
+
     def step(i):
         d = data[i % len(data)]
-        _, loss = m(d[:, :-1], d[:, 1:])
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        return loss
+        return optimizer_step(lambda: m(d[:, :-1], d[:, 1:])[1], opt)
 
-    for i in range(args.warmup):
-        step(i).item()
+    secs = timed_steps(step, args.warmup, args.steps, before=lambda: (dist.barrier(), torch_tpu.reset_metrics()))
     dist.barrier()
-    torch_tpu.reset_metrics()
-    t0 = time.perf_counter()
-    for i in range(args.steps):
-        loss = step(i)
-    loss.item()
-    dist.barrier()
-    secs = time.perf_counter() - t0
     staged = torch_tpu.metrics()["dist_staged_bytes"]
     if rank == 0:
         toks = args.steps * args.batch * args.block * size

@@ -17,7 +17,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
@@ -72,28 +71,21 @@ def worker(args):
                      KeyedJaggedTensor(keys=keys, values=values.to(device), lengths=lengths.to(device)),
                      torch.randint(0, 2, (args.batch,), generator=g).float().to(device)))
 
+    from common import optimizer_step, timed_steps
+
     def step(i):
         x, kjt, y = data[i % len(data)]
-        loss = torch.nn.functional.binary_cross_entropy_with_logits(m(x, kjt).squeeze(-1), y)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        return loss
+        return optimizer_step(
+            lambda: torch.nn.functional.binary_cross_entropy_with_logits(m(x, kjt).squeeze(-1), y), opt)
 
-    for i in range(args.warmup):
-        step(i).item()
-    dist.barrier(group=dist.new_group(backend="gloo"))
-    compiles = torch_tpu.metrics()["compiles"]
-    t0 = time.perf_counter()
-    for i in range(args.steps):
-        loss = step(i)
-    loss.item()
-    secs = time.perf_counter() - t0
+    compiles = []
+    secs = timed_steps(step, args.warmup, args.steps, before=lambda: (
+        dist.barrier(group=dist.new_group(backend="gloo")), compiles.append(torch_tpu.metrics()["compiles"])))
     if rank == 0:
         kernels = sorted({(o.sharding_type, o.compute_kernel) for t in plan.plan.values() for o in t.values()})
         print("RESULT " + json.dumps({"samples_per_s": args.steps * args.batch * size / secs,
                                       "step_ms": secs / args.steps * 1e3, "plan": kernels,
-                                      "compiles": torch_tpu.metrics()["compiles"] - compiles}), flush=True)
+                                      "compiles": torch_tpu.metrics()["compiles"] - compiles[0]}), flush=True)
     dist.destroy_process_group()
 
 
