@@ -82,6 +82,13 @@ std::vector<Value> embeddingBag(Ctx& c) {
 
   Value ids = b.convert(b.reshape(idx, {n}), DType::I64);
   Value offs = b.convert(b.reshape(off, {noff}), DType::I64);
+  if (noff > 0) {
+    // The CPU refuses offsets that do not start at 0 or run past the indices (RuntimeError).
+    Value starts_at_0 =
+        b.compare(b.reshape(b.slice(offs, {0}, {1}, {1}), {}), b.constantInt(0, DType::I64), ir::Cmp::EQ);
+    Value within = b.compare(reduceMax(b, offs, {0}), b.constantInt(n, DType::I64), ir::Cmp::LE);
+    c.requireInRange(b.binary("and", starts_at_0, within));
+  }
   Value end = include_last ? b.reshape(b.slice(offs, {bags}, {bags + 1}, {1}), {}) : b.constantInt(n, DType::I64);
   Value bag = bagOfPositions(b, offs, bags, n, end);
   Value valid = b.compare(bag, b.constantInt(bags, DType::I64, {n}), ir::Cmp::LT);

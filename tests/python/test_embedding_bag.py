@@ -120,6 +120,12 @@ def test_bad_input_raises_like_cpu():
         tkw = {k: v.to("tpu") if isinstance(v, torch.Tensor) else v for k, v in kw.items()}
         with pytest.raises(cpu.type):
             F.embedding_bag(torch.tensor(IDX, device="tpu"), w.to("tpu"), off.to("tpu"), **tkw)
+    # Offsets that do not start at 0, or run past the indices: the CPU's RuntimeError, not a result.
+    for bad in ([1, 3], [0, len(IDX) + 1]):
+        with pytest.raises(RuntimeError):
+            F.embedding_bag(torch.tensor(IDX), w, torch.tensor(bad))
+        with pytest.raises(RuntimeError, match="out of range"):
+            F.embedding_bag(torch.tensor(IDX, device="tpu"), w.to("tpu"), torch.tensor(bad, device="tpu")).cpu()
     # Float indices.
     with pytest.raises(RuntimeError):
         F.embedding_bag(torch.tensor([0.0, 1.0], device="tpu"), w.to("tpu"), torch.tensor([0], device="tpu"))
