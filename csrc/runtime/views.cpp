@@ -443,8 +443,9 @@ void checkPendingIndices(bool finished_only) {
     const std::string msg = "index out of range in " + op +
                             ": an index is outside the size of the dimension it indexes (the check ran at a "
                             "host read after the op; set TPU_LAUNCH_BLOCKING=1 to raise at the op itself)";
-    // embedding_bag's CPU kernel refuses such an index with a RuntimeError, not an IndexError.
-    if (op.find("embedding_bag") != std::string::npos) throw std::runtime_error(msg);
+    // These CPU kernels refuse such an index with a RuntimeError, not an IndexError.
+    if (op.find("embedding_bag") != std::string::npos || op.find("padded_dense_to_jagged") != std::string::npos)
+      throw std::runtime_error(msg);
     throw std::out_of_range(msg);
   }
 }

@@ -1,7 +1,8 @@
 """embedding_bag on tpu, natively: every mode (sum, mean, max), per-sample weights, padding_idx,
 include_last_offset, int32 and int64 indices, 2-d input, empty bags; forward and backward equal
 the CPU's (PyTorch's tolerances); bad input raises what the CPU raises. TorchRec's embedding
-collections pool through this op (tests/python/test_torchrec.py)."""
+collections pool through this op (tests/python/test_torchrec.py). Also the jagged/padded
+conversions lowered beside it (csrc/ops/segments.cpp)."""
 
 from __future__ import annotations
 
@@ -138,3 +139,22 @@ def test_bad_input_raises_like_cpu():
     # Float indices.
     with pytest.raises(RuntimeError):
         F.embedding_bag(torch.tensor([0.0, 1.0], device="tpu"), w.to("tpu"), torch.tensor([0], device="tpu"))
+
+
+def test_jagged_padded_conversions(fallback_error):
+    # Nested (jagged) tensors' conversions, lowered with embedding_bag's segment machinery; VeRL's
+    # FSDP engine pads its micro-batches with the first.
+    vals, off = torch.randn(7, 3), torch.tensor([0, 2, 2, 7])
+    for width in (5, 6):
+        want = torch.ops.aten._jagged_to_padded_dense_forward(vals, [off], [width], 1.5)
+        got = torch.ops.aten._jagged_to_padded_dense_forward(vals.to("tpu"), [off.to("tpu")], [width], 1.5)
+        torch.testing.assert_close(got.cpu(), want)
+        dense = torch.randn(3, width, 3)
+        want = torch.ops.aten._padded_dense_to_jagged_forward(dense, [off], 7)
+        got = torch.ops.aten._padded_dense_to_jagged_forward(dense.to("tpu"), [off.to("tpu")], 7)
+        torch.testing.assert_close(got.cpu(), want)
+    # A segment longer than the padded width: refused, as on the CPU.
+    with pytest.raises(RuntimeError):
+        torch.ops.aten._padded_dense_to_jagged_forward(torch.randn(3, 4, 3), [off], 7)
+    with pytest.raises(RuntimeError, match="out of range"):
+        torch.ops.aten._padded_dense_to_jagged_forward(torch.randn(3, 4, 3, device="tpu"), [off.to("tpu")], 7).cpu()

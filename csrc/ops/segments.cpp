@@ -1,12 +1,14 @@
-// embedding_bag: pooled lookups (sum, mean, max) of rows of a table, the
-// op behind nn.EmbeddingBag and TorchRec's embedding collections, and its
-// backward. Bags are given by offsets into a flat index list; each index's
-// bag is found with one scatter and a prefix sum, so the whole op is a
-// gather, a scatter and no host read. The auxiliary results follow the
-// layout PyTorch's meta kernel gives a non-CPU device (CUDA's): offset2bag
-// per index, bag_size per offset, max_indices per bag and column in max
-// mode. An index past the last bag (include_last_offset) gets bag number
-// num_bags, so that the backward, which does not see the offsets, skips it.
+// Ops over segments of a flat list, each segment given by offsets: embedding_bag
+// (pooled lookups, sum, mean, max, of rows of a table: the op behind
+// nn.EmbeddingBag and TorchRec's embedding collections) and its backward, and
+// the jagged <-> padded conversions of nested tensors. A position's segment is
+// found with one scatter and a prefix sum, so none of them reads the host.
+//
+// embedding_bag's auxiliary results follow the layout PyTorch's meta kernel
+// gives a non-CPU device (CUDA's): offset2bag per index, bag_size per offset,
+// max_indices per bag and column in max mode. An index past the last bag
+// (include_last_offset) gets bag number num_bags, so that the backward, which
+// does not see the offsets, skips it.
 #include "ops/common.h"
 
 namespace tpu::ops {
@@ -23,6 +25,11 @@ Value takeRows(ir::Builder& b, const Value& table, const Value& ids) {
   dn.start_index_map = {0};
   dn.index_vector_dim = 1;
   return b.gather(table, b.reshape(ids, {n, 1}), dn, {1, table.shape()[1]});
+}
+
+// Elements `ids` ([n] int64, in range) of the 1-d `v`.
+Value takeRows1(ir::Builder& b, const Value& v, const Value& ids) {
+  return b.reshape(takeRows(b, b.reshape(v, {v.shape()[0], 1}), ids), {ids.shape()[0]});
 }
 
 // Combines the rows of `updates` ([n] or [n, cols]) into `into` at rows `ids`.
@@ -231,6 +238,69 @@ Registrar reg_embedding_bag_psw_backward("_embedding_bag_per_sample_weights_back
   Value grads = b.convert(takeRows(b, g, p.bag), acc);
   Value dot = reduceSum(b, mul(b, rows, grads), {1});
   return std::vector<Value>{b.convert(b.select(p.keep, dot, b.zeros(Type{acc, {n}})), g.dtype())};
+});
+
+// _jagged_to_padded_dense_forward(values [total, ...], offsets [1 x (B + 1)],
+//   max_lengths [1], padding_value) -> [B, max_length, ...]: segment b's rows,
+//   padded (or cut) to max_length.
+Registrar reg_jagged_to_padded("_jagged_to_padded_dense_forward", [](Ctx& c) {
+  ir::Builder& b = c.b;
+  Value vals = c.tensor(0);
+  const std::vector<Value> offsets = c.tensors(1);
+  const std::vector<int64_t> max_len = c.ints(2);
+  if (offsets.size() != 1 || max_len.size() != 1) throw ir::Unsupported("more than one jagged dim");
+  const int64_t total = vals.shape()[0], width = max_len[0], bags = offsets[0].type.numel() - 1;
+  Shape rest(vals.shape().begin() + 1, vals.shape().end());
+  int64_t row = 1;
+  for (int64_t d : rest) row *= d;
+  Shape out_shape{bags, width};
+  out_shape.insert(out_shape.end(), rest.begin(), rest.end());
+  Value pad = b.constant(c.f64Or(3, 0.0), vals.dtype(), out_shape);
+  if (total == 0 || bags <= 0 || width == 0) return std::vector<Value>{pad};
+  Value offs = b.convert(b.reshape(offsets[0], {bags + 1}), DType::I64);
+  Value starts = b.slice(offs, {0}, {bags}, {1});
+  Value lengths = sub(b, b.slice(offs, {1}, {bags + 1}, {1}), starts);
+  Value j = b.iota(Type{DType::I64, {bags, width}}, 1);
+  Value valid = b.compare(j, b.broadcastInDim(lengths, {bags, width}, {0}), ir::Cmp::LT);
+  Value src = add(b, b.broadcastInDim(starts, {bags, width}, {0}), j);
+  src = b.clamp(b.constantInt(0, DType::I64), b.select(valid, src, b.zeros(Type{DType::I64, {bags, width}})),
+                b.constantInt(total - 1, DType::I64));
+  Value rows = takeRows(b, b.reshape(vals, {total, row}), b.reshape(src, {bags * width}));
+  rows = b.reshape(rows, out_shape);
+  return std::vector<Value>{b.select(b.broadcastInDim(valid, out_shape, {0, 1}), rows, pad)};
+});
+
+// _padded_dense_to_jagged_forward(dense [B, L, ...], offsets [1 x (B + 1)], total_L)
+//   -> [total_L, ...]: the rows of each segment taken back from the padded form
+//   (the backward of the conversion above).
+Registrar reg_padded_to_jagged("_padded_dense_to_jagged_forward", [](Ctx& c) {
+  ir::Builder& b = c.b;
+  Value dense = c.tensor(0);
+  const std::vector<Value> offsets = c.tensors(1);
+  if (offsets.size() != 1) throw ir::Unsupported("more than one jagged dim");
+  if (!c.has(2)) throw ir::Unsupported("padded to jagged without total_L (a data-dependent size)");
+  const int64_t total = c.i64(2), bags = dense.shape()[0], width = dense.shape()[1];
+  Shape rest(dense.shape().begin() + 2, dense.shape().end());
+  int64_t row = 1;
+  for (int64_t d : rest) row *= d;
+  Shape out_shape{total};
+  out_shape.insert(out_shape.end(), rest.begin(), rest.end());
+  if (total == 0 || bags * width == 0) return std::vector<Value>{b.zeros(Type{dense.dtype(), out_shape})};
+  Value offs = b.convert(b.reshape(offsets[0], {bags + 1}), DType::I64);
+  Value bag = bagOfPositions(b, offs, bags, total, b.constantInt(total, DType::I64));
+  Value safe_bag = b.clamp(b.constantInt(0, DType::I64), bag, b.constantInt(bags - 1, DType::I64));
+  Value pos = b.iota(Type{DType::I64, {total}}, 0);
+  Value j = sub(b, pos, takeRows1(b, offs, safe_bag));
+  // A segment longer than the padded width is refused, as the CPU refuses it (RuntimeError).
+  Value fits = b.compare(j, b.constantInt(width, DType::I64, {total}), ir::Cmp::LT);
+  Value past_end = b.compare(bag, b.constantInt(bags, DType::I64, {total}), ir::Cmp::GE);
+  c.requireInRange(reduceMin(b, b.binary("or", fits, past_end), {0}));  // min of bools: all
+  Value valid = b.binary("and", fits, b.compare(bag, b.constantInt(bags, DType::I64, {total}), ir::Cmp::LT));
+  Value flat = add(b, b.binary("multiply", safe_bag, b.constantInt(width, DType::I64, {total})),
+                   b.select(valid, j, b.zeros(Type{DType::I64, {total}})));
+  Value rows = b.reshape(takeRows(b, b.reshape(dense, {bags * width, row}), flat), out_shape);
+  return std::vector<Value>{
+      b.select(b.broadcastInDim(valid, out_shape, {0}), rows, b.zeros(Type{dense.dtype(), out_shape}))};
 });
 
 }  // namespace
