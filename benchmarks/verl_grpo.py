@@ -23,7 +23,6 @@ Each step's metrics are VeRL's own (``critic/score/mean`` the reward,
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import shutil
@@ -33,6 +32,10 @@ import tempfile
 import time
 
 HERE = os.path.abspath(__file__)
+# The local Ray cluster (one Ray sees as a TPU host) is the one the Ray tests start.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(HERE)), "tests", "python"))
+from ray_local import local_tpu_cluster  # noqa: E402
+
 SYMBOLS = ["a", "b", "c", "d"]
 SPECIALS = ["<pad>", "<eos>", "<unk>"]
 WORDS = SPECIALS + ["copy"] + SYMBOLS
@@ -40,15 +43,6 @@ RESPONSE_LEN = 4
 DATA_SOURCE = "torch_tpu_copy"
 FP32 = "{param_dtype:fp32,reduce_dtype:fp32,buffer_dtype:fp32}"
 
-# The node as a GKE TPU pod describes it (Ray reads these instead of a metadata server).
-TPU_NODE_ENV = {
-    "TPU_ACCELERATOR_TYPE": "v6e-1",
-    "TPU_TOPOLOGY": "1x1",
-    "TPU_NAME": "local-tpu",
-    "TPU_WORKER_ID": "0",
-    "TPU_WORKER_HOSTNAMES": "localhost",
-}
-CLEARED = ("RAY_ADDRESS", "TPU_VISIBLE_CHIPS", "TPU_VISIBLE_DEVICES")
 # The phases the summary reports, VeRL's names (timing_s/<name>).
 PHASES = ("gen", "reward", "old_log_prob", "ref", "adv", "update_actor", "update_weights", "step")
 
@@ -168,35 +162,6 @@ def overrides(device: str, model: str, train: str, val: str, steps: int, out_dir
     ]
 
 
-@contextlib.contextmanager
-def local_cluster(device: str, worker_env: dict):
-    """A local Ray cluster; for tpu one Ray sees as a TPU host with 2 chips. Removes its session
-    folder and restores os.environ on exit."""
-    import ray
-
-    env = {"RAY_AUTH_MODE": "disabled"}
-    if device == "tpu":
-        env.update(TPU_NODE_ENV, TORCH_TPU_CPU_DEVICES="2")
-    saved = {k: os.environ.get(k) for k in (*env, *CLEARED)}
-    ray_tmp = tempfile.mkdtemp(prefix="ray", dir="/tmp")  # Unix socket paths: keep it short
-    try:
-        for k in CLEARED:
-            os.environ.pop(k, None)
-        os.environ.update(env)
-        ray.init(num_cpus=16, resources={"TPU": 2} if device == "tpu" else None,
-                 object_store_memory=300 * 1024 * 1024, include_dashboard=False, _temp_dir=ray_tmp,
-                 runtime_env={"env_vars": worker_env})
-        yield ray
-    finally:
-        ray.shutdown()
-        shutil.rmtree(ray_tmp, ignore_errors=True)
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-
-
 def run(device: str, steps: int, workdir: str, lr: float = 5e-3, batch: int = 8, n: int = 8,
         fallback: str | None = None) -> list[dict]:
     """One VeRL GRPO job; returns its per-step metrics (VeRL's file logger's lines)."""
@@ -227,7 +192,8 @@ def run(device: str, steps: int, workdir: str, lr: float = 5e-3, batch: int = 8,
     saved = {k: os.environ.get(k) for k in worker_env}
     os.environ.update(worker_env)
     try:
-        with local_cluster(device, worker_env):
+        with local_tpu_cluster(chips=2 if device == "tpu" else 0, num_cpus=16, worker_env=worker_env,
+                               object_store_mb=300):
             main_ppo.run_ppo(cfg, task_runner_class=TaskRunner)
     finally:
         for k, v in saved.items():

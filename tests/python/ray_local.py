@@ -1,5 +1,5 @@
-"""A local Ray cluster that Ray itself detects as one TPU v6e host, shared by tests/python/test_ray.py
-and benchmarks/ray_train.py.
+"""A local Ray cluster that Ray itself detects as one TPU v6e host, shared by tests/python/test_ray.py,
+benchmarks/ray_train.py and benchmarks/verl_grpo.py (which VeRL's tests run).
 
 The TPU environment variables a GKE TPU node carries (TPU_ACCELERATOR_TYPE, TPU_TOPOLOGY, TPU_NAME,
 TPU_WORKER_ID, TPU_WORKER_HOSTNAMES) are set before Ray starts, so Ray reads them and never asks a
@@ -28,15 +28,17 @@ CLEARED = ("RAY_ADDRESS", "TPU_VISIBLE_CHIPS", "TPU_VISIBLE_DEVICES")
 
 
 @contextlib.contextmanager
-def local_tpu_cluster(chips: int = 2, num_cpus: int = 2, worker_env: dict | None = None):
+def local_tpu_cluster(chips: int = 2, num_cpus: int = 2, worker_env: dict | None = None, object_store_mb: int = 200):
     """Starts a Ray cluster of this machine, seen by Ray as a TPU host with `chips` chips (the CPU
     plugin gives each process that many tpu devices; Ray's TPU_VISIBLE_CHIPS narrows a worker to
-    the chips it holds). `worker_env` goes to every worker through the job's runtime_env. Yields
-    the ray module; on exit shuts Ray down, removes its session folder and restores os.environ."""
+    the chips it holds); chips=0: a plain CPU cluster. `worker_env` goes to every worker through
+    the job's runtime_env. Yields the ray module; on exit shuts Ray down, removes its session
+    folder and restores os.environ."""
     import ray
 
-    env = {**TPU_NODE_ENV, "TORCH_TPU_CPU_DEVICES": str(chips),
-           "RAY_AUTH_MODE": "disabled"}  # no token written to the home directory
+    env = {"RAY_AUTH_MODE": "disabled"}  # no token written to the home directory
+    if chips:
+        env.update(TPU_NODE_ENV, TORCH_TPU_CPU_DEVICES=str(chips))
     saved = {name: os.environ.get(name) for name in (*env, *CLEARED)}
     # Ray's Unix sockets live under its temp dir: keep that path short.
     ray_tmp = tempfile.mkdtemp(prefix="ray", dir="/tmp")
@@ -46,8 +48,8 @@ def local_tpu_cluster(chips: int = 2, num_cpus: int = 2, worker_env: dict | None
         os.environ.update(env)
         ray.init(
             num_cpus=num_cpus,
-            resources={"TPU": chips},
-            object_store_memory=200 * 1024 * 1024,
+            resources={"TPU": chips} if chips else None,
+            object_store_memory=object_store_mb * 1024 * 1024,
             include_dashboard=False,
             _temp_dir=ray_tmp,
             runtime_env={"env_vars": {"OMP_NUM_THREADS": "1", **(worker_env or {})}},

@@ -33,13 +33,15 @@ def _tpu_module():
 class PlatformTPU(PlatformBase):
     """The ``tpu`` device of torch_tpu, as VeRL sees an accelerator."""
 
+    DEVICE, VENDOR = "tpu", "torch_tpu"
+
     @property
     def device_name(self) -> str:
-        return "tpu"
+        return self.DEVICE
 
     @property
     def vendor_name(self) -> str:
-        return "torch_tpu"
+        return self.VENDOR
 
     @property
     def device_module(self) -> ModuleType:
@@ -188,13 +190,7 @@ class PlatformHostCPU(PlatformTPU):
     current accelerator (``tpu:N``), not the CPU.
     """
 
-    @property
-    def device_name(self) -> str:
-        return "cpu"
-
-    @property
-    def vendor_name(self) -> str:
-        return "torch"
+    DEVICE, VENDOR = "cpu", "torch"
 
     @property
     def device_module(self) -> ModuleType:
