@@ -5,10 +5,12 @@
 #                                 ctest; every Python test file in strict eager (slow
 #                                 tests left out); fused eager over the tests whose
 #                                 behaviour depends on the mode; vLLM's engine and
-#                                 server started once each; the build against torch 2.11
+#                                 server started once each; VeRL's plugin and one GRPO
+#                                 step; the build against torch 2.11
 #   bash scripts/test.sh --full   everything there is: both modes over the whole suite,
-#                                 slow tests (TorchTitan, model zoo, OpInfo sample),
-#                                 the whole vLLM suite, the torch 2.11 sample
+#                                 slow tests (TorchTitan, TorchRec and Ray Train over 2
+#                                 ranks, model zoo, OpInfo sample), the whole vLLM suite,
+#                                 VeRL's GRPO run, the torch 2.11 sample
 #   bash scripts/test.sh ARGS     the set-up, then pytest ARGS alone (strict eager)
 #
 # Each tier ends with the time each stage took. Compiled programs are shared across the run
@@ -91,6 +93,7 @@ bg_start() {  # bg_start NAME COMMAND...: output to build/bg-NAME.log
   local name=$1
   shift
   mkdir -p build
+  rm -f "build/bg-$name.rc"
   # A session of its own, so that an interrupted run ends the job with all its processes.
   setsid bash -c '"${@:3}" >"$1" 2>&1; echo "$? $SECONDS" >"$2"' _ "build/bg-$name.log" "build/bg-$name.rc" "$@" &
   bg_pids+=($!)
@@ -107,6 +110,11 @@ bg_wait() {  # bg_wait NAME: waits, shows the log's end on failure, returns the 
   return "$rc"
 }
 if [ "${TORCH_TPU_TEST_VLLM:-1}" = 1 ]; then bg_start vllm_env bash scripts/setup_vllm.sh; fi
+# VeRL's after vLLM's: each installs torch_tpu editable, which runs the build in ./build.
+if [ "${TORCH_TPU_TEST_VERL:-1}" = 1 ]; then
+  bg_start verl_env bash -c 'while [ "$1" = 1 ] && [ ! -f build/bg-vllm_env.rc ]; do sleep 5; done
+    bash scripts/setup_verl.sh' _ "${TORCH_TPU_TEST_VLLM:-1}"
+fi
 if [ "${TORCH_TPU_TEST_TORCH211:-1}" = 1 ]; then bg_start torch211_env bash scripts/check_torch211.sh --prepare; fi
 
 if [ $tier = gate ]; then
@@ -130,6 +138,17 @@ if [ "${TORCH_TPU_TEST_VLLM:-1}" = 1 ]; then
     stage vllm .venv-vllm/bin/python -m pytest -q -m "not slow" tests/vllm
   else
     stage vllm .venv-vllm/bin/python -m pytest -q tests/vllm
+  fi
+fi
+
+# Reinforcement learning: VeRL's own trainer (GRPO) on tpu through torch_tpu/verl, in the third
+# environment scripts/setup_verl.sh makes (VeRL caps transformers below 5.11).
+if [ "${TORCH_TPU_TEST_VERL:-1}" = 1 ]; then
+  stage verl-setup bg_wait verl_env
+  if [ $tier = gate ]; then
+    stage verl .venv-verl/bin/python -m pytest -q -p no:cacheprovider -m "not slow" tests/verl
+  else
+    stage verl .venv-verl/bin/python -m pytest -q -p no:cacheprovider tests/verl
   fi
 fi
 

@@ -85,6 +85,8 @@ const std::vector<Var>& all() {
       {"TORCH_TPU_TEST_FUSED", "0/1", "1", "scripts", "0: scripts/test.sh skips its pass in fused eager"},
       {"TORCH_TPU_TEST_VLLM", "0/1", "1", "scripts",
        "0: scripts/test.sh skips the vLLM serving tests (and their set-up)"},
+      {"TORCH_TPU_TEST_VERL", "0/1", "1", "scripts",
+       "0: scripts/test.sh skips the VeRL tests (and their set-up, scripts/setup_verl.sh)"},
       {"TORCH_TPU_TEST_WORKERS", "integer", "2", "scripts",
        "pytest worker processes scripts/test.sh runs each pass in (pytest-xdist); 1: one process"},
       {"TORCH_TPU_TEST_TORCH211", "0/1", "1", "scripts",
