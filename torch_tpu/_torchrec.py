@@ -154,25 +154,20 @@ def _jagged_2d_to_dense(values, offsets, max_sequence_length):
     return _jagged_to_padded_dense(values, [offsets], [max_sequence_length], 0.0)
 
 
+# FBGEMM's jagged <-> padded conversions are PyTorch's own nested-tensor ones (lowered in
+# csrc/ops/segments.cpp) where there is one jagged dim.
 def _jagged_to_padded_dense(values, offsets, max_lengths, padding_value=0.0):
     if len(offsets) != 1:
         return _fallback("fbgemm::jagged_to_padded_dense_forward", "more than one jagged dim", values, offsets,
                          max_lengths, padding_value)
-    off = offsets[0].long()
-    b, m = off.numel() - 1, int(max_lengths[0])
-    j = torch.arange(m, device=values.device)
-    src = off[:-1, None] + j[None, :]
-    valid = j[None, :] < (off[1:] - off[:-1])[:, None]
-    rows = values[torch.where(valid, src, torch.zeros_like(src)).clamp(max=max(values.shape[0] - 1, 0))]
-    mask = valid.reshape(b, m, *([1] * (values.dim() - 1)))
-    return torch.where(mask, rows, torch.full_like(rows, padding_value))
+    return torch.ops.aten._jagged_to_padded_dense_forward(values, offsets, max_lengths, padding_value)
 
 
 def _dense_to_jagged_forward(dense, offsets, total_L=None):
-    off = offsets[0].long()
-    total = int(off[-1]) if total_L is None else int(total_L)
-    seg = segment_of(off, total)
-    return dense[seg, torch.arange(total, device=dense.device) - off[seg]]
+    if len(offsets) != 1:
+        return _fallback("fbgemm::dense_to_jagged_forward", "more than one jagged dim", dense, offsets, total_L)
+    total = int(offsets[0][-1]) if total_L is None else int(total_L)  # the size: one host read
+    return torch.ops.aten._padded_dense_to_jagged_forward(dense, offsets, total)
 
 
 def _segment_sum_csr(batch_size, csr_seg, values):
