@@ -64,7 +64,7 @@ def worker(args):
                                 lambda ps: torch.optim.Adagrad(ps, lr=0.01))
     g = torch.Generator().manual_seed(rank)
     data = []
-    for _ in range(4):
+    for _ in range(args.batches):
         lengths = torch.randint(0, args.pool + 1, (len(keys) * args.batch,), generator=g)
         values = torch.randint(0, args.rows, (int(lengths.sum()),), generator=g)
         data.append((torch.randn(args.batch, 13, generator=g).to(device),
@@ -94,6 +94,7 @@ def main():
     ap.add_argument("--device", default=None)
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=4, help="steps before timing (4: each batch once)")
+    ap.add_argument("--batches", type=int, default=4, help="distinct batches, cycled (each a new id count)")
     ap.add_argument("--batch", type=int, default=256, help="per rank")
     ap.add_argument("--tables", type=int, default=8)
     ap.add_argument("--rows", type=int, default=20000)

@@ -73,6 +73,23 @@ def segment_of(offsets: torch.Tensor, n: int) -> torch.Tensor:
     return torch.searchsorted(offsets[1:].contiguous(), pos, right=True)
 
 
+def bucket(n: int) -> int:
+    """The size n ids are padded to: a multiple of an eighth of n's power of two (at most 12.5%
+    padding, 8 sizes per doubling), so that batches of other sizes reuse the compiled programs
+    instead of compiling their own (each id count was a new set of programs)."""
+    if n <= 64:
+        return 64
+    step = 1 << (n.bit_length() - 4)
+    return -(-n // step) * step
+
+
+def pad_to(t, size: int):
+    """t padded with zeros along dim 0 to `size` rows."""
+    if t is None or t.shape[0] >= size:
+        return t
+    return torch.cat([t, t.new_zeros((size - t.shape[0], *t.shape[1:]))])
+
+
 def _permute_segments(permute, seg_lengths, values, weights, total):
     """Values (and weights) of segments taken in `permute`'s order; seg_lengths per segment."""
     in_off = complete_cumsum(seg_lengths.long())
@@ -211,17 +228,18 @@ def _bounds_check_indices(rows_per_table, indices, offsets, bounds_check_mode, w
                          info_B_mask, bounds_check_version, prefetch_pipeline)
     tables = rows_per_table.numel()
     batch = (offsets.numel() - 1) // tables
-    feature = torch.div(segment_of(offsets.long(), indices.numel()).clamp(max=offsets.numel() - 2), batch,
-                        rounding_mode="floor")
-    ids = indices.long()
-    bad = (ids < 0) | (ids >= rows_per_table.long()[feature])
+    n, size = indices.numel(), bucket(indices.numel())  # computed on the padded ids (see bucket)
+    feature = torch.div(segment_of(offsets.long(), size).clamp(max=offsets.numel() - 2), batch, rounding_mode="floor")
+    ids = pad_to(indices, size).long()
+    real = torch.arange(size, device=ids.device) < offsets[-1]
+    bad = ((ids < 0) | (ids >= rows_per_table.long()[feature])) & real
     if mode == 0:
         if bool(bad.any()):
             raise RuntimeError("fbgemm bounds_check_indices: an index is outside its table's rows (BoundsCheckMode.FATAL)")
         return
     if mode == 1:
         warning.add_(bad.sum().to(warning.dtype))
-    indices.copy_(torch.where(bad, torch.zeros_like(indices), indices))
+    indices.copy_(torch.where(bad, torch.zeros_like(ids), ids)[:n].to(indices.dtype))
 
 
 SPARSE_OPS = {
@@ -359,14 +377,15 @@ class _Ids:
     repeat the last real one, so that writes back stay identical) and which columns are real."""
 
     def __init__(self, layout, indices, offsets):
-        n = indices.numel()
+        n = indices.numel()  # padded (see bucket): the ids past the last offset are not real
         self.bag = segment_of(offsets.long(), n).clamp(max=offsets.numel() - 2)
         feature = torch.div(self.bag, (offsets.numel() - 1) // layout.T, rounding_mode="floor")
         ids = indices.long()
         self.row = layout.f_rowbase[feature] + ids
-        dim = layout.f_dim[feature][:, None]
+        self.width = layout.f_dim[feature]  # the columns of each id's table
+        dim = self.width[:, None]
         cols = torch.arange(layout.max_D, device=ids.device)[None, :]
-        self.valid = cols < dim
+        self.valid = (cols < dim) & (torch.arange(n, device=ids.device) < offsets[-1])[:, None]
         self.cols = torch.minimum(cols, dim - 1)
         self.elems = (layout.f_woff[feature] + ids * layout.f_dim[feature])[:, None] + self.cols
         self.state = layout.f_state[feature] + ids if layout.f_state is not None else None
@@ -435,7 +454,7 @@ def _apply_optimizer(name, args, layout, ids, per):
             # FBGEMM's CPU and CUDA kernels disagree on it (a row's decay with repeated ids).
             raise NotImplementedError("torch_tpu: row-wise Adagrad with weight decay has no tpu kernel")
         m_flat = args["momentum1"][0]
-        m = m_flat[ids.state].float() + (g * g).sum(1) / ids.valid.sum(1)
+        m = m_flat[ids.state].float() + (g * g).sum(1) / ids.width
         new = rows - (lr / (m.sqrt() + eps))[:, None] * g_wide
         m_flat.index_put_((ids.state,), m.to(m_flat.dtype))
     else:
@@ -448,17 +467,22 @@ class _TbeLookup(torch.autograd.Function):
     @staticmethod
     def forward(ctx, placeholder, name, args):
         layout = _tbe_layout(name, args)
-        ids = _Ids(layout, args["indices"], args["offsets"])
-        ctx.name, ctx.args, ctx.layout, ctx.ids = name, args, layout, ids
+        n = args["indices"].numel()
+        size = bucket(n)
+        ids = _Ids(layout, pad_to(args["indices"], size), args["offsets"])
+        weights = pad_to(args["indice_weights"], size)
+        ctx.name, ctx.args, ctx.layout, ctx.ids, ctx.weights, ctx.size = name, args, layout, ids, weights, size
         out_dtype = _SPARSE_DTYPES.get(args["output_dtype"], args["weights"][0].dtype)
-        return _tbe_forward(layout, ids, args["weights"][0], args["offsets"], args["pooling_mode"],
-                            args["indice_weights"], out_dtype)
+        out = _tbe_forward(layout, ids, args["weights"][0], args["offsets"], args["pooling_mode"], weights, out_dtype)
+        return out[:n] if args["pooling_mode"] == _POOL_NONE else out
 
     @staticmethod
     def backward(ctx, grad):
         a = ctx.args
         with torch.no_grad():
-            per = _tbe_id_grads(ctx.layout, ctx.ids, grad, a["offsets"], a["pooling_mode"], a["indice_weights"])
+            if a["pooling_mode"] == _POOL_NONE:
+                grad = pad_to(grad, ctx.size)
+            per = _tbe_id_grads(ctx.layout, ctx.ids, grad, a["offsets"], a["pooling_mode"], ctx.weights)
             _apply_optimizer(ctx.name, a, ctx.layout, ctx.ids, per)
         return None, None, None
 

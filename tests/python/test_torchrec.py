@@ -341,3 +341,28 @@ def test_a_case_with_no_tpu_path_goes_through_the_counted_fallback():
             fb.block_bucketize_sparse_features(*targs)
     finally:
         torch_tpu.set_fallback(previous)
+
+
+def test_a_new_id_count_reuses_the_tbe_programs(fallback_error):
+    """Ids are padded to a bucket (torch_tpu._torchrec.bucket): a batch with another number of ids
+    in the same bucket needs only the padding's programs (before: about 40 per new count)."""
+    import torch_tpu
+    from torch_tpu._torchrec import bucket
+
+    assert bucket(100) == bucket(103) == 104 and bucket(10) == 64 and bucket(1000) == 1024
+    m = tbe(EmbOptimType.EXACT_ROWWISE_ADAGRAD, PoolingMode.SUM, [0, 1]).to("tpu")
+    g = torch.Generator().manual_seed(5)
+
+    def step(n):
+        offsets = torch.linspace(0, n, 9).long()  # 2 features x batch 4
+        idx = torch.randint(0, 20, (n,), generator=g)
+        m(idx.to("tpu"), offsets.to("tpu")).sum().backward()
+        torch.tpu.synchronize()
+
+    # Programs looked up and not found in memory (compiled, or read from the disk cache an earlier
+    # run left): what a new id count costs.
+    with torch_tpu.mode("strict"):
+        step(100)
+        before = torch_tpu.metrics()["cache_misses"]
+        step(103)
+        assert torch_tpu.metrics()["cache_misses"] - before <= 3
