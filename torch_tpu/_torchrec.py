@@ -187,6 +187,20 @@ def _dense_to_jagged_forward(dense, offsets, total_L=None):
     return torch.ops.aten._padded_dense_to_jagged_forward(dense, offsets, total)
 
 
+def _jagged_to_padded_dense_backward(grad_output, offsets, total_L):
+    return _dense_to_jagged_forward(grad_output, offsets, total_L)
+
+
+# PyTorch's nested-tensor ops have no derivative: these are registered below autograd, where
+# FBGEMM's own autograd formulas (which call them and the backward above) stay in force.
+JAGGED_OPS = {
+    "jagged_2d_to_dense": _jagged_2d_to_dense,
+    "jagged_to_padded_dense_forward": _jagged_to_padded_dense,
+    "jagged_to_padded_dense_backward": _jagged_to_padded_dense_backward,
+    "dense_to_jagged_forward": _dense_to_jagged_forward,
+}
+
+
 def _segment_sum_csr(batch_size, csr_seg, values):
     seg = segment_of(csr_seg.long() * batch_size, values.numel())
     out = torch.zeros(csr_seg.numel() - 1, dtype=values.dtype, device=values.device)
@@ -255,9 +269,6 @@ SPARSE_OPS = {
     "permute_pooled_embs": _permute_pooled_embs,
     "permute_pooled_embs_auto_grad": _permute_pooled_embs,
     "permute_pooled_embs_auto_grad_split": _permute_pooled_embs,
-    "jagged_2d_to_dense": _jagged_2d_to_dense,
-    "jagged_to_padded_dense_forward": _jagged_to_padded_dense,
-    "dense_to_jagged_forward": _dense_to_jagged_forward,
     "segment_sum_csr": _segment_sum_csr,
     "offsets_range": _offsets_range,
     "lengths_range": _lengths_range,
@@ -519,6 +530,7 @@ TBE_OPTIMIZERS = ("sgd", "adagrad", "rowwise_adagrad")
 def register() -> None:
     """Registers the tpu kernels (once FBGEMM's operators are defined)."""
     _register("fbgemm", {n: f for n, f in SPARSE_OPS.items() if _defined("fbgemm", n)})
+    _register("fbgemm", {n: f for n, f in JAGGED_OPS.items() if _defined("fbgemm", n)}, keys=("PrivateUse1",))
     tbe = {}
     for name in TBE_OPTIMIZERS:
         op_name = f"split_embedding_codegen_lookup_{name}_function_pt2"

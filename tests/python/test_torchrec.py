@@ -112,6 +112,16 @@ def test_pooled_permutes_and_jagged_conversions(fallback_error):
     same_on_tpu(fb.jagged_to_padded_dense, vals, [offsets], [4], 1.5)
     dense = torch.randn(3, 4, 3)
     same_on_tpu(lambda d, o: fb.dense_to_jagged(d, [o])[0], dense, offsets)
+    # Their gradients, through FBGEMM's own autograd formulas.
+    for fn, x in ((lambda v, o: fb.jagged_to_padded_dense(v, [o], [4]), vals),
+                  (lambda v, o: fb.jagged_2d_to_dense(v, o, 4), vals),
+                  (lambda d, o: fb.dense_to_jagged(d, [o])[0], dense)):
+        grads = []
+        for dev in ("cpu", "tpu"):
+            leaf = x.detach().clone().to(dev).requires_grad_()
+            fn(leaf, offsets.to(dev)).pow(2).sum().backward()
+            grads.append(leaf.grad.cpu())
+        torch.testing.assert_close(grads[1], grads[0])
 
 
 def test_bounds_check(fallback_error):
