@@ -24,9 +24,14 @@ class TpuPlatform(CpuPlatform):
     device_name: str = "tpu"
     device_type: str = "tpu"
     dispatch_key: str = "PrivateUse1"
-    dist_backend: str = "gloo"
-    ray_device_key: str = ""
-    simple_compile_backend: str = "eager"
+    # As TorchTPU's own platform declares them: the c10d backend of the tpu
+    # device (torch_tpu.distributed), Ray's resource name for TPU chips, the
+    # variable that picks a process's chips, and torch.compile's tpu backend
+    # for vLLM's small compiled helpers.
+    dist_backend: str = "tpu_dist"
+    ray_device_key: str = "TPU"
+    device_control_env_var: str = "TPU_VISIBLE_CHIPS"
+    simple_compile_backend: str = "tpu"
 
     @property
     def supported_dtypes(self) -> list[torch.dtype]:

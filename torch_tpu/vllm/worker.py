@@ -1,6 +1,8 @@
 """vLLM's worker and model runner for tpu: GPUModelRunner on the tpu device
 (CPUModelRunner's device-agnostic parts), CPUWorker's memory accounting."""
 import dataclasses
+import functools
+import types
 from contextlib import contextmanager, nullcontext
 
 import numpy as np
@@ -9,9 +11,8 @@ import torch
 from vllm.logger import init_logger
 from vllm.platforms import current_platform
 from vllm.utils.torch_utils import set_random_seed
-from vllm.v1.sample.logits_processor import LogitsProcessors
+from vllm.v1.outputs import LogprobsTensors
 from vllm.v1.sample.metadata import SamplingMetadata
-from vllm.v1.utils import copy_slice
 from vllm.v1.worker.cpu_model_runner import CPUModelRunner
 from vllm.v1.worker.cpu_worker import CPUWorker
 from vllm.v1.worker.gpu_model_runner import GPUModelRunner
@@ -20,12 +21,10 @@ from vllm.v1.worker.gpu_worker import init_worker_distributed_environment
 
 from torch_tpu.vllm import steps
 from torch_tpu.vllm.attention import bucket, request_bucket
+from torch_tpu.vllm.attention import grown
+from torch_tpu.vllm.sampler import TpuSampler, grammar_bitmask_on_tpu, host_batch
 
 logger = init_logger("vllm." + __name__)  # vLLM configures the "vllm" loggers only
-
-# Request counts up to this one have the sampler compiled before serving
-# (its programs are per exact count; a larger count compiles at first use).
-_SAMPLER_WARM_UP_REQUESTS = 64
 
 
 @contextmanager
@@ -74,38 +73,62 @@ def _allocate_kv_cache_per_layer(kv_cache_config, device, layout, kernel_block_s
     return caches
 
 
-def _sampling_metadata(num_reqs: int, device, temperature: torch.Tensor | None) -> SamplingMetadata:
-    """Sampling metadata of num_reqs requests, all greedy (temperature None)
-    or all sampled at `temperature` (no top-k or top-p, penalties,
-    processors or logprobs)."""
-    greedy = temperature is None
-    zeros = torch.zeros(num_reqs, device=device)
+def _host_sampling_metadata(batch) -> SamplingMetadata:
+    """InputBatch._make_sampling_metadata for the tpu sampler: the same
+    metadata over the batch's host tensors, with no device copies (vLLM's
+    copies each parameter into a slice of a device buffer: a program per
+    request count). TpuSampler reads the batch itself (sampler.host_batch)."""
+    n = batch.num_reqs
     return SamplingMetadata(
-        temperature=temperature,
-        all_greedy=greedy,
-        all_random=not greedy,
-        top_p=None,
-        top_k=None,
-        generators={},
-        max_num_logprobs=None,
-        logprob_token_ids=None,
-        no_penalties=True,
+        temperature=None if batch.all_greedy else batch.temperature_cpu_tensor[:n],
+        all_greedy=batch.all_greedy,
+        all_random=batch.all_random,
+        top_p=None if batch.no_top_p else batch.top_p_cpu_tensor[:n],
+        top_k=None if batch.no_top_k else batch.top_k_cpu_tensor[:n],
+        generators=batch.generators,
+        max_num_logprobs=batch.max_num_logprobs,
+        no_penalties=batch.no_penalties,
         prompt_token_ids=None,
-        frequency_penalties=zeros,
-        presence_penalties=zeros,
-        repetition_penalties=zeros,
-        output_token_ids=[[] for _ in range(num_reqs)],
-        spec_token_ids=[[] for _ in range(num_reqs)],
-        allowed_token_ids_mask=None,
-        bad_words_token_ids={},
-        logitsprocs=LogitsProcessors(),
+        frequency_penalties=batch.frequency_penalties_cpu_tensor[:n],
+        presence_penalties=batch.presence_penalties_cpu_tensor[:n],
+        repetition_penalties=batch.repetition_penalties_cpu_tensor[:n],
+        output_token_ids=batch.req_output_token_ids[:n],
+        spec_token_ids=batch.spec_token_ids[:n],
+        allowed_token_ids_mask=None if batch.no_allowed_token_ids else batch.allowed_token_ids_mask_cpu_tensor[:n],
+        bad_words_token_ids=batch.bad_words_token_ids,
+        logitsprocs=batch.logitsprocs,
     )
+
+
+def _tpu_sampling(vllm_config) -> bool:
+    """Whether TpuSampler samples (sampler.py): not for speculative decoding,
+    custom logits processors, a reasoning budget or processed logprobs, which
+    keep vLLM's sampler (their programs compile per request count)."""
+    mc = vllm_config.model_config
+    return not (vllm_config.speculative_config or mc.logits_processors or vllm_config.reasoning_config
+                or mc.logprobs_mode not in ("raw_logprobs", "raw_logits"))
 
 
 class TpuModelRunner(GPUModelRunner):
     def __init__(self, vllm_config, device: torch.device):
-        with _without_cuda_streams():
-            super().__init__(vllm_config, device)
+        import vllm.v1.worker.gpu_model_runner as gmr
+
+        self.tpu_sampler = None
+        build = gmr.build_logitsprocs
+        if _tpu_sampling(vllm_config):
+            mc = vllm_config.model_config
+            self.tpu_sampler = TpuSampler(mc.logprobs_mode, mc.max_logprobs if mc.max_logprobs >= 0 else 1 << 30)
+            # vLLM's logits processors (min-p, logit bias, min tokens) kept on
+            # the host: TpuSampler reads their state there.
+            gmr.build_logitsprocs = lambda cfg, _device, *args, **kw: build(cfg, torch.device("cpu"), *args, **kw)
+            if not hasattr(gmr.apply_grammar_bitmask, "__wrapped__"):
+                gmr.apply_grammar_bitmask = functools.wraps(gmr.apply_grammar_bitmask)(
+                    grammar_bitmask_on_tpu(gmr.apply_grammar_bitmask))
+        try:
+            with _without_cuda_streams():
+                super().__init__(vllm_config, device)
+        finally:
+            gmr.build_logitsprocs = build
         self.use_cuda_graph = False
         self._positions_host = torch.zeros(self.max_num_tokens, dtype=torch.int64)
         self.step_programs: steps.StepPrograms | None = None
@@ -116,6 +139,73 @@ class TpuModelRunner(GPUModelRunner):
         # --enforce-eager runs op by op, as on GPUs (no CUDA graphs).
         if steps.enabled() and not self.model_config.enforce_eager and not self.lora_config:
             self.step_programs = steps.record_steps(self.model, lambda: self.kv_caches)
+
+    @property
+    def input_batch(self):
+        return self.__dict__["_input_batch"]
+
+    @input_batch.setter
+    def input_batch(self, batch) -> None:
+        # Each InputBatch vLLM makes (at start, again with the KV cache's block sizes).
+        if self.tpu_sampler is not None:
+            batch._make_sampling_metadata = types.MethodType(_host_sampling_metadata, batch)
+        self.__dict__["_input_batch"] = batch
+
+    def _sample(self, logits, spec_decode_metadata):
+        if self.tpu_sampler is None or spec_decode_metadata is not None:
+            return super()._sample(logits, spec_decode_metadata)
+        batch = self.input_batch
+        hb = host_batch(batch, logits.shape[0], logits.shape[1])
+        for row in np.nonzero(self.discard_request_mask.np[: batch.num_reqs])[0]:
+            # A request still prefilling: its token is discarded, and vLLM's
+            # _bookkeeping_sync then takes its generator back 4 (CUDA's
+            # Philox step). It draws nothing here, so it starts 4 ahead.
+            generator = hb.generators.pop(int(row), None)
+            if generator is not None:
+                generator.set_offset(generator.get_offset() + 4)
+        scoring = {batch.req_id_to_index[r]: ids for r, ids in batch.logprob_token_ids.items()
+                   if r in batch.req_id_to_index}
+        return self.tpu_sampler.sample_batch(logits, hb, scoring or None)
+
+    def _get_prompt_logprobs_dict(self, hidden_states, num_scheduled_tokens):
+        """Prompt logprobs from the logits of every token of the step's
+        bucket at once (vLLM computes them per request chunk: programs per
+        chunk length and per logprob count), cut per request on the host."""
+        wanted = {r: k for r, k in self.num_prompt_logprobs.items()
+                  if r in num_scheduled_tokens and self.requests[r].prompt_token_ids is not None}
+        if self.tpu_sampler is None or not wanted:
+            return super()._get_prompt_logprobs_dict(hidden_states, num_scheduled_tokens)
+        hidden = grown(hidden_states, bucket(hidden_states.shape[0], self.max_num_tokens))
+        targets = np.zeros(hidden.shape[0], dtype=np.int64)
+        chunks = {}
+        for req_id in wanted:
+            request = self.requests[req_id]
+            start, prompt = request.num_computed_tokens, request.prompt_token_ids
+            remaining = len(prompt) - start - 1
+            count, offset = min(num_scheduled_tokens[req_id], remaining), 0
+            if count > 0:
+                offset = int(self.query_start_loc.np[self.input_batch.req_id_to_index[req_id]])
+                targets[offset : offset + count] = prompt[start + 1 : start + 1 + count]
+            chunks[req_id] = (start, offset, count, num_scheduled_tokens[req_id] > remaining)
+        scores = self.tpu_sampler.scores(self.model.compute_logits(hidden))
+        ids, values, ranks = self.tpu_sampler.top_logprobs(scores, torch.from_numpy(targets).to(self.device))
+        done = {}
+        for req_id, (start, offset, count, last) in chunks.items():
+            request, k = self.requests[req_id], wanted[req_id]
+            tensors = request.in_progress_prompt_logprobs_cpu
+            if tensors is None:
+                tensors = LogprobsTensors.empty_cpu(len(request.prompt_token_ids) - 1, k + 1)
+                request.in_progress_prompt_logprobs_cpu = tensors
+            if count > 0:
+                rows = slice(offset, offset + count)
+                tensors.logprob_token_ids[start : start + count] = ids[rows, : k + 1]
+                tensors.logprobs[start : start + count] = values[rows, : k + 1]
+                tensors.selected_token_ranks[start : start + count] = ranks[rows]
+            if last:  # the prompt's last chunk
+                done[req_id] = tensors
+                del self.num_prompt_logprobs[req_id]
+                request.in_progress_prompt_logprobs_cpu = None
+        return done
 
     get_model = CPUModelRunner.get_model
     _zero_block_ids = CPUModelRunner._zero_block_ids
@@ -218,7 +308,12 @@ class TpuModelRunner(GPUModelRunner):
         self.num_accepted_tokens.np.fill(1)
         self.num_accepted_tokens.copy_to_gpu()
         # Each request's last token gives its logits: an upload, no program.
-        logits_indices = torch.from_numpy((cu_num_tokens - 1).astype(np.int64)).to(self.device)
+        # For TpuSampler, as many rows as the request bucket (the padding's
+        # rows repeat the first token's and are discarded).
+        last = (cu_num_tokens - 1).astype(np.int64)
+        if self.tpu_sampler is not None:
+            last = np.pad(last, (0, request_bucket(num_reqs, self.max_num_reqs) - num_reqs))
+        logits_indices = torch.from_numpy(last).to(self.device)
         return logits_indices, None, 1
 
     def warming_up_model(self) -> None:
@@ -257,9 +352,9 @@ class TpuWorker(CPUWorker):
         none compiles in some request's latency. A step's model program
         depends on its token bucket and its request bucket only (attention
         is ragged), so one batch per (token bucket, request bucket) makes them
-        all; then the gather of each request's last hidden state (per token
-        bucket and exact request count), the logits and the sampler, greedy
-        and at a temperature without top-k or top-p (per exact request count)."""
+        all; then the gather of each request's last hidden state and the
+        logits (per token bucket and request bucket) and every path of the
+        sampler per request bucket (TpuSampler.warm_up)."""
         import time
 
         times = super().compile_or_warm_up_model()
@@ -293,26 +388,25 @@ class TpuWorker(CPUWorker):
                         hidden, _ = runner._dummy_run(n, force_attention=True, uniform_decode=True)
                     shapes += 1
                 with torch.inference_mode():
-                    for r in range(1, min(n, max_reqs) + 1):
-                        hidden[torch.zeros(r, dtype=torch.int64, device=runner.device)]
+                    for rows in buckets:  # each request's last hidden state, gathered
+                        hidden[torch.zeros(rows, dtype=torch.int64, device=runner.device)]
+                    if runner.tpu_sampler is not None:  # prompt logprobs: every token's
+                        scores = runner.tpu_sampler.scores(runner.model.compute_logits(hidden))
+                        runner.tpu_sampler.top_logprobs(scores, torch.zeros(n, dtype=torch.int64, device=runner.device))
         finally:
             runner.uniform_decode_query_len = query_len
-        # Logits and sampling (greedy, and at a temperature) run per exact
-        # request count.
-        batch = runner.input_batch
-        with torch.inference_mode():
-            for r in range(1, min(max_reqs, _SAMPLER_WARM_UP_REQUESTS) + 1):
-                logits = runner.model.compute_logits(hidden[:1].expand(r, -1).contiguous())
-                runner.sampler(logits=logits, sampling_metadata=_sampling_metadata(r, runner.device, None))
-                # Temperatures reach the device as the input batch sends them
-                # (copy_slice into its persistent buffer: a program per count).
-                batch.temperature_cpu_tensor[:r] = 1.0
-                temperature = copy_slice(batch.temperature_cpu_tensor, batch.temperature, r)
-                logits = runner.model.compute_logits(hidden[:1].expand(r, -1).contiguous())
-                runner.sampler(logits=logits, sampling_metadata=_sampling_metadata(r, runner.device, temperature))
+        paths = 0
+        sampler = runner.tpu_sampler
+        if sampler is not None:
+            generator = torch.Generator(device=runner.device)
+            generator.manual_seed(0)
+            with torch.inference_mode():
+                for rows in sorted({request_bucket(r, max_reqs) for r in range(1, max_reqs + 1)}):
+                    logits = runner.model.compute_logits(hidden[torch.zeros(rows, dtype=torch.int64, device=runner.device)])
+                    paths += sampler.warm_up(logits, logits.shape[1], rows * runner.max_model_len, generator)
         torch.tpu.synchronize()
-        logger.info("torch_tpu: warmed up %d batch shapes in %d token buckets in %.1f s", shapes, len(sizes),
-                    time.perf_counter() - start)
+        logger.info("torch_tpu: warmed up %d batch shapes in %d token buckets and %d sampling paths in %.1f s",
+                    shapes, len(sizes), paths, time.perf_counter() - start)
         return times
 
     def _maybe_get_memory_pool_context(self, tag: str):
