@@ -15,6 +15,7 @@ import platform
 import subprocess
 import sys
 import tempfile
+import urllib.request
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -36,6 +37,25 @@ def bench(model, port, result_dir, name, args, num_prompts, seed):
         return json.load(f)
 
 
+def step_stats(port):
+    """The tpu worker's step statistics (TpuWorker.step_stats, through vLLM's
+    dev-mode /collective_rpc): work computed and padded, programs made."""
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/collective_rpc", method="POST",
+                                 data=json.dumps({"method": "step_stats"}).encode(),
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=60) as r:
+        return json.load(r)["results"][0]
+
+
+def delta(before, after):
+    """Padding fractions of the steps between two step_stats."""
+    d = {k: after[k] - before[k] for k in ("tokens", "computed_tokens", "attention_pairs",
+                                           "computed_attention_pairs", "programs", "steps")}
+    d["matmul_padding"] = 1 - d["tokens"] / max(1, d["computed_tokens"])
+    d["attention_padding"] = 1 - d["attention_pairs"] / max(1, d["computed_attention_pairs"])
+    return d
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--num-prompts", type=int, default=32)
@@ -46,6 +66,7 @@ def main():
     ap.add_argument("--max-model-len", type=int, default=512)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--eager", action="store_true", help="--enforce-eager: op by op (default: compiled)")
+    ap.add_argument("--backends", default="tpu,cpu", help="comma-separated: tpu, cpu")
     ap.add_argument("--out", default=os.path.join(ROOT, "docs", "serving_benchmark.md"))
     args = ap.parse_args()
 
@@ -57,27 +78,38 @@ def main():
     # its cache from free memory: 21 GB of this 24 GB machine, and it thrashed.
     kv = os.environ.get("VLLM_CPU_KVCACHE_SPACE") or "1"
     backends = {
-        "tpu": dict(os.environ, VLLM_TORCH_TPU="1", VLLM_TPU_KVCACHE_SPACE=kv),
+        # Dev mode: /collective_rpc reads the worker's step statistics.
+        "tpu": dict(os.environ, VLLM_TORCH_TPU="1", VLLM_TPU_KVCACHE_SPACE=kv, VLLM_SERVER_DEV_MODE="1"),
         "cpu": dict(os.environ, VLLM_TARGET_DEVICE="cpu", VLLM_TORCH_TPU="0", VLLM_CPU_KVCACHE_SPACE=kv),
     }
+    backends = {name: backends[name] for name in args.backends.split(",")}
     results = {name: [] for name in backends}
+    steps = {name: [] for name in backends}
     server_args = ["--served-model-name", "bench", "--dtype", "float32", "--max-model-len", str(args.max_model_len),
                    "--max-num-seqs", str(args.max_num_seqs)] + (["--enforce-eager"] if args.eager else [])
     for name, env in backends.items():
         with serving(model, server_args, env, os.path.join(work, f"{name}.log")) as (port, _):
             bench(model, port, work, f"{name}_warmup", args, max(4, args.max_num_seqs), seed=99)
             for r in range(args.rounds):
+                before = step_stats(port) if name == "tpu" else None
                 results[name].append(bench(model, port, work, f"{name}_{r}", args, args.num_prompts, seed=r))
+                if before is not None:
+                    steps[name].append(delta(before, step_stats(port)))
 
     commit = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True,
                             text=True).stdout.strip()
-    rows = []
+    rows, pad_rows = [], []
     for name, runs in results.items():
         for r, res in enumerate(runs):
             rows.append(
                 f"| {name} | {r} | {res['output_throughput']:.1f} | {res['median_ttft_ms']:.0f} | "
-                f"{res['p99_ttft_ms']:.0f} | {res['median_itl_ms']:.1f} | {res['p99_itl_ms']:.1f} |")
-    ratios = [t["output_throughput"] / c["output_throughput"] for t, c in zip(results["tpu"], results["cpu"])]
+                f"{res['p99_ttft_ms']:.0f} | {res['median_itl_ms']:.1f} | {res['p99_itl_ms']:.1f} | "
+                f"{res['p99_itl_ms'] / res['median_itl_ms']:.2f} |")
+        for r, st in enumerate(steps[name]):
+            pad_rows.append(f"| {name} | {r} | {st['steps']} | {st['matmul_padding']:.1%} | "
+                            f"{st['attention_padding']:.1%} | {st['programs']} |")
+    ratios = [t["output_throughput"] / c["output_throughput"]
+              for t, c in zip(results.get("tpu", []), results.get("cpu", []))]
     text = f"""# Serving benchmark: vLLM on tpu against vLLM's CPU backend
 
 `benchmarks/serving.py`, {datetime.date.today()}, commit {commit}, {platform.machine()} with
@@ -89,12 +121,20 @@ unless --enforce-eager: torch_tpu's backend on tpu, Inductor on the CPU backend)
 layers, width 512, 8 query heads and 4 kv heads of 64, random weights; a KV cache of {kv} GiB on
 both. Each server warmed up with one run first; rounds alternate within one process per backend.
 
-| backend | round | output tok/s | TTFT p50 ms | TTFT p99 ms | ITL p50 ms | ITL p99 ms |
-| --- | ---: | ---: | ---: | ---: | ---: | ---: |
+| backend | round | output tok/s | TTFT p50 ms | TTFT p99 ms | ITL p50 ms | ITL p99 ms | ITL p99/p50 |
+| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |
 """ + "\n".join(rows) + f"""
 
 tpu / cpu output throughput per round: {", ".join(f"{x:.2f}x" for x in ratios)}.
-"""
+
+Work of the tpu server's steps in each round (`TpuWorker.step_stats`): the fraction of matmul rows
+that were padding tokens (a step runs its token bucket), of attention query-key pairs that were
+padding rows or keys past a sequence's end (paged_attention reads whole key tiles), and the
+programs made (compiled or read from the disk cache) during the round, after the warm-up run.
+
+| backend | round | steps | matmul padding | attention padding | programs made |
+| --- | ---: | ---: | ---: | ---: | ---: |
+""" + "\n".join(pad_rows) + "\n"
     with open(args.out, "w") as f:
         f.write(text)
     with open(os.path.join(work, "results.json"), "w") as f:

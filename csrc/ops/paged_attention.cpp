@@ -39,7 +39,14 @@ using ir::Builder;
 using ir::Cmp;
 
 constexpr int64_t kQueryTile = 64;  // query rows of a prefill tile
-constexpr int64_t kKeyTile = 256;   // keys read per step (whole blocks)
+// Keys read per step (whole blocks): an eighth of the longest context (the
+// block table's width), between these two. A loop reads whole tiles up to
+// its longest sequence, so a tile longer than a short context's sequences
+// mostly reads padding; a long context keeps the largest tile and at most
+// MB / 8 steps per loop until then. torch_tpu/vllm/worker.py (padding
+// accounting) mirrors this choice.
+constexpr int64_t kMinKeyTile = 64;
+constexpr int64_t kMaxKeyTile = 256;
 
 Value i64(Builder& b, const Value& v) { return b.convert(v, DType::I64); }
 Value cI64(Builder& b, int64_t v, const Shape& s = {}) { return b.constantInt(v, DType::I64, s); }
@@ -288,7 +295,8 @@ std::vector<Value> pagedAttention(Ctx& c) {
   const Value table = i64(b, c.tensor(2)), seq_lens = i64(b, c.tensor(3)), qsl = i64(b, c.tensor(4));
   d.R = table.shape()[0];
   d.MB = table.shape()[1];
-  d.Kb = std::clamp<int64_t>(kKeyTile / d.bs, 1, d.MB);
+  const int64_t min_blocks = std::max<int64_t>(1, (kMinKeyTile + d.bs - 1) / d.bs);
+  d.Kb = std::min(std::clamp<int64_t>((d.MB + 7) / 8, min_blocks, std::max<int64_t>(1, kMaxKeyTile / d.bs)), d.MB);
   d.L = d.Kb * d.bs;
   d.scale = c.f64(5);
   d.window = c.i64Or(6, -1);

@@ -67,6 +67,8 @@ def concurrent_groups(llm, count):
 
 def step_programs(llm):
     """The runner's step capture: shapes recorded, replays, unrecorded steps."""
+    if llm.llm_engine.vllm_config.parallel_config.tensor_parallel_size > 1:
+        return None  # the workers are other processes
     return llm.collective_rpc(
         lambda worker: worker.model_runner.step_programs.stats() if worker.model_runner.step_programs else None)[0]
 
@@ -86,14 +88,17 @@ def main():
         max_num_batched_tokens=32,
         enable_prefix_caching=True,
         enforce_eager=os.environ.get("LLM_WORKER_EAGER", "0") == "1",
+        # LLM_WORKER_TP=2: tensor parallel over two worker processes (tpu:0 and tpu:1, tpu_dist).
+        tensor_parallel_size=int(os.environ.get("LLM_WORKER_TP", "1")),
         # vLLM's CPU backend refuses to start unless this fraction of the machine's memory is free.
         **({"gpu_memory_utilization": float(os.environ["LLM_WORKER_MEMORY_FRACTION"])}
            if "LLM_WORKER_MEMORY_FRACTION" in os.environ else {}),
     )
     greedy = SamplingParams(temperature=0, max_tokens=n, ignore_eos=True)
     on_tpu = current_platform.device_type == "tpu"
+    in_process = on_tpu and llm.llm_engine.vllm_config.parallel_config.tensor_parallel_size == 1
     new_lengths = {}
-    if on_tpu:
+    if in_process:
         import torch_tpu
 
         new_lengths = {"steps_after_warm_up": step_programs(llm)}
@@ -102,7 +107,7 @@ def main():
     runs, compiles = [], []
     for _ in range(passes):
         runs.append([list(o.outputs[0].token_ids) for o in llm.generate(prompts, greedy)])
-        compiles.append(programs() if on_tpu else 0)
+        compiles.append(programs() if in_process else 0)
     sampled, top_k1 = [], []
     greedy_only = len(sys.argv) > 5 and sys.argv[5] == "greedy"
     for _ in range(0 if greedy_only else 2):
@@ -112,7 +117,7 @@ def main():
         top1 = SamplingParams(temperature=1.0, top_k=1, max_tokens=n, ignore_eos=True, seed=7)
         top_k1 = [list(o.outputs[0].token_ids) for o in llm.generate(prompts[:2], top1)]
     metrics = {}
-    if on_tpu:
+    if in_process:
         m = torch_tpu.metrics()
         # Programs compiled (or read from the disk cache) by the end of each greedy pass.
         metrics = {"fallbacks": dict(m["fallbacks"]), "programs_after_pass": compiles, "steps": step_programs(llm),

@@ -17,6 +17,7 @@ serving.
 from dataclasses import dataclass
 from typing import ClassVar
 
+import numpy as np
 import torch
 
 import torch_tpu  # noqa: F401  (registers the device and torch.ops.tpu)
@@ -196,3 +197,51 @@ class TpuAttentionImpl(AttentionImpl):
         )
         output[:tokens] = out.view(output[:tokens].shape)
         return output
+
+
+def key_tile(block_size: int, max_blocks: int) -> int:
+    """Keys paged_attention reads per loop step (csrc/ops/paged_attention.cpp
+    chooses them so: an eighth of the block table's width, 64 to 256 keys)."""
+    lo = max(1, -(-64 // block_size))
+    hi = max(1, 256 // block_size)
+    return min(min(max(-(-max_blocks // 8), lo), hi), max_blocks) * block_size
+
+
+class PaddingStats:
+    """Work of the steps run, real and as computed, in token rows (every
+    matmul runs the step's token bucket) and in query-key pairs of attention
+    (paged_attention's loops read whole key tiles: decode rows, padding rows
+    included, up to the longest decode sequence; each prefill tile of 64
+    queries up to its last token). Keys masked by causality inside a tile
+    count as real work; rows and keys past the requests' ends are padding."""
+
+    QUERY_TILE = 64  # paged_attention's kQueryTile
+
+    def __init__(self):
+        self.steps = 0
+        self.tokens = self.padded_tokens = 0
+        self.pairs = self.padded_pairs = 0
+
+    def add(self, query_lens: np.ndarray, seq_lens: np.ndarray, tokens: int, rows: int, block_size: int,
+            max_blocks: int) -> None:
+        self.steps += 1
+        self.tokens += int(query_lens.sum())
+        self.padded_tokens += tokens
+        tile = key_tile(block_size, max_blocks)
+        decode = query_lens == 1
+        if decode.any():
+            self.pairs += int(seq_lens[decode].sum())
+            self.padded_pairs += rows * -(-int(seq_lens[decode].max()) // tile) * tile
+        c = min(self.QUERY_TILE, tokens)
+        for q, n in zip(query_lens[~decode], seq_lens[~decode]):
+            context = int(n - q)
+            for start in range(0, int(q), c):
+                end = context + min(int(q), start + c)  # keys up to the tile's last token
+                self.pairs += min(c, int(q) - start) * end
+                self.padded_pairs += c * -(-end // tile) * tile
+
+    def as_dict(self) -> dict:
+        return {"steps": self.steps, "tokens": self.tokens, "computed_tokens": self.padded_tokens,
+                "matmul_padding": 1 - self.tokens / self.padded_tokens if self.padded_tokens else 0.0,
+                "attention_pairs": self.pairs, "computed_attention_pairs": self.padded_pairs,
+                "attention_padding": 1 - self.pairs / self.padded_pairs if self.padded_pairs else 0.0}

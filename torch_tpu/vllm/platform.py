@@ -81,7 +81,9 @@ class TpuPlatform(CpuPlatform):
 
     @classmethod
     def get_device_communicator_cls(cls) -> str:
-        return "vllm.distributed.device_communicators.cpu_communicator.CpuCommunicator"
+        # torch.distributed over the device group (tpu_dist): CpuCommunicator
+        # would take its shared-memory path, which reads host tensors.
+        return "vllm.distributed.device_communicators.base_device_communicator.DeviceCommunicatorBase"
 
     @classmethod
     def get_current_memory_usage(cls, device=None) -> float:
@@ -100,7 +102,10 @@ class TpuPlatform(CpuPlatform):
             gib = float(_env.get("VLLM_TPU_KVCACHE_SPACE", _env.get("VLLM_CPU_KVCACHE_SPACE", "1")))
             cache_config.kv_cache_memory_bytes = int(gib * GiB_bytes)
 
-        vllm_config.scheduler_config.async_scheduling = False
+        sc = vllm_config.scheduler_config
+        sc.async_scheduling = False
+        if sc.scheduler_cls is None:  # vLLM's own scheduler, a budget per step for tpu
+            sc.scheduler_cls = "torch_tpu.vllm.scheduler.TpuScheduler"
         pc = vllm_config.parallel_config
         if pc.worker_cls == "auto":
             pc.worker_cls = "torch_tpu.vllm.worker.TpuWorker"

@@ -20,7 +20,7 @@ from vllm.v1.worker.block_table import SlotMappingMode
 from vllm.v1.worker.gpu_worker import init_worker_distributed_environment
 
 from torch_tpu.vllm import steps
-from torch_tpu.vllm.attention import bucket, request_bucket
+from torch_tpu.vllm.attention import PaddingStats, bucket, request_bucket
 from torch_tpu.vllm.attention import grown
 from torch_tpu.vllm.sampler import TpuSampler, grammar_bitmask_on_tpu, host_batch
 
@@ -132,6 +132,7 @@ class TpuModelRunner(GPUModelRunner):
         self.use_cuda_graph = False
         self._positions_host = torch.zeros(self.max_num_tokens, dtype=torch.int64)
         self.step_programs: steps.StepPrograms | None = None
+        self.padding = PaddingStats()  # of the steps served (not the warm-up's)
 
     def load_model(self, load_dummy_weights: bool = False) -> None:
         CPUModelRunner.load_model(self, load_dummy_weights)
@@ -258,8 +259,9 @@ class TpuModelRunner(GPUModelRunner):
         num_reqs = batch.num_reqs
         tokens = scheduler_output.total_num_scheduled_tokens
         padded = bucket(tokens, self.max_num_tokens)
+        rows = request_bucket(num_reqs, self.max_num_reqs)
         # Block tables: the rows attention reads (the request bucket's).
-        batch.block_table.commit_block_table(request_bucket(num_reqs, self.max_num_reqs))
+        batch.block_table.commit_block_table(rows)
 
         req_indices = np.repeat(self.arange_np[:num_reqs], num_scheduled_tokens)
         cu_num_tokens = self._get_cumsum_and_arange(num_scheduled_tokens, self.query_pos.np)
@@ -296,6 +298,9 @@ class TpuModelRunner(GPUModelRunner):
         seq_lens[num_reqs:] = 0
         self.seq_lens.copy_(seq_lens)
         self.num_computed_tokens.copy_(batch.num_computed_tokens_cpu_tensor)
+        table = batch.block_table.block_tables[0]
+        self.padding.add(num_scheduled_tokens, seq_lens[:num_reqs].numpy(), padded, rows, table.block_size,
+                         table.max_num_blocks_per_req)
         self.num_scheduled_tokens.np[:num_reqs] = num_scheduled_tokens
         self.num_scheduled_tokens.np[num_reqs:] = 0
         self.num_scheduled_tokens.copy_to_gpu()
@@ -408,6 +413,21 @@ class TpuWorker(CPUWorker):
         logger.info("torch_tpu: warmed up %d batch shapes in %d token buckets and %d sampling paths in %.1f s",
                     shapes, len(sizes), paths, time.perf_counter() - start)
         return times
+
+    def step_stats(self) -> dict:
+        """What the steps served computed, padding included (attention.PaddingStats),
+        and the recorded programs' counts: for benchmarks, through vLLM's
+        collective_rpc (POST /collective_rpc {"method": "step_stats"} with
+        VLLM_SERVER_DEV_MODE=1)."""
+        import torch_tpu
+
+        runner = self.model_runner
+        stats = runner.padding.as_dict()
+        m = torch_tpu.metrics()
+        stats["programs"] = m["compiles"] + m["disk_hits"]  # made or read from the disk cache so far
+        if runner.step_programs is not None:
+            stats["step_programs"] = runner.step_programs.stats()
+        return stats
 
     def _maybe_get_memory_pool_context(self, tag: str):
         # vLLM's sleep-mode allocator is CUDA's: tpu has none.

@@ -1,0 +1,51 @@
+"""The tpu platform's step budget (torch_tpu/vllm/scheduler.py) and the work
+accounting the serving benchmark reports (attention.PaddingStats)."""
+import numpy as np
+
+from torch_tpu.vllm.attention import PaddingStats, key_tile
+from torch_tpu.vllm.scheduler import step_budget
+
+
+def test_decoding_caps_a_step_at_twice_its_bucket():
+    # 15 decodes and a 128-token prompt: 32 tokens this step, not 143 run as 256.
+    assert step_budget(2048, 15, 128) == 32
+    assert step_budget(2048, 3, 128) == 32  # never under 32
+    assert step_budget(2048, 40, 1000) == 128
+
+
+def test_a_burst_of_prompts_keeps_the_whole_budget_rounded_down():
+    assert step_budget(2048, 0, 16 * 128) == 2048
+    assert step_budget(2048, 0, 1500) == 1024  # the rest next step
+    assert step_budget(2048, 0, 100) == 64
+    assert step_budget(100, 0, 5000) == 64
+
+
+def test_nothing_waiting_or_no_room_to_round_down():
+    assert step_budget(2048, 16, 0) == 2048
+    assert step_budget(2048, 16, 1) == 17  # 16 is no room for the prompt token: padded instead
+    assert step_budget(16, 15, 40) == 16
+
+
+def test_key_tile_follows_the_context():
+    assert key_tile(16, 32) == 64  # max_model_len 512: an eighth is 64 keys
+    assert key_tile(16, 128) == 256  # 2048
+    assert key_tile(16, 1024) == 256  # at most 256
+    assert key_tile(16, 2) == 32  # a table narrower than the smallest tile
+    assert key_tile(128, 4) == 128  # one block when blocks are large
+
+
+def test_padding_stats_counts_what_paged_attention_reads():
+    st = PaddingStats()
+    # Two decodes (sequences of 10 and 70 keys) in a 4-row bucket, tile 64:
+    # the loop reads 2 tiles for all 4 rows; 16 token rows run for 2 tokens.
+    st.add(np.array([1, 1]), np.array([10, 70]), tokens=16, rows=4, block_size=16, max_blocks=32)
+    d = st.as_dict()
+    assert d["attention_pairs"] == 80 and d["computed_attention_pairs"] == 4 * 128
+    assert d["tokens"] == 2 and d["computed_tokens"] == 16
+    # A 100-token prompt after 28 cached tokens: query tiles of 64 (the step's
+    # 128 tokens allow it) up to keys 92 and 128.
+    st = PaddingStats()
+    st.add(np.array([100]), np.array([128]), tokens=128, rows=1, block_size=16, max_blocks=32)
+    d = st.as_dict()
+    assert d["attention_pairs"] == 64 * 92 + 36 * 128
+    assert d["computed_attention_pairs"] == 64 * 128 + 64 * 128
