@@ -25,16 +25,29 @@ from vllm_models import make_model  # noqa: E402
 from vllm_server import serving  # noqa: E402
 
 
-def bench(model, port, result_dir, name, args, num_prompts, seed):
+def bench(model, port, result_dir, name, args, num_prompts, seed, dataset=None):
+    """vLLM's `vllm bench serve` against the server; `dataset`: its dataset
+    arguments (default: random prompts of --input-len, --output-len out)."""
+    dataset = dataset or ["--dataset-name", "random", "--random-input-len", str(args.input_len),
+                          "--random-output-len", str(args.output_len)]
     cmd = [sys.executable, "-m", "torch_tpu.vllm", "bench", "serve", "--backend", "vllm", "--base-url",
-           f"http://127.0.0.1:{port}", "--model", "bench", "--tokenizer", model, "--dataset-name", "random",
-           "--random-input-len", str(args.input_len), "--random-output-len", str(args.output_len), "--num-prompts",
+           f"http://127.0.0.1:{port}", "--model", "bench", "--tokenizer", model, *dataset, "--num-prompts",
            str(num_prompts), "--request-rate", str(args.request_rate), "--ignore-eos", "--seed", str(seed),
            "--percentile-metrics", "ttft,tpot,itl", "--metric-percentiles", "50,99", "--save-result", "--result-dir",
            result_dir, "--result-filename", f"{name}.json", "--disable-tqdm"]
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
     with open(os.path.join(result_dir, f"{name}.json")) as f:
         return json.load(f)
+
+
+# Prefix caching: prompts of 448 tokens, 320 of them a prefix shared by all of one
+# group (2 groups), against 448 random tokens each; 16 tokens out.
+PREFIX_LEN, SUFFIX_LEN, PREFIX_OUT = 320, 128, 16
+SHARED = ["--dataset-name", "prefix_repetition", "--prefix-repetition-prefix-len", str(PREFIX_LEN),
+          "--prefix-repetition-suffix-len", str(SUFFIX_LEN), "--prefix-repetition-num-prefixes", "2",
+          "--prefix-repetition-output-len", str(PREFIX_OUT)]
+UNSHARED = ["--dataset-name", "random", "--random-input-len", str(PREFIX_LEN + SUFFIX_LEN),
+            "--random-output-len", str(PREFIX_OUT)]
 
 
 def step_stats(port):
@@ -50,9 +63,13 @@ def step_stats(port):
 def delta(before, after):
     """Padding fractions of the steps between two step_stats."""
     d = {k: after[k] - before[k] for k in ("tokens", "computed_tokens", "attention_pairs",
-                                           "computed_attention_pairs", "programs", "steps")}
+                                           "computed_attention_pairs", "decode_attention_pairs",
+                                           "computed_decode_attention_pairs", "programs", "steps")}
     d["matmul_padding"] = 1 - d["tokens"] / max(1, d["computed_tokens"])
     d["attention_padding"] = 1 - d["attention_pairs"] / max(1, d["computed_attention_pairs"])
+    d["decode_padding"] = 1 - d["decode_attention_pairs"] / max(1, d["computed_decode_attention_pairs"])
+    d["prefill_padding"] = 1 - ((d["attention_pairs"] - d["decode_attention_pairs"])
+                                / max(1, d["computed_attention_pairs"] - d["computed_decode_attention_pairs"]))
     return d
 
 
@@ -85,6 +102,7 @@ def main():
     backends = {name: backends[name] for name in args.backends.split(",")}
     results = {name: [] for name in backends}
     steps = {name: [] for name in backends}
+    prefix = {name: {} for name in backends}
     server_args = ["--served-model-name", "bench", "--dtype", "float32", "--max-model-len", str(args.max_model_len),
                    "--max-num-seqs", str(args.max_num_seqs)] + (["--enforce-eager"] if args.eager else [])
     for name, env in backends.items():
@@ -95,6 +113,9 @@ def main():
                 results[name].append(bench(model, port, work, f"{name}_{r}", args, args.num_prompts, seed=r))
                 if before is not None:
                     steps[name].append(delta(before, step_stats(port)))
+            for kind, dataset in (("unshared", UNSHARED), ("shared", SHARED)):
+                prefix[name][kind] = bench(model, port, work, f"{name}_{kind}", args, args.num_prompts, seed=7,
+                                           dataset=dataset)
 
     commit = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True,
                             text=True).stdout.strip()
@@ -107,7 +128,11 @@ def main():
                 f"{res['p99_itl_ms'] / res['median_itl_ms']:.2f} |")
         for r, st in enumerate(steps[name]):
             pad_rows.append(f"| {name} | {r} | {st['steps']} | {st['matmul_padding']:.1%} | "
-                            f"{st['attention_padding']:.1%} | {st['programs']} |")
+                            f"{st['attention_padding']:.1%} | {st['decode_padding']:.1%} | "
+                            f"{st['prefill_padding']:.1%} | {st['programs']} |")
+    prefix_rows = [f"| {name} | {res['unshared']['median_ttft_ms']:.0f} | {res['shared']['median_ttft_ms']:.0f} | "
+                   f"{res['unshared']['median_ttft_ms'] / res['shared']['median_ttft_ms']:.2f}x |"
+                   for name, res in prefix.items()]
     ratios = [t["output_throughput"] / c["output_throughput"]
               for t, c in zip(results.get("tpu", []), results.get("cpu", []))]
     text = f"""# Serving benchmark: vLLM on tpu against vLLM's CPU backend
@@ -132,9 +157,17 @@ that were padding tokens (a step runs its token bucket), of attention query-key 
 padding rows or keys past a sequence's end (paged_attention reads whole key tiles), and the
 programs made (compiled or read from the disk cache) during the round, after the warm-up run.
 
-| backend | round | steps | matmul padding | attention padding | programs made |
-| --- | ---: | ---: | ---: | ---: | ---: |
-""" + "\n".join(pad_rows) + "\n"
+| backend | round | steps | matmul padding | attention padding | of decode loops | of prefill tiles | programs made |
+| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |
+""" + "\n".join(pad_rows) + f"""
+
+Prefix caching (on in both servers, vLLM's default): time to first token, {args.num_prompts} prompts
+of {PREFIX_LEN + SUFFIX_LEN} tokens, {PREFIX_OUT} out; shared: the first {PREFIX_LEN} tokens are one of
+2 prefixes (vLLM's `prefix_repetition` dataset); unshared: random prompts.
+
+| backend | TTFT p50 ms, unshared | TTFT p50 ms, shared | unshared / shared |
+| --- | ---: | ---: | ---: |
+""" + "\n".join(prefix_rows) + "\n"
     with open(args.out, "w") as f:
         f.write(text)
     with open(os.path.join(work, "results.json"), "w") as f:

@@ -38,7 +38,11 @@ namespace {
 using ir::Builder;
 using ir::Cmp;
 
-constexpr int64_t kQueryTile = 64;  // query rows of a prefill tile
+// Query rows of a prefill tile: up to 64, and at most half the step's
+// tokens, since a step that mixes prefill chunks into decodes (the vLLM
+// platform caps such a step at twice its decodes) has chunks of about half
+// its tokens: a tile as large as the step would be half padding.
+constexpr int64_t kQueryTile = 64;
 // Keys read per step (whole blocks): an eighth of the longest context (the
 // block table's width), between these two. A loop reads whole tiles up to
 // its longest sequence, so a tile longer than a short context's sequences
@@ -209,7 +213,7 @@ Value decodeAttention(Builder& b, const Dims& d, const Value& query, const Value
 // written into `out` [T, Hq, D] (rows of decode tokens are left as they are).
 Value prefillAttention(Builder& b, const Dims& d, const Value& query, const Value& cache, const Value& table,
                        const Value& starts, const Value& qlen, const Value& seq_lens, Value out) {
-  const int64_t C = std::min(kQueryTile, d.T);
+  const int64_t C = std::min(kQueryTile, std::max<int64_t>(1, d.T / 2));
   const Value is_pre = b.compare(qlen, cI64(b, 1, qlen.shape()), Cmp::GT);
   const Value tiles =
       b.select(is_pre, b.binary("divide", add(b, qlen, cI64(b, C - 1, qlen.shape())), cI64(b, C, qlen.shape())),

@@ -42,8 +42,8 @@ def test_padding_stats_counts_what_paged_attention_reads():
     d = st.as_dict()
     assert d["attention_pairs"] == 80 and d["computed_attention_pairs"] == 4 * 128
     assert d["tokens"] == 2 and d["computed_tokens"] == 16
-    # A 100-token prompt after 28 cached tokens: query tiles of 64 (the step's
-    # 128 tokens allow it) up to keys 92 and 128.
+    # A 100-token prompt after 28 cached tokens: query tiles of 64 (half the
+    # step's 128 tokens) up to keys 92 and 128.
     st = PaddingStats()
     st.add(np.array([100]), np.array([128]), tokens=128, rows=1, block_size=16, max_blocks=32)
     d = st.as_dict()

@@ -211,16 +211,17 @@ class PaddingStats:
     """Work of the steps run, real and as computed, in token rows (every
     matmul runs the step's token bucket) and in query-key pairs of attention
     (paged_attention's loops read whole key tiles: decode rows, padding rows
-    included, up to the longest decode sequence; each prefill tile of 64
-    queries up to its last token). Keys masked by causality inside a tile
+    included, up to the longest decode sequence; each prefill tile of up to
+    64 queries up to its last token). Keys masked by causality inside a tile
     count as real work; rows and keys past the requests' ends are padding."""
 
-    QUERY_TILE = 64  # paged_attention's kQueryTile
+    QUERY_TILE = 64  # paged_attention's kQueryTile (at most half the step's tokens)
 
     def __init__(self):
         self.steps = 0
         self.tokens = self.padded_tokens = 0
         self.pairs = self.padded_pairs = 0
+        self.decode_pairs = self.decode_padded_pairs = 0  # the decode loop's share
 
     def add(self, query_lens: np.ndarray, seq_lens: np.ndarray, tokens: int, rows: int, block_size: int,
             max_blocks: int) -> None:
@@ -230,9 +231,12 @@ class PaddingStats:
         tile = key_tile(block_size, max_blocks)
         decode = query_lens == 1
         if decode.any():
-            self.pairs += int(seq_lens[decode].sum())
-            self.padded_pairs += rows * -(-int(seq_lens[decode].max()) // tile) * tile
-        c = min(self.QUERY_TILE, tokens)
+            real, computed = int(seq_lens[decode].sum()), rows * -(-int(seq_lens[decode].max()) // tile) * tile
+            self.pairs += real
+            self.padded_pairs += computed
+            self.decode_pairs += real
+            self.decode_padded_pairs += computed
+        c = min(self.QUERY_TILE, max(1, tokens // 2))
         for q, n in zip(query_lens[~decode], seq_lens[~decode]):
             context = int(n - q)
             for start in range(0, int(q), c):
@@ -244,4 +248,6 @@ class PaddingStats:
         return {"steps": self.steps, "tokens": self.tokens, "computed_tokens": self.padded_tokens,
                 "matmul_padding": 1 - self.tokens / self.padded_tokens if self.padded_tokens else 0.0,
                 "attention_pairs": self.pairs, "computed_attention_pairs": self.padded_pairs,
-                "attention_padding": 1 - self.pairs / self.padded_pairs if self.padded_pairs else 0.0}
+                "attention_padding": 1 - self.pairs / self.padded_pairs if self.padded_pairs else 0.0,
+                "decode_attention_pairs": self.decode_pairs,
+                "computed_decode_attention_pairs": self.decode_padded_pairs}
