@@ -22,7 +22,7 @@ ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 
 from vllm_models import make_model  # noqa: E402
-from vllm_server import serving  # noqa: E402
+from vllm_server import serving, write_report  # noqa: E402
 
 
 def bench(model, port, result_dir, name, args, num_prompts, seed, dataset=None):
@@ -168,12 +168,7 @@ of {PREFIX_LEN + SUFFIX_LEN} tokens, {PREFIX_OUT} out; shared: the first {PREFIX
 | backend | TTFT p50 ms, unshared | TTFT p50 ms, shared | unshared / shared |
 | --- | ---: | ---: | ---: |
 """ + "\n".join(prefix_rows) + "\n"
-    with open(args.out, "w") as f:
-        f.write(text)
-    with open(os.path.join(work, "results.json"), "w") as f:
-        json.dump(results, f)
-    print(text)
-    print(f"raw results and logs: {work}")
+    write_report(text, args.out, work, {"results": results, "steps": steps, "prefix": prefix})
 
 
 if __name__ == "__main__":

@@ -2,6 +2,8 @@
 benchmark: `python -m torch_tpu.vllm serve MODEL ...` (vLLM's `vllm serve`)
 in its own process group, ready once /health answers, stopped with SIGINT
 (SIGKILL if it does not exit)."""
+import http.client
+import json
 import os
 import signal
 import socket
@@ -10,6 +12,35 @@ import sys
 import time
 import urllib.request
 from contextlib import contextmanager
+
+
+def request(port: int, method: str, path: str, body=None, timeout: float = 120):
+    """(status, body) of one HTTP request to 127.0.0.1:port: the body as
+    JSON, as text where it is not JSON, None where it is empty."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    try:
+        conn.request(method, path, body=json.dumps(body) if body is not None else None,
+                     headers={"Content-Type": "application/json"})
+        r = conn.getresponse()
+        data = r.read()
+        try:
+            return r.status, json.loads(data) if data else None
+        except ValueError:
+            return r.status, data.decode(errors="replace")
+    finally:
+        conn.close()
+
+
+def write_report(text: str, out: str | None, work: str, raw) -> None:
+    """A serving benchmark's end: its Markdown report written to `out` (if
+    any) and printed, its raw results in work/results.json."""
+    if out:
+        with open(out, "w") as f:
+            f.write(text)
+    with open(os.path.join(work, "results.json"), "w") as f:
+        json.dump(raw, f)
+    print(text)
+    print(f"raw results and logs: {work}")
 
 
 def free_port() -> int:

@@ -14,7 +14,7 @@ import threading
 import pytest
 
 from conftest import PROMPTS, hf_greedy
-from vllm_server import free_port, serving
+from vllm_server import free_port, request, serving
 
 NEW = 16
 
@@ -30,18 +30,6 @@ def server(models, tmp_path_factory):
             yield {"port": port, "proc": proc, "log": log, "model": models["llama"]}
     except RuntimeError as e:
         pytest.fail(str(e))
-
-
-def request(port, method, path, body=None, timeout=120):
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
-    try:
-        conn.request(method, path, body=json.dumps(body) if body is not None else None,
-                     headers={"Content-Type": "application/json"})
-        r = conn.getresponse()
-        data = r.read()
-        return r.status, json.loads(data) if data else None
-    finally:
-        conn.close()
 
 
 def stream(port, path, body, timeout=300):
