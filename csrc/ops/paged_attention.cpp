@@ -19,8 +19,8 @@
 // per (token bucket, request bucket) and any mix of prefill and decode reuses
 // it. Loops with data-dependent trip counts walk the real work, in key tiles
 // with an online softmax (flash attention):
-//   - decode requests (one new token) all at once, one key tile per step, up
-//     to the longest decode sequence;
+//   - decode requests (one new token) as (request, key tile) items, R per
+//     step, each request's tiles up to its own length (split-K);
 //   - every other request in query tiles of up to kQueryTile tokens, each tile
 //     over the key tiles up to its last token's position (causal: later tiles
 //     read more keys, none reads keys past its own tokens).
@@ -170,45 +170,87 @@ Value sees(Builder& b, const Dims& d, const Value& kp, const Value& pos, const V
 // (dynamic_slice would clamp it the same way; the keys before kb are masked).
 Value tileStart(Builder& b, const Dims& d, const Value& kb) { return minI(b, kb, cI64(b, d.MB - d.Kb)); }
 
-// Decode requests (one new token each), all R rows at once: [R, Hq, D].
+// Decode requests (one new token each): [R, Hq, D]. The work is a list of
+// (request, key tile) items, each request's tiles up to its own length (from
+// its window's start), taken R at a time: rows of unequal lengths read no
+// tiles past their ends, as a loop over all rows up to the longest would
+// (split-K, as flash-decoding does). Each item's online softmax starts
+// afresh; items merge into their request's running max, sum and output
+// through a one-hot [items, R] matrix (a matmul; no scatter).
 Value decodeAttention(Builder& b, const Dims& d, const Value& query, const Value& cache, const Value& table,
                       const Value& starts, const Value& qlen, const Value& seq_lens) {
+  const int64_t R = d.R;
   const Value is_dec = b.compare(qlen, cI64(b, 1, qlen.shape()), Cmp::EQ);
   const Value len = b.select(is_dec, seq_lens, cI64(b, 0, seq_lens.shape()));      // 0: not a decode
   Value q = b.convert(takeRows(b, query, clampTo(b, starts, 0, d.T - 1)), d.acc);  // [R, Hq, D]
-  q = b.reshape(q, {d.R, d.Hk, d.G, d.D});
-  const Value last = reduceMax(b, len, {0});
-  // With a window, no decode query sees keys before the earliest window start.
-  Value first = cI64(b, 0);
-  if (d.window > 0) {
-    const Value lo = maxI(b, sub(b, len, cI64(b, d.window, len.shape())), cI64(b, 0, len.shape()));
-    const Value none = cI64(b, std::numeric_limits<int32_t>::max(), len.shape());
-    first = reduceMin(b, b.select(is_dec, lo, none), {0});
-    first = b.select(b.compare(first, last, Cmp::LT), first, cI64(b, 0));
-  }
-  const Value kb0 = b.binary("divide", first, cI64(b, d.bs));
-  const Online init = initial(b, d, d.R, d.G);
+  q = b.reshape(q, {R, d.Hk, d.G, d.D});
+  // Tiles of request r: [first_r, ceil(len_r / L)).
+  const Value tileL = cI64(b, d.L, len.shape());
+  Value first = cI64(b, 0, len.shape());
+  if (d.window > 0)
+    first = b.binary("divide", maxI(b, sub(b, len, cI64(b, d.window, len.shape())), cI64(b, 0, len.shape())), tileL);
+  const Value end = b.binary("divide", add(b, len, cI64(b, d.L - 1, len.shape())), tileL);
+  const Value n = b.select(is_dec, maxI(b, sub(b, end, first), cI64(b, 0, len.shape())), cI64(b, 0, len.shape()));
+  const Value item_end = scan(b, n, 0, "add", 0);  // [R] inclusive cumsum
+  const Value total = reduceSum(b, n, {0});
+  const Value lowest = b.constant(std::numeric_limits<float>::lowest(), d.acc, {R, d.Hk, d.G});
+  // State: k, total, q, cache, table, len, first, item_end, n, m, l, o.
   auto out = b.whileLoop(
-      {kb0, last, q, cache, table, len, init.m, init.l, init.o},
+      {cI64(b, 0), total, q, cache, table, len, first, item_end, n, lowest, b.constant(0, d.acc, {R, d.Hk, d.G}),
+       b.constant(0, d.acc, {R, d.Hk, d.G, d.D})},
       [&](Builder& bb, const std::vector<Value>& s) {
-        return std::vector<Value>{bb.compare(mul(bb, s[0], cI64(bb, d.bs)), s[1], Cmp::LT)};
+        return std::vector<Value>{bb.compare(mul(bb, s[0], cI64(bb, R)), s[1], Cmp::LT)};
       },
       [&](Builder& bb, const std::vector<Value>& s) {
-        const Value &kb = s[0], &tab = s[4], &ln = s[5];
-        const Value b0 = tileStart(bb, d, kb);
-        const Value blocks = bb.dynamicSlice(tab, {cI64(bb, 0), b0}, {d.R, d.Kb});
-        const Shape rl{d.R, 1, d.L};
-        const Value kp = add(bb, bb.iota({DType::I64, rl}, 2), bcast(bb, mul(bb, b0, cI64(bb, d.bs)), rl, {}));
-        const Value lens = bcast(bb, ln, rl, {0});
-        const Value pos = sub(bb, lens, cI64(bb, 1, rl));
-        const Value vis = sees(bb, d, kp, pos, lens, bcast(bb, mul(bb, kb, cI64(bb, d.bs)), rl, {}));
-        const Value visible = bcast(bb, vis, {d.R, d.G, d.L}, {0, 1, 2});
-        const Online st = keyTile(bb, d, s[2], s[3], bb.convert(blocks, DType::I64), visible, {s[6], s[7], s[8]});
-        return std::vector<Value>{add(bb, kb, cI64(bb, d.Kb)), s[1], s[2], s[3], s[4], s[5], st.m, st.l, st.o};
+        const Value &k = s[0], &qs = s[2], &tab = s[4], &ln = s[5], &fst = s[6], &ie = s[7], &cnt = s[8];
+        // Items k R + j: their request and tile.
+        const Value item = add(bb, bb.iota({DType::I64, {R}}, 0), bcast(bb, mul(bb, k, cI64(bb, R)), {R}, {}));
+        const Value valid = bb.compare(item, bcast(bb, s[1], {R}, {}), Cmp::LT);
+        const Value row = clampTo(
+            bb,
+            reduceSum(
+                bb,
+                bb.convert(bb.compare(bcast(bb, ie, {R, R}, {1}), bcast(bb, item, {R, R}, {0}), Cmp::LE), DType::I64),
+                {1}),
+            0, R - 1);
+        const Value tile =
+            add(bb, takeRows(bb, fst, row), sub(bb, item, sub(bb, takeRows(bb, ie, row), takeRows(bb, cnt, row))));
+        const Value kb = mul(bb, tile, cI64(bb, d.Kb, {R}));
+        const Value b0 = minI(bb, kb, cI64(bb, d.MB - d.Kb, {R}));
+        const Value cols = add(bb, bb.iota({DType::I64, {R, d.Kb}}, 1), bcast(bb, b0, {R, d.Kb}, {0}));
+        const Value flat = add(bb, cols, bcast(bb, mul(bb, row, cI64(bb, d.MB, {R})), {R, d.Kb}, {0}));
+        const Value blocks = bb.convert(takeRows(bb, bb.reshape(tab, {R * d.MB}), flat), DType::I64);
+        const Shape rl{R, 1, d.L};
+        const Value kp = add(bb, bb.iota({DType::I64, rl}, 2), bcast(bb, mul(bb, b0, cI64(bb, d.bs, {R})), rl, {0}));
+        const Value lens = bcast(bb, takeRows(bb, ln, row), rl, {0});
+        const Value from = bcast(bb, mul(bb, kb, cI64(bb, d.bs, {R})), rl, {0});
+        Value vis = sees(bb, d, kp, sub(bb, lens, cI64(bb, 1, rl)), lens, from);
+        vis = band(bb, vis, bcast(bb, valid, rl, {0}));
+        const Value visible = bcast(bb, vis, {R, d.G, d.L}, {0, 1, 2});
+        const Online item_st = keyTile(bb, d, takeRows(bb, qs, row), s[3], blocks, visible, initial(bb, d, R, d.G));
+        // Merge the items into their requests' states.
+        const Shape rr{R, R};
+        const Value hot = band(bb, bb.compare(bb.iota({DType::I64, rr}, 1), bcast(bb, row, rr, {0}), Cmp::EQ),
+                               bcast(bb, valid, rr, {0}));  // [item, request]
+        const Shape rrhg{R, R, d.Hk, d.G};
+        const Value low = bb.constant(std::numeric_limits<float>::lowest(), d.acc, rrhg);
+        const Value item_max =
+            reduceMax(bb, bb.select(bcast(bb, hot, rrhg, {0, 1}), bcast(bb, item_st.m, rrhg, {0, 2, 3}), low), {0});
+        const Value m = bb.binary("maximum", s[9], item_max);  // [R, Hk, G]
+        const Value alpha = bb.unary("exponential", sub(bb, s[9], m));
+        const Value scale =
+            bb.select(bcast(bb, valid, item_st.m.shape(), {0}),
+                      bb.unary("exponential", sub(bb, item_st.m, takeRows(bb, m, row))), bb.zeros(item_st.m.type));
+        const Value h = bb.convert(hot, d.acc);
+        const Value l =
+            add(bb, mul(bb, s[10], alpha), bb.dotGeneral(h, mul(bb, item_st.l, scale), {}, {}, {0}, {0}, d.acc));
+        const Value o = add(bb, mul(bb, s[11], bcast(bb, alpha, s[11].shape(), {0, 1, 2})),
+                            bb.dotGeneral(h, mul(bb, item_st.o, bcast(bb, scale, item_st.o.shape(), {0, 1, 2})), {}, {},
+                                          {0}, {0}, d.acc));
+        return std::vector<Value>{add(bb, k, cI64(bb, 1)), s[1], s[2], s[3], s[4], s[5], s[6], s[7], s[8], m, l, o};
       });
-  return b.reshape(normalized(b, {out[6], out[7], out[8]}), {d.R, d.Hq, d.D});
+  return b.reshape(normalized(b, {out[9], out[10], out[11]}), {R, d.Hq, d.D});
 }
-
 // The other requests (more than one new token) in query tiles of C tokens,
 // written into `out` [T, Hq, D] (rows of decode tokens are left as they are).
 Value prefillAttention(Builder& b, const Dims& d, const Value& query, const Value& cache, const Value& table,

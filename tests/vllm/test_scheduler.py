@@ -37,10 +37,10 @@ def test_key_tile_follows_the_context():
 def test_padding_stats_counts_what_paged_attention_reads():
     st = PaddingStats()
     # Two decodes (sequences of 10 and 70 keys) in a 4-row bucket, tile 64:
-    # the loop reads 2 tiles for all 4 rows; 16 token rows run for 2 tokens.
+    # 3 (request, tile) items, read 4 per step; 16 token rows run for 2 tokens.
     st.add(np.array([1, 1]), np.array([10, 70]), tokens=16, rows=4, block_size=16, max_blocks=32)
     d = st.as_dict()
-    assert d["attention_pairs"] == 80 and d["computed_attention_pairs"] == 4 * 128
+    assert d["attention_pairs"] == 80 and d["computed_attention_pairs"] == 4 * 64
     assert d["tokens"] == 2 and d["computed_tokens"] == 16
     # A 100-token prompt after 28 cached tokens: query tiles of 64 (half the
     # step's 128 tokens) up to keys 92 and 128.

@@ -210,9 +210,9 @@ def key_tile(block_size: int, max_blocks: int) -> int:
 class PaddingStats:
     """Work of the steps run, real and as computed, in token rows (every
     matmul runs the step's token bucket) and in query-key pairs of attention
-    (paged_attention's loops read whole key tiles: decode rows, padding rows
-    included, up to the longest decode sequence; each prefill tile of up to
-    64 queries up to its last token). Keys masked by causality inside a tile
+    (paged_attention's loops read whole key tiles: decodes as (request, tile)
+    items, the request bucket's count of them per step; each prefill tile of
+    up to 64 queries up to its last token). Keys masked by causality inside a tile
     count as real work; rows and keys past the requests' ends are padding."""
 
     QUERY_TILE = 64  # paged_attention's kQueryTile (at most half the step's tokens)
@@ -231,7 +231,9 @@ class PaddingStats:
         tile = key_tile(block_size, max_blocks)
         decode = query_lens == 1
         if decode.any():
-            real, computed = int(seq_lens[decode].sum()), rows * -(-int(seq_lens[decode].max()) // tile) * tile
+            # (request, tile) items, `rows` at a time (no sliding window counted).
+            items = int((-(-seq_lens[decode] // tile)).sum())
+            real, computed = int(seq_lens[decode].sum()), -(-items // rows) * rows * tile
             self.pairs += real
             self.padded_pairs += computed
             self.decode_pairs += real
