@@ -22,15 +22,16 @@ ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 
 from vllm_models import make_model  # noqa: E402
+from sglang_serving import sglang_server  # noqa: E402
 from vllm_server import serving, write_report  # noqa: E402
 
 
-def bench(model, port, result_dir, name, args, num_prompts, seed, dataset=None):
+def bench(model, port, result_dir, name, args, num_prompts, seed, dataset=None, backend="vllm"):
     """vLLM's `vllm bench serve` against the server; `dataset`: its dataset
     arguments (default: random prompts of --input-len, --output-len out)."""
     dataset = dataset or ["--dataset-name", "random", "--random-input-len", str(args.input_len),
                           "--random-output-len", str(args.output_len)]
-    cmd = [sys.executable, "-m", "torch_tpu.vllm", "bench", "serve", "--backend", "vllm", "--base-url",
+    cmd = [sys.executable, "-m", "torch_tpu.vllm", "bench", "serve", "--backend", backend, "--base-url",
            f"http://127.0.0.1:{port}", "--model", "bench", "--tokenizer", model, *dataset, "--num-prompts",
            str(num_prompts), "--request-rate", str(args.request_rate), "--ignore-eos", "--seed", str(seed),
            "--percentile-metrics", "ttft,tpot,itl", "--metric-percentiles", "50,99", "--save-result", "--result-dir",
@@ -83,7 +84,8 @@ def main():
     ap.add_argument("--max-model-len", type=int, default=512)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--eager", action="store_true", help="--enforce-eager: op by op (default: compiled)")
-    ap.add_argument("--backends", default="tpu,cpu", help="comma-separated: tpu, cpu")
+    ap.add_argument("--backends", default="tpu,sglang,cpu",
+                    help="comma-separated: tpu (vLLM on tpu), sglang (SGLang on tpu), cpu (vLLM's CPU backend)")
     ap.add_argument("--out", default=os.path.join(ROOT, "docs", "serving_benchmark.md"))
     args = ap.parse_args()
 
@@ -97,8 +99,14 @@ def main():
     backends = {
         # Dev mode: /collective_rpc reads the worker's step statistics.
         "tpu": dict(os.environ, VLLM_TORCH_TPU="1", VLLM_TPU_KVCACHE_SPACE=kv, VLLM_SERVER_DEV_MODE="1"),
+        "sglang": dict(os.environ),
         "cpu": dict(os.environ, VLLM_TARGET_DEVICE="cpu", VLLM_TORCH_TPU="0", VLLM_CPU_KVCACHE_SPACE=kv),
     }
+    # SGLang (its own environment, scripts/setup_sglang.sh): the same limits, a KV pool of the
+    # same size (8 KiB a token for this model), prefill chunks of 512 tokens.
+    sglang_args = ["--served-model-name", "bench", "--dtype", "float32", "--context-length", str(args.max_model_len),
+                   "--max-running-requests", str(args.max_num_seqs), "--max-total-tokens",
+                   str(int(float(kv) * 2**30) // 8192), "--chunked-prefill-size", "512"]
     backends = {name: backends[name] for name in args.backends.split(",")}
     results = {name: [] for name in backends}
     steps = {name: [] for name in backends}
@@ -106,16 +114,21 @@ def main():
     server_args = ["--served-model-name", "bench", "--dtype", "float32", "--max-model-len", str(args.max_model_len),
                    "--max-num-seqs", str(args.max_num_seqs)] + (["--enforce-eager"] if args.eager else [])
     for name, env in backends.items():
-        with serving(model, server_args, env, os.path.join(work, f"{name}.log")) as (port, _):
-            bench(model, port, work, f"{name}_warmup", args, max(4, args.max_num_seqs), seed=99)
+        log = os.path.join(work, f"{name}.log")
+        client = "openai" if name == "sglang" else "vllm"  # SGLang's /v1/completions
+        server = (sglang_server(model, sglang_args, env, log, python=os.path.join(ROOT, ".venv-sglang", "bin", "python"))
+                  if name == "sglang" else serving(model, server_args, env, log))
+        with server as (port, _):
+            bench(model, port, work, f"{name}_warmup", args, max(4, args.max_num_seqs), seed=99, backend=client)
             for r in range(args.rounds):
                 before = step_stats(port) if name == "tpu" else None
-                results[name].append(bench(model, port, work, f"{name}_{r}", args, args.num_prompts, seed=r))
+                results[name].append(bench(model, port, work, f"{name}_{r}", args, args.num_prompts, seed=r,
+                                           backend=client))
                 if before is not None:
                     steps[name].append(delta(before, step_stats(port)))
             for kind, dataset in (("unshared", UNSHARED), ("shared", SHARED)):
                 prefix[name][kind] = bench(model, port, work, f"{name}_{kind}", args, args.num_prompts, seed=7,
-                                           dataset=dataset)
+                                           dataset=dataset, backend=client)
 
     commit = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True,
                             text=True).stdout.strip()
@@ -135,16 +148,18 @@ def main():
                    for name, res in prefix.items()]
     ratios = [t["output_throughput"] / c["output_throughput"]
               for t, c in zip(results.get("tpu", []), results.get("cpu", []))]
-    text = f"""# Serving benchmark: vLLM on tpu against vLLM's CPU backend
+    text = f"""# Serving benchmark: vLLM and SGLang on tpu against vLLM's CPU backend
 
 `benchmarks/serving.py`, {datetime.date.today()}, commit {commit}, {platform.machine()} with
 {os.cpu_count()} cores, no accelerator (tpu = the CPU PJRT plugin). vLLM's `vllm bench serve`
 (random dataset: {args.num_prompts} prompts of {args.input_len} tokens, {args.output_len} output
-tokens each, ignore_eos, request rate {args.request_rate}) against `python -m torch_tpu.vllm serve`
-with `--max-num-seqs {args.max_num_seqs}{" --enforce-eager" if args.eager else ""} --dtype float32` (compiled
-unless --enforce-eager: torch_tpu's backend on tpu, Inductor on the CPU backend); model: Qwen3-type, 4
-layers, width 512, 8 query heads and 4 kv heads of 64, random weights; a KV cache of {kv} GiB on
-both. Each server warmed up with one run first; rounds alternate within one process per backend.
+tokens each, ignore_eos, request rate {args.request_rate}, the same client for every server) against:
+tpu, `python -m torch_tpu.vllm serve --max-num-seqs {args.max_num_seqs}{" --enforce-eager" if args.eager else ""}
+--dtype float32` (compiled: torch_tpu's backend, steps replayed); sglang, SGLang 0.5.21's
+`launch_server` on tpu (torch_tpu/sglang; `--max-running-requests {args.max_num_seqs} --chunked-prefill-size
+512`, its OpenAI completions); cpu, vLLM's own CPU backend (Inductor). Model: Qwen3-type, 4 layers,
+width 512, 8 query heads and 4 kv heads of 64, random weights; a KV cache of {kv} GiB on each. Each
+server warmed up with one run first ({max(4, args.max_num_seqs)} prompts); then its rounds.
 
 | backend | round | output tok/s | TTFT p50 ms | TTFT p99 ms | ITL p50 ms | ITL p99 ms | ITL p99/p50 |
 | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |

@@ -31,6 +31,26 @@ def request(port: int, method: str, path: str, body=None, timeout: float = 120):
         conn.close()
 
 
+def stream(port: int, path: str, body: dict, timeout: float = 300) -> list:
+    """The events (JSON objects) of a streamed OpenAI-style request, up to [DONE]."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    try:
+        conn.request("POST", path, body=json.dumps(dict(body, stream=True)), headers={"Content-Type": "application/json"})
+        r = conn.getresponse()
+        assert r.status == 200, r.read()
+        events = []
+        for line in r:
+            line = line.decode().strip()
+            if not line.startswith("data: "):
+                continue
+            if line == "data: [DONE]":
+                return events
+            events.append(json.loads(line[len("data: "):]))
+        raise AssertionError("the stream ended without [DONE]")
+    finally:
+        conn.close()
+
+
 def write_report(text: str, out: str | None, work: str, raw) -> None:
     """A serving benchmark's end: its Markdown report written to `out` (if
     any) and printed, its raw results in work/results.json."""

@@ -14,7 +14,7 @@ import threading
 import pytest
 
 from conftest import PROMPTS, hf_greedy
-from vllm_server import free_port, request, serving
+from vllm_server import free_port, request, serving, stream
 
 NEW = 16
 
@@ -30,26 +30,6 @@ def server(models, tmp_path_factory):
             yield {"port": port, "proc": proc, "log": log, "model": models["llama"]}
     except RuntimeError as e:
         pytest.fail(str(e))
-
-
-def stream(port, path, body, timeout=300):
-    """The streamed events' JSON objects, up to [DONE]."""
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
-    try:
-        conn.request("POST", path, body=json.dumps(dict(body, stream=True)), headers={"Content-Type": "application/json"})
-        r = conn.getresponse()
-        assert r.status == 200, r.read()
-        events = []
-        for line in r:
-            line = line.decode().strip()
-            if not line.startswith("data: "):
-                continue
-            if line == "data: [DONE]":
-                return events
-            events.append(json.loads(line[len("data: "):]))
-        raise AssertionError("the stream ended without [DONE]")
-    finally:
-        conn.close()
 
 
 def completion(prompt, n=NEW, **extra):
