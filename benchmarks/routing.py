@@ -199,13 +199,10 @@ def main():
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--policies", nargs="+", default=["cache_aware", "round_robin"])
     ap.add_argument("--rounds", type=int, default=2, help="each round runs every policy (order alternating)")
-    ap.add_argument("--system-prompts", type=int, default=4)
-    ap.add_argument("--system-len", type=int, default=500, help="tokens per system prompt")
-    ap.add_argument("--requests", type=int, default=128)
-    ap.add_argument("--concurrency", type=int, default=8)
-    ap.add_argument("--max-tokens", type=int, default=16)
-    ap.add_argument("--max-num-seqs", type=int, default=8)
-    ap.add_argument("--max-model-len", type=int, default=1024)
+    # The workload (system-len: tokens per system prompt) and the servers' limits.
+    for name, default in (("system-prompts", 4), ("system-len", 500), ("requests", 128), ("concurrency", 8),
+                          ("max-tokens", 16), ("max-num-seqs", 8), ("max-model-len", 1024)):
+        ap.add_argument(f"--{name}", type=int, default=default)
     ap.add_argument("--kv-cache-tokens", type=int, default=2048,
                     help="each worker's KV cache in tokens (0: vLLM's default size, 1 GiB here)")
     ap.add_argument("--seed", type=int, default=0)

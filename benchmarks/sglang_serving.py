@@ -98,12 +98,10 @@ def bench(backend: str, port: int, model: str, out: str, args, num_prompts: int,
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--num-prompts", type=int, default=32)
-    ap.add_argument("--input-len", type=int, default=128)
-    ap.add_argument("--output-len", type=int, default=64)
-    ap.add_argument("--max-concurrency", type=int, default=16)
-    ap.add_argument("--max-model-len", type=int, default=512)
-    ap.add_argument("--rounds", type=int, default=1)
+    # Whole-number options: the workload of benchmarks/serving.py.
+    for name, default in (("num-prompts", 32), ("input-len", 128), ("output-len", 64), ("max-concurrency", 16),
+                          ("max-model-len", 512), ("rounds", 1)):
+        ap.add_argument(f"--{name}", type=int, default=default)
     ap.add_argument("--engines", default="sglang,vllm", help="comma-separated: sglang, vllm")
     ap.add_argument("--sglang-args", default="", help="more launch_server arguments, e.g. '--chunked-prefill-size 512'")
     ap.add_argument("--vllm-python", default=os.path.join(ROOT, ".venv-vllm", "bin", "python"))
