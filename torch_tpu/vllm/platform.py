@@ -15,8 +15,8 @@ if TYPE_CHECKING:
 
 
 class TpuPlatform(CpuPlatform):
-    """CpuPlatform's host-side behaviour (explicit KV cache size, gloo between
-    workers) with the tpu device. Out of tree (OOT): vLLM's custom ops take
+    """CpuPlatform's host-side behaviour (an explicit KV cache size) with the
+    tpu device, tpu_dist between workers. Out of tree (OOT): vLLM's custom ops take
     their forward_native path (torch ops, which run on tpu) and none of its
     CPU-only C++ kernels."""
 
