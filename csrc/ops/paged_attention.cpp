@@ -38,18 +38,18 @@ namespace {
 using ir::Builder;
 using ir::Cmp;
 
-// Query rows of a prefill tile: up to 64, and at most half the step's
-// tokens, since a step that mixes prefill chunks into decodes (the vLLM
-// platform caps such a step at twice its decodes) has chunks of about half
-// its tokens: a tile as large as the step would be half padding.
+// Query rows of a prefill tile: up to 64, and at most a quarter of the
+// step's tokens, since a step that mixes prompt chunks into decodes (the vLLM
+// platform caps such a step at twice its decodes) has chunks of at most half
+// its tokens and of any length: a chunk's last tile is padded.
 constexpr int64_t kQueryTile = 64;
-// Keys read per step (whole blocks): an eighth of the longest context (the
-// block table's width), between these two. A loop reads whole tiles up to
-// its longest sequence, so a tile longer than a short context's sequences
-// mostly reads padding; a long context keeps the largest tile and at most
-// MB / 8 steps per loop until then. torch_tpu/vllm/worker.py (padding
-// accounting) mirrors this choice.
-constexpr int64_t kMinKeyTile = 64;
+// Keys read per step (whole blocks): a sixteenth of the longest context (the
+// block table's width), between these two. Each request's last tile is read
+// whole, past its end: a tile long against the context's sequences reads
+// mostly padding (256-key tiles over a 512-token context); a long context
+// keeps the largest tile. torch_tpu/vllm/attention.py (key_tile, for the
+// padding accounting) mirrors this choice.
+constexpr int64_t kMinKeyTile = 32;
 constexpr int64_t kMaxKeyTile = 256;
 
 Value i64(Builder& b, const Value& v) { return b.convert(v, DType::I64); }
@@ -255,7 +255,7 @@ Value decodeAttention(Builder& b, const Dims& d, const Value& query, const Value
 // written into `out` [T, Hq, D] (rows of decode tokens are left as they are).
 Value prefillAttention(Builder& b, const Dims& d, const Value& query, const Value& cache, const Value& table,
                        const Value& starts, const Value& qlen, const Value& seq_lens, Value out) {
-  const int64_t C = std::min(kQueryTile, std::max<int64_t>(1, d.T / 2));
+  const int64_t C = std::min(kQueryTile, std::max<int64_t>(1, d.T / 4));
   const Value is_pre = b.compare(qlen, cI64(b, 1, qlen.shape()), Cmp::GT);
   const Value tiles =
       b.select(is_pre, b.binary("divide", add(b, qlen, cI64(b, C - 1, qlen.shape())), cI64(b, C, qlen.shape())),
@@ -342,7 +342,7 @@ std::vector<Value> pagedAttention(Ctx& c) {
   d.R = table.shape()[0];
   d.MB = table.shape()[1];
   const int64_t min_blocks = std::max<int64_t>(1, (kMinKeyTile + d.bs - 1) / d.bs);
-  d.Kb = std::min(std::clamp<int64_t>((d.MB + 7) / 8, min_blocks, std::max<int64_t>(1, kMaxKeyTile / d.bs)), d.MB);
+  d.Kb = std::min(std::clamp<int64_t>((d.MB + 15) / 16, min_blocks, std::max<int64_t>(1, kMaxKeyTile / d.bs)), d.MB);
   d.L = d.Kb * d.bs;
   d.scale = c.f64(5);
   d.window = c.i64Or(6, -1);

@@ -201,10 +201,10 @@ class TpuAttentionImpl(AttentionImpl):
 
 def key_tile(block_size: int, max_blocks: int) -> int:
     """Keys paged_attention reads per loop step (csrc/ops/paged_attention.cpp
-    chooses them so: an eighth of the block table's width, 64 to 256 keys)."""
-    lo = max(1, -(-64 // block_size))
+    chooses them so: a sixteenth of the block table's width, 32 to 256 keys)."""
+    lo = max(1, -(-32 // block_size))
     hi = max(1, 256 // block_size)
-    return min(min(max(-(-max_blocks // 8), lo), hi), max_blocks) * block_size
+    return min(min(max(-(-max_blocks // 16), lo), hi), max_blocks) * block_size
 
 
 class PaddingStats:
@@ -215,7 +215,7 @@ class PaddingStats:
     up to 64 queries up to its last token). Keys masked by causality inside a tile
     count as real work; rows and keys past the requests' ends are padding."""
 
-    QUERY_TILE = 64  # paged_attention's kQueryTile (at most half the step's tokens)
+    QUERY_TILE = 64  # paged_attention's kQueryTile (at most a quarter of the step's tokens)
 
     def __init__(self):
         self.steps = 0
@@ -238,7 +238,7 @@ class PaddingStats:
             self.padded_pairs += computed
             self.decode_pairs += real
             self.decode_padded_pairs += computed
-        c = min(self.QUERY_TILE, max(1, tokens // 2))
+        c = min(self.QUERY_TILE, max(1, tokens // 4))
         for q, n in zip(query_lens[~decode], seq_lens[~decode]):
             context = int(n - q)
             for start in range(0, int(q), c):

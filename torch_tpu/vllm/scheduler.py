@@ -10,7 +10,9 @@ was 5x its median. Each step's budget here is therefore:
   that mixes prefill chunks into decoding costs at most about two decode
   steps (stall-free batching: prompts are prefilled in chunks instead);
 - rounded down to a power of two when what is waiting overshoots one (the
-  rest of a prompt goes to the next step), so a full step pads nothing.
+  rest of a prompt goes to the next step), so a full step pads nothing;
+- beside decodes, prompt tokens in whole query tiles of the attention op
+  when at most an eighth of a tile is held back for that.
 
 A server's --max-num-batched-tokens stays the ceiling. Steps without running
 decodes (a burst of new prompts) keep the whole budget.
@@ -33,7 +35,18 @@ def step_budget(budget: int, decodes: int, waiting_tokens: int) -> int:
     total = min(budget, decodes + waiting_tokens)
     down = 1 << (total.bit_length() - 1)  # the power of two at or below total
     # Rounding down must leave room for prompt tokens beside the decodes.
-    return down if down > decodes else total
+    total = down if down > decodes else total
+    if decodes:
+        # Beside decodes, prompt tokens in whole query tiles of paged_attention
+        # (at most 64 rows and a quarter of the step's bucket): 17 tokens
+        # beside 15 decodes filled three 8-row tiles, the last with one real
+        # row. Only a few tokens are held back: each is a matmul row of
+        # padding instead.
+        tile = min(64, max(1, bucket(total) // 4))
+        prefill = total - decodes
+        if prefill > tile and prefill % tile <= max(1, tile // 8):
+            total -= prefill % tile
+    return total
 
 
 class TpuScheduler(Scheduler):
