@@ -17,8 +17,10 @@ Extend (prefill) batches get the same treatment through the model's inner
 decoder (`model.model`, which SGLang's eager runner calls between its
 attention planning and its logits processor): their token count is padded to
 a power of two and their request count to a bucket, and the decoder's forward
-of each (token bucket, request bucket) is recorded at its first use and
-replayed after; the logits processor and the sampler run op by op.
+of each (token bucket, request bucket) up to SGLang's prefill chunk (at most
+4096 tokens) is recorded before serving too, and replayed after; the logits
+processor, the sampler and the padding ops run op by op (their small programs
+still compile per exact count at first use).
 """
 from __future__ import annotations
 
@@ -83,6 +85,21 @@ def padded_batch(backend, fb: ForwardBatch, input_ids, positions, tokens: int, r
     return step, [step.input_ids, step.positions, step.out_cache_loc, md.block_table, md.seq_lens, md.query_start_loc]
 
 
+# Extend batches recorded before serving have at most this many tokens (a
+# larger batch, with a larger --chunked-prefill-size, records at first use).
+_MAX_WARM_EXTEND = 4096
+
+
+def _prefill_chunk(args) -> int:
+    """The most tokens of an extend batch SGLang forms: its prefill chunk (or
+    its prefill token limit), at most _MAX_WARM_EXTEND; SGLang may not have
+    chosen the chunk yet when the runner is made (None)."""
+    for value in (args.chunked_prefill_size, args.max_prefill_tokens):
+        if isinstance(value, int) and value > 0:
+            return min(value, _MAX_WARM_EXTEND)
+    return _MAX_WARM_EXTEND
+
+
 class DecodePrograms(StepPrograms):
     """StepPrograms whose step inputs are given by the caller: the padded
     batch's tensors and the attention metadata; then the KV caches."""
@@ -107,6 +124,19 @@ class TpuGraphRunner:
                 self._warm_up(bs)
         logger.info("torch_tpu: recorded decode steps for batch buckets %s in %.1f s (%s)", self.capture_bs,
                     time.perf_counter() - start, self.programs.stats())
+        if self.extend_programs is not None:
+            # Extend (prefill) batches too: every (token bucket, request bucket) up
+            # to SGLang's prefill chunk, largest first, so that none is recorded
+            # in some request's latency.
+            limit = bucket(_prefill_chunk(model_runner.server_args))
+            top, start = limit, time.perf_counter()
+            with torch.no_grad():
+                while limit >= 1:
+                    for reqs in reversed([b for b in self.capture_bs if b <= limit]):
+                        self._warm_up_extend(limit, reqs)
+                    limit //= 2
+            logger.info("torch_tpu: recorded extend steps up to %d tokens in %.1f s (%s)", top,
+                        time.perf_counter() - start, self.extend_programs.stats())
 
     # -- SGLang's interface -------------------------------------------------------
 
@@ -131,23 +161,38 @@ class TpuGraphRunner:
         return self.programs(lambda: model.forward(step.input_ids, step.positions, step).next_token_logits,
                              {"inputs": inputs})
 
-    def _warm_up(self, bs: int) -> None:
-        """Records the program of bucket bs with a batch of padding requests."""
-        zeros = torch.zeros(bs, dtype=torch.int64, device=self.device)
-        fb = ForwardBatch(
-            forward_mode=ForwardMode.DECODE,
-            batch_size=bs,
+    def _batch(self, mode: ForwardMode, query_lens: list[int]) -> ForwardBatch:
+        """A batch of padding requests (request row 0, writing slot 0) with
+        these query lengths."""
+        tokens, reqs = sum(query_lens), len(query_lens)
+        zeros = torch.zeros(tokens, dtype=torch.int64, device=self.device)
+        return ForwardBatch(
+            forward_mode=mode,
+            batch_size=reqs,
             input_ids=zeros,
-            req_pool_indices=zeros,
-            seq_lens=torch.ones(bs, dtype=torch.int64, device=self.device),
+            req_pool_indices=torch.zeros(reqs, dtype=torch.int64, device=self.device),
+            seq_lens=torch.tensor(query_lens, dtype=torch.int64).to(self.device),
             out_cache_loc=zeros,
-            seq_lens_sum=bs,
+            seq_lens_sum=tokens,
             return_logprob=False,
             positions=zeros,
             spec_algorithm=self.model_runner.spec_algorithm,
             capture_hidden_mode=CaptureHiddenMode.NULL,
-            global_forward_mode=ForwardMode.DECODE,
+            global_forward_mode=mode,
+            extend_seq_lens_cpu=list(query_lens) if mode == ForwardMode.EXTEND else None,
         )
+
+    def _warm_up_extend(self, tokens: int, reqs: int) -> None:
+        """Records the model's inner decoder for an extend batch of `tokens`
+        tokens and `reqs` requests (both buckets)."""
+        fb = self._batch(ForwardMode.EXTEND, [tokens - reqs + 1] + [1] * (reqs - 1))
+        backend = self.model_runner.attn_backend
+        with contextlib.nullcontext() if has_forward_context() else forward_context(ForwardContext(attn_backend=backend)):
+            self.model_runner.model.model(fb.input_ids, fb.positions, fb)
+
+    def _warm_up(self, bs: int) -> None:
+        """Records the program of bucket bs with a batch of padding requests."""
+        fb = self._batch(ForwardMode.DECODE, [1] * bs)
         backend = self.model_runner.attn_backend
         with contextlib.nullcontext() if has_forward_context() else forward_context(ForwardContext(attn_backend=backend)):
             self._run(fb, bs)
