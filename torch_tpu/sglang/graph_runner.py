@@ -36,15 +36,9 @@ from sglang.srt.layers.logits_processor import LogitsProcessorOutput
 from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardBatch, ForwardMode
 from sglang.srt.model_executor.forward_context import ForwardContext, forward_context, has_forward_context
 
-from torch_tpu.vllm.steps import StepPrograms
+from torch_tpu.vllm.steps import StepPrograms, bucket
 
 logger = logging.getLogger(__name__)
-
-
-def bucket(n: int, limit: int | None = None) -> int:
-    """The power of two at or above n (at least 1), capped at limit."""
-    b = 1 << max(0, int(n) - 1).bit_length()
-    return min(b, limit) if limit else b
 
 
 def plain_batch(fb: ForwardBatch, mode: ForwardMode, max_bs: int) -> bool:

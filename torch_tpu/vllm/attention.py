@@ -32,11 +32,7 @@ from vllm.v1.attention.backend import (
 )
 from vllm.v1.kv_cache_interface import AttentionSpec, KVCacheLayout
 
-
-def bucket(n: int, limit: int | None = None) -> int:
-    """The power of two at or above n (at least 1), capped at limit."""
-    b = 1 << max(0, int(n) - 1).bit_length()
-    return min(b, limit) if limit else b
+from torch_tpu.vllm.steps import bucket
 
 
 def request_bucket(num_reqs: int, max_num_reqs: int) -> int:

@@ -28,6 +28,13 @@ from torch_tpu import _C, _env
 _ATTEMPTS = 2
 
 
+def bucket(n: int, limit: int | None = None) -> int:
+    """The power of two at or above n (at least 1), capped at limit: the
+    shapes steps are padded to (vLLM's and SGLang's platforms)."""
+    b = 1 << max(0, int(n) - 1).bit_length()
+    return min(b, limit) if limit else b
+
+
 def enabled() -> bool:
     """VLLM_TPU_CAPTURE_STEPS=0 runs every step through the model's code."""
     return _env.get("VLLM_TPU_CAPTURE_STEPS", "1") == "1"
