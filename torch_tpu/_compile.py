@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import itertools
 import threading
-import time
 
 import torch
 
@@ -91,15 +90,22 @@ class _Graph:
         return out
 
     def _call(self, args):
-        # Symbolic sizes and other non-tensor arguments: no replay.
-        tensors = all(isinstance(a, torch.Tensor) for a in args)
-        if tensors:
-            for graph in self.captured:
-                outs = _C._replay(graph, args)
+        # Symbolic sizes and Python numbers: no replay (the recording bakes them in).
+        # Other objects (a DeviceMesh or process group that functional collectives
+        # name) are part of what was recorded: a replay needs equal ones.
+        tensors = [a for a in args if isinstance(a, torch.Tensor)]
+        objects = tuple(a for a in args if not isinstance(a, torch.Tensor))
+        replayable = not any(map(_is_number, objects))
+        if replayable:
+            for graph, objs, out_objects in self.captured:
+                if len(objs) != len(objects) or not all(map(_same_object, objs, objects)):
+                    continue
+                outs = _C._replay(graph, tensors)
                 if outs is not None:
                     self.entry["replays"] += 1
-                    return tuple(outs)
-        if not tensors or not _C._capture_begin(list(args)):
+                    outs = iter(outs)
+                    return tuple(next(outs) if o is _TENSOR else o for o in out_objects)
+        if not replayable or not _C._capture_begin(tensors):
             return _run_whole_graph(self.run, args)
         try:
             out = self.run(*args)
@@ -107,13 +113,32 @@ class _Graph:
             _C._capture_abort()
             raise
         flat = list(out) if isinstance(out, (tuple, list)) else None
-        if flat is None or not all(o is None or isinstance(o, torch.Tensor) for o in flat):
+        # Outputs other than tensors: objects (a DeviceMesh) are returned as they were;
+        # numbers would change call after call.
+        if flat is None or not all(o is None or isinstance(o, torch.Tensor) or not _is_number(o) for o in flat):
             _C._capture_abort()
             return out
-        graph = _C._capture_end(flat)
+        graph = _C._capture_end([o for o in flat if o is None or isinstance(o, torch.Tensor)])
         if graph is not None:
-            self.captured.append(graph)
+            out_objects = tuple(_TENSOR if o is None or isinstance(o, torch.Tensor) else o for o in flat)
+            self.captured.append((graph, objects, out_objects))
         return out
+
+
+_TENSOR = object()  # a captured graph's output that is a tensor (or None), in its place
+
+
+def _is_number(a) -> bool:
+    return isinstance(a, (int, float, bool, complex, torch.SymInt, torch.SymFloat, torch.SymBool))
+
+
+def _same_object(a, b) -> bool:
+    if a is b:
+        return True
+    try:
+        return type(a) is type(b) and bool(a == b)  # a DeviceMesh made again for the same ranks
+    except Exception:  # noqa: BLE001 - objects that do not compare are not the same
+        return False
 
 
 def _graph_compiler(kind: str):
@@ -141,7 +166,6 @@ def _decompositions() -> dict:
 
 def tpu_backend(gm: torch.fx.GraphModule, example_inputs, **kwargs):
     """torch.compile(model, backend="tpu")."""
-    from torch._decomp import core_aten_decompositions
     from torch._dynamo.backends.common import aot_autograd
 
     backend = aot_autograd(
@@ -156,6 +180,13 @@ def tpu_backend(gm: torch.fx.GraphModule, example_inputs, **kwargs):
 
 def _register() -> None:
     from torch._dynamo import list_backends, register_backend
+    from torch._dynamo.backends.registry import lookup_backend
 
-    if "tpu" not in list_backends(exclude_tags=()):
-        register_backend(compiler_fn=tpu_backend, name="tpu")
+    with _lock:
+        if "tpu" not in list_backends(exclude_tags=()):
+            register_backend(compiler_fn=tpu_backend, name="tpu")
+            return
+        # Found through the entry point: load it now. Dynamo loads it at the first
+        # compile otherwise, and two threads compiling at once (ranks as threads)
+        # both registered it ("duplicate name: tpu").
+        lookup_backend("tpu")

@@ -95,8 +95,11 @@ def local_group(rank: int, world_size: int, store=None, devices=None, timeout=No
         raise ValueError(f"local_group: tpu:{max(devices)} does not exist ({count} devices; with the CPU plugin "
                          "TORCH_TPU_CPU_DEVICES=N gives N)")
     timeout = timeout or datetime.timedelta(minutes=5)
+    from . import _compile
+
+    _compile._register()  # before the ranks' threads compile at once
     prefixed = dist.PrefixStore(f"{BACKEND}_local/", store)
-    backend = _C._tpu_dist_xla_backend(prefixed, rank, world_size, timeout, devices[rank])
+    backend = _C._tpu_dist_xla_backend(prefixed, rank, world_size, timeout, devices[rank], devices)
     pg = dist.ProcessGroup(prefixed, rank, world_size)
     kind = dist.ProcessGroup.BackendType.CUSTOM
     pg._register_backend(torch.device("tpu"), kind, backend)
@@ -115,6 +118,47 @@ def local_group(rank: int, world_size: int, store=None, devices=None, timeout=No
     c10d._world.pg_names[pg] = name
     c10d._world.pg_group_ranks[pg] = {r: r for r in range(world_size)}
     c10d._world.pg_backend_config[pg] = f"cpu:gloo,tpu:{BACKEND}"
+    return pg
+
+
+_thread_worlds_lock = __import__("threading").Lock()
+
+
+def _thread_local_world() -> None:
+    """Gives each thread its own c10d world (default group, group names, ranks), as
+    PyTorch's own threaded test groups do (``torch.testing._internal.distributed.
+    multi_threaded_pg``): once per process, before any thread makes its group."""
+    from torch.distributed import distributed_c10d as c10d
+
+    with _thread_worlds_lock:
+        if type(c10d._world).__name__ == "ThreadLocalWorld":
+            return
+        if c10d._world.default_pg is not None:
+            raise RuntimeError("init_local_process_group: this process already has a default process group "
+                               "(init_process_group); ranks as threads need a world of their own each")
+        from torch.testing._internal.distributed.multi_threaded_pg import ThreadLocalWorld
+
+        c10d._world = ThreadLocalWorld()
+
+
+def init_local_process_group(rank: int, world_size: int, store=None, devices=None, timeout=None):
+    """``local_group`` as this thread's default process group: ``dist.get_rank()``,
+    ``DeviceMesh``, DTensor, FSDP2 and DDP then run with ranks as threads of this process,
+    rank r on ``tpu:devices[r]``. Each thread sees a c10d world of its own (the process's
+    first call sets that up; a process that already called ``init_process_group``
+    cannot). Inside ``torch.compile(backend="tpu")`` the group's functional collectives
+    become ops of the compiled program (docs/distributed.md, "Inside torch.compile")."""
+    from torch.distributed import distributed_c10d as c10d
+
+    _thread_local_world()
+    if c10d._world.default_pg is not None:
+        raise RuntimeError(f"init_local_process_group: rank {rank}'s thread already has a default process group")
+    pg = local_group(rank, world_size, store, devices=devices, timeout=timeout)
+    c10d._world.default_pg = pg
+    c10d._world.group_count = 1
+    import torch
+
+    torch.tpu.set_device(list(range(world_size))[rank] if devices is None else int(devices[rank]))
     return pg
 
 

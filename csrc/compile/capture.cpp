@@ -14,6 +14,7 @@
 
 #include "op_steps/op_plan.h"
 #include "op_steps/recording.h"
+#include "runtime/collectives.h"
 #include "runtime/env.h"
 
 namespace tpu::compile {
@@ -49,8 +50,8 @@ struct ArgSignature {
   }
 };
 
-// The graph being recorded (one at a time, by the thread that began it, under
-// the fusion mutex).
+// The graph this thread records (threads that drive a device each, the ranks
+// of a local group, record at once; each step runs under the fusion mutex).
 struct CaptureState {
   std::vector<ArgSignature> signature;
   bool active = false;
@@ -63,8 +64,10 @@ struct CaptureState {
   std::unordered_map<const c10::TensorImpl*, int> cpu_inputs;
   std::vector<const runtime::DeviceArray*> arrays;  // per argument (nullptr: CPU or undefined)
   std::vector<int> groups;
+  std::chrono::milliseconds timeout{0};  // the longest of its collectives' groups
+  int64_t collectives = 0;               // recorded so far
 };
-CaptureState g_capture;
+thread_local CaptureState g_capture;
 
 }  // namespace
 
@@ -89,6 +92,7 @@ struct CapturedGraph {
   std::vector<int> donated;
   std::vector<OutputSpec> outputs;
   int ops = 0;
+  std::chrono::milliseconds timeout{0};  // a program with collectives: how long a replay waits for the others
 };
 
 namespace {
@@ -125,7 +129,7 @@ bool captureBegin(const std::vector<at::Tensor>& inputs, bool all_inputs) {
   auto groups = arrayGroups(inputs, &dev);
   if (!groups) return false;
   if (dev < 0) dev = currentDevice();
-  if (!rec.beginWholeGraph()) return false;  // another thread is recording
+  if (!rec.beginWholeGraph(dev)) return false;  // another thread is recording this device
   g_capture = CaptureState{};
   g_capture.was_fused = true;
   g_capture.owner = std::this_thread::get_id();
@@ -162,12 +166,57 @@ void captureAbort() {
   rec.endWholeGraph(g_capture.was_fused);
 }
 
+namespace {
+
+// Runs a recording's program with collectives (CaptureResult::deferred), with
+// no lock held and the GIL let go: its launch returns when every rank's has come.
+void runDeferred(CapturedGraph& g) {
+  auto& ran = g.run;
+  ran.deferred = false;
+  std::vector<runtime::BufferPtr> results;
+  try {
+    runtime::blocking([&] { results = runtime::execute(*ran.prog, ran.deferred_inputs, g.device); });
+  } catch (const std::exception& e) {
+    const std::string msg = std::string("torch_tpu: compiled graph: ") + e.what();
+    std::lock_guard<steps::Recorder> lock(steps::recorder());
+    for (auto* owner : ran.out_owners) owner->poison(msg);
+    throw std::runtime_error(msg);
+  }
+  ran.deferred_inputs.clear();
+  std::lock_guard<steps::Recorder> lock(steps::recorder());
+  for (size_t i = 0; i < ran.out_owners.size(); ++i)
+    ran.out_owners[i]->set(results[i], ran.results[i].first, ran.results[i].second);
+  for (size_t j = 0; j < ran.checks.size(); ++j)
+    runtime::checkIndicesLater(results[ran.out_owners.size() + j], ran.checks[j], g.device);
+}
+
+std::shared_ptr<CapturedGraph> endRecording(const std::vector<at::Tensor>& outputs,
+                                            std::shared_ptr<CapturedGraph>& recorded);
+
+}  // namespace
+
 std::shared_ptr<CapturedGraph> captureEnd(const std::vector<at::Tensor>& outputs) {
+  std::shared_ptr<CapturedGraph> recorded;
+  std::shared_ptr<CapturedGraph> replayable;
+  try {
+    replayable = endRecording(outputs, recorded);
+  } catch (...) {
+    if (recorded && recorded->run.deferred) runDeferred(*recorded);
+    throw;
+  }
+  if (recorded && recorded->run.deferred) runDeferred(*recorded);
+  return replayable;
+}
+
+namespace {
+std::shared_ptr<CapturedGraph> endRecording(const std::vector<at::Tensor>& outputs,
+                                            std::shared_ptr<CapturedGraph>& recorded) {
   auto& rec = steps::recorder();
   std::lock_guard<steps::Recorder> lock(rec);
   if (!g_capture.active || g_capture.owner != std::this_thread::get_id()) return nullptr;
   const int dev = g_capture.device;
   auto cg = std::make_shared<CapturedGraph>();
+  recorded = cg;
   cg->device = dev;
   cg->ops = rec.ops(dev);
   bool split = rec.materializations(dev) != g_capture.materializations;
@@ -197,6 +246,7 @@ std::shared_ptr<CapturedGraph> captureEnd(const std::vector<at::Tensor>& outputs
     return nullptr;
   }
   // Arguments the graph wrote, and where each output lives.
+  cg->timeout = g_capture.timeout;
   cg->array_group = g_capture.groups;
   cg->signature = g_capture.signature;
   std::unordered_map<const runtime::DeviceArray*, int> result_of, arg_of;
@@ -241,6 +291,7 @@ std::shared_ptr<CapturedGraph> captureEnd(const std::vector<at::Tensor>& outputs
   }
   return cg;
 }
+}  // namespace
 
 namespace {
 // A tensor on `holder`'s storage with `o`'s dtype and geometry, built
@@ -258,7 +309,7 @@ std::optional<std::vector<at::Tensor>> replay(CapturedGraph& g, const std::vecto
   if (inputs.size() != g.signature.size()) return std::nullopt;
   for (size_t i = 0; i < inputs.size(); ++i)
     if (!g.signature[i].matches(inputs[i])) return std::nullopt;
-  std::lock_guard<steps::Recorder> lock(rec);
+  std::unique_lock<steps::Recorder> lock(rec);
   c10::DeviceIndex dev = -1;
   auto groups = arrayGroups(inputs, &dev);
   if (!groups || *groups != g.array_group || (dev >= 0 && dev != g.device)) return std::nullopt;
@@ -292,8 +343,20 @@ std::optional<std::vector<at::Tensor>> replay(CapturedGraph& g, const std::vecto
     }
   }
   std::vector<runtime::BufferPtr> results;
+  if (!prog.participants.empty()) {
+    // A program with collectives: every rank launches its replica of the same
+    // run, so they meet first, outside the lock (the others need it to get here).
+    lock.unlock();
+    // (Ranks' programs may differ in their own constants: what must agree is their collectives.)
+    runtime::arriveTogether(prog.participants, g.device,
+                            "a compiled step's program with " + std::to_string(prog.collectives) + " collectives",
+                            g.timeout);
+  }
   try {
-    results = runtime::execute(prog, bufs, g.device, g.donated);
+    if (prog.participants.empty())
+      results = runtime::execute(prog, bufs, g.device, g.donated);
+    else
+      runtime::blocking([&] { results = runtime::execute(prog, bufs, g.device, g.donated); });
   } catch (const std::exception& e) {
     rethrow(e, "torch_tpu: compiled graph");
   }
@@ -349,6 +412,12 @@ std::optional<std::vector<at::Tensor>> replay(CapturedGraph& g, const std::vecto
 int capturedOps(const CapturedGraph& g) { return g.ops; }
 
 bool capturingHere() { return g_capture.active && g_capture.owner == std::this_thread::get_id(); }
+
+int64_t nextProgramCollective() { return ++g_capture.collectives; }
+
+void noteProgramTimeout(std::chrono::milliseconds timeout) {
+  if (capturingHere()) g_capture.timeout = std::max(g_capture.timeout, timeout);
+}
 
 void noteCpuFallback() {
   if (capturingHere()) g_capture.broken = true;

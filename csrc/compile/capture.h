@@ -8,6 +8,7 @@
 
 #include <ATen/ATen.h>
 
+#include <chrono>
 #include <memory>
 #include <optional>
 #include <vector>
@@ -35,6 +36,16 @@ void captureAbort();
 std::optional<std::vector<at::Tensor>> replay(CapturedGraph& g, const std::vector<at::Tensor>& inputs);
 // How many ops the graph's recording held.
 int capturedOps(const CapturedGraph& g);
+
+// Whether this thread is recording a graph (its functional collectives can
+// join the program: distributed/in_program.cpp).
+bool capturingHere();
+// The recording holds collectives of a group with this timeout: replays meet
+// the other ranks within it before each launch.
+void noteProgramTimeout(std::chrono::milliseconds timeout);
+// The channel of the next collective this thread records: 1, 2, ... from the
+// start of each recording (the same on every rank for the same step).
+int64_t nextProgramCollective();
 
 // The dispatcher ran an op on the CPU: a recording in progress on this thread
 // cannot be replayed (a no-op when none is).

@@ -141,13 +141,25 @@ class XlaDistBackend final : public PerTensorCoalescing {
  public:
   // `device`: this rank's tpu device index, or -1 for the device of its first
   // collective's tensors.
+  // `local_devices`: every rank's device of this process (ranks as threads), or empty.
   XlaDistBackend(c10::intrusive_ptr<c10d::Store> store, int rank, int size, std::chrono::milliseconds timeout,
-                 int device)
+                 int device, std::vector<int> local_devices = {})
       : PerTensorCoalescing(rank, size),
         store_(std::move(store)),
         timeout_(timeout),
         device_(device),
+        local_devices_(std::move(local_devices)),
         check_(env::notDisabled("TORCH_TPU_DIST_CHECK")) {}
+
+  // Ranks as threads of this process: their collectives can join a compiled program.
+  std::optional<InProgramGroup> inProgram() const {
+    if (local_devices_.empty() || device_ < 0) return std::nullopt;
+    InProgramGroup g;
+    for (int d : local_devices_) g.participants.push_back(runtime::globalDeviceId(d));
+    g.device = device_;
+    g.timeout = timeout_;
+    return g;
+  }
 
   const std::string getBackendName() const override { return "tpu_dist"; }
 
@@ -525,6 +537,7 @@ class XlaDistBackend final : public PerTensorCoalescing {
   c10::intrusive_ptr<c10d::Store> store_;
   std::chrono::milliseconds timeout_;
   int device_;  // this rank's tpu device index; -1 until its first collective
+  std::vector<int> local_devices_;
   bool check_;
   int64_t collectives_ = 0;
   int64_t barriers_ = 0;
@@ -585,14 +598,22 @@ std::vector<at::Tensor> commCollective(const std::string& kind, const std::vecto
 
 }  // namespace
 
+std::optional<InProgramGroup> inProgramGroup(const c10::intrusive_ptr<c10d::Backend>& backend) {
+  const auto* xla = dynamic_cast<const XlaDistBackend*>(backend.get());
+  return xla ? xla->inProgram() : std::nullopt;
+}
+
 void registerXlaTransport(pybind11::module& m) {
   m.def(
       "_tpu_dist_xla_backend",
       [](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size, std::chrono::milliseconds timeout,
-         int device) -> c10::intrusive_ptr<c10d::Backend> {
-        return c10::make_intrusive<XlaDistBackend>(store, rank, size, timeout, device);
+         int device, std::vector<int> local_devices) -> c10::intrusive_ptr<c10d::Backend> {
+        return c10::make_intrusive<XlaDistBackend>(store, rank, size, timeout, device, std::move(local_devices));
       },
-      "The tpu_dist backend over XLA collectives; this rank runs on tpu:device (-1: its first collective's).");
+      pybind11::arg("store"), pybind11::arg("rank"), pybind11::arg("size"), pybind11::arg("timeout"),
+      pybind11::arg("device"), pybind11::arg("local_devices") = std::vector<int>{},
+      "The tpu_dist backend over XLA collectives; this rank runs on tpu:device (-1: its first collective's). "
+      "local_devices: every rank's device, for ranks that are threads of this process.");
   m.def("_comm_collective", &commCollective, pybind11::arg("kind"), pybind11::arg("tensors"),
         pybind11::arg("op") = "sum", pybind11::arg("root") = 0, pybind11::call_guard<pybind11::gil_scoped_release>(),
         "One XLA collective over the devices of `tensors` (one flat result per device).");

@@ -297,7 +297,7 @@ class FusionRecorder final : public steps::Recorder {
  public:
   void lock() override { runtime::Fusion::get().mutex().lock(); }
   void unlock() override { runtime::Fusion::get().mutex().unlock(); }
-  bool beginWholeGraph() override { return runtime::Fusion::get().beginWholeGraph(); }
+  bool beginWholeGraph(int device) override { return runtime::Fusion::get().beginWholeGraph(device); }
   void endWholeGraph(bool entered) override { runtime::Fusion::get().endWholeGraph(entered); }
   void setCaptureInputs(int device, std::unordered_map<const runtime::DeviceArray*, int> arrays) override {
     graph(device).setCaptureInputs(std::move(arrays));

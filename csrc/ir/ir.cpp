@@ -549,7 +549,11 @@ std::string Builder::signatureText(const std::string& name, bool is_public) cons
 }
 
 std::string Builder::emit() const {
-  std::string s = "module @torch_tpu {\n" + signatureText("main", true);
+  std::string s = "module @torch_tpu";
+  if (!participants_.empty())
+    s += " attributes {mhlo.num_partitions = 1 : i32, mhlo.num_replicas = " + std::to_string(participants_.size()) +
+         " : i32}";
+  s += " {\n" + signatureText("main", true);
   for (const auto& [name, f] : functions_) s += f->text;
   return s + "}\n";
 }
@@ -570,6 +574,8 @@ std::shared_ptr<const Function> Builder::asFunction() const {
   for (size_t i = 0; i < params_.size(); ++i) f->call_types += (i ? ", " : "") + params_[i].str();
   f->call_types += ") -> (" + types(outputs_) + ")";
   f->op_count = op_count_;
+  f->participants = participants_;
+  f->collectives = collectives_;
   for (const auto& [name, callee] : functions_) f->callees.push_back(callee);
   return f;
 }
@@ -595,6 +601,8 @@ std::vector<Value> Builder::call(const std::shared_ptr<const Function>& f, const
   else
     emitMulti(results, rhs);
   op_count_ += f->op_count - 1;  // count the ops the call stands for
+  if (!f->participants.empty()) setParticipants(f->participants);
+  collectives_ += f->collectives;
   functions_.try_emplace(f->name, f);
   for (const auto& c : f->callees) functions_.try_emplace(c->name, c);  // already closed over theirs
   return results;

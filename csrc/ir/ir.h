@@ -97,6 +97,9 @@ struct Function {
   int op_count = 0;
   // The functions this one calls (they join every module that calls it).
   std::vector<std::shared_ptr<const Function>> callees;
+  // Replicas of a body with collectives (see Builder::setParticipants).
+  std::vector<int> participants;
+  int collectives = 0;
 };
 
 // Formulations chosen for XLA:CPU where its code for the portable form is
@@ -247,6 +250,26 @@ class Builder {
   Value imag(const Value& v);
   Value complex(const Value& re, const Value& im);  // f32 pair -> c64
 
+  // --- collectives across replicas
+  // A program with collectives runs as one replica per device of
+  // `participants` (global device ids; replica r on participants[r]); every
+  // collective is over all of them. Set by the first collective's lowering;
+  // another list in the same program is an error (Unsupported).
+  void setParticipants(const std::vector<int>& ids);
+  const std::vector<int>& participants() const { return participants_; }
+  // `combine` is the reduction body (args: two scalars). Gather and scatter
+  // work along `dim`; all_to_all splits `split_dim` into one block per
+  // replica and concatenates the received blocks along `concat_dim`.
+  // `channel` (from 1) pairs the collective with the same one of the other
+  // replicas' programs, which may differ elsewhere (a rank's own constants):
+  // the n-th collective of a step has channel n on every rank.
+  Value allReduce(const Value& v, const BodyFn& combine, int64_t channel);
+  Value allGather(const Value& v, int64_t dim, int64_t channel);
+  Value reduceScatter(const Value& v, int64_t dim, const BodyFn& combine, int64_t channel);
+  Value allToAll(const Value& v, int64_t split_dim, int64_t concat_dim, int64_t channel);
+  // How many collectives this program holds.
+  int collectiveCount() const { return collectives_; }
+
   // stablehlo.custom_call of a typed-FFI target (api_version 4): a kernel the
   // runtime registered with the plugin.
   std::vector<Value> customCall(const std::string& target, const std::vector<Value>& args,
@@ -282,6 +305,9 @@ class Builder {
   std::vector<std::pair<int, int>> aliases_;        // (param, output)
   std::vector<Block> blocks_;                       // blocks_[0] is @main's body; nested regions push.
   std::map<std::string, std::shared_ptr<const Function>> functions_;  // called ones, by name
+  std::vector<int> participants_;                                     // see setParticipants
+  int collectives_ = 0;
+  std::string replicaGroups(int64_t channel) const;
   std::string signatureText(const std::string& name, bool is_public) const;
 };
 

@@ -309,6 +309,86 @@ Value Builder::dynamicUpdateSlice(const Value& v, const Value& update, const std
   return r;
 }
 
+void Builder::setParticipants(const std::vector<int>& ids) {
+  if (ids.empty()) throw Unsupported("a collective needs at least one participant");
+  if (participants_ == ids) return;
+  if (!participants_.empty())
+    throw Unsupported("collectives over different device groups in one program (" +
+                      std::to_string(participants_.size()) + " and " + std::to_string(ids.size()) + " devices)");
+  participants_ = ids;
+  std::string key = "replicas";
+  for (int id : ids) {
+    key += ' ';
+    appendInt(key, id);
+  }
+  mix(key);
+}
+
+std::string Builder::replicaGroups(int64_t channel) const {
+  if (participants_.empty()) throw Unsupported("a collective before setParticipants");
+  if (channel < 1) throw Unsupported("a collective's channel starts at 1");
+  std::string ids;
+  for (size_t r = 0; r < participants_.size(); ++r) {
+    if (r) ids += ", ";
+    appendInt(ids, static_cast<int64_t>(r));
+  }
+  return "channel_handle = #stablehlo.channel_handle<handle = " + std::to_string(channel) +
+         ", type = 1>, replica_groups = dense<[[" + ids + "]]> : tensor<1x" + std::to_string(participants_.size()) +
+         "xi64>";
+}
+
+Value Builder::allReduce(const Value& v, const BodyFn& combine, int64_t channel) {
+  const Type s = scalarType(v.dtype());
+  std::string reg = region({s, s}, combine);
+  Value r = fresh(v.type);
+  emitLine(ref(r) + " = \"stablehlo.all_reduce\"(" + ref(v) + ") " + reg + " {" + replicaGroups(channel) + "} : (" +
+           v.type.str() + ") -> " + r.type.str());
+  ++collectives_;
+  return r;
+}
+
+Value Builder::allGather(const Value& v, int64_t dim, int64_t channel) {
+  Shape s = v.shape();
+  s.at(dim) *= static_cast<int64_t>(participants_.size());
+  Value r = fresh(Type{v.dtype(), s});
+  emitLine(ref(r) + " = \"stablehlo.all_gather\"(" + ref(v) + ") {all_gather_dim = " + std::to_string(dim) +
+           " : i64, " + replicaGroups(channel) + "} : (" + v.type.str() + ") -> " + r.type.str());
+  ++collectives_;
+  return r;
+}
+
+Value Builder::reduceScatter(const Value& v, int64_t dim, const BodyFn& combine, int64_t channel) {
+  const auto n = static_cast<int64_t>(participants_.size());
+  Shape out = v.shape();
+  if (n == 0 || out.at(dim) % n)
+    throw Unsupported("reduce_scatter: dim " + std::to_string(dim) + " of " + v.type.str() + " does not split into " +
+                      std::to_string(n) + " blocks");
+  out[dim] /= n;
+  const Type s = scalarType(v.dtype());
+  std::string reg = region({s, s}, combine);
+  Value r = fresh(Type{v.dtype(), out});
+  emitLine(ref(r) + " = \"stablehlo.reduce_scatter\"(" + ref(v) + ") " + reg + " {" + replicaGroups(channel) +
+           ", scatter_dimension = " + std::to_string(dim) + " : i64} : (" + v.type.str() + ") -> " + r.type.str());
+  ++collectives_;
+  return r;
+}
+
+Value Builder::allToAll(const Value& v, int64_t split_dim, int64_t concat_dim, int64_t channel) {
+  const auto n = static_cast<int64_t>(participants_.size());
+  Shape out = v.shape();
+  if (n == 0 || out.at(split_dim) % n)
+    throw Unsupported("all_to_all: dim " + std::to_string(split_dim) + " of " + v.type.str() + " does not split into " +
+                      std::to_string(n) + " blocks");
+  out[split_dim] /= n;
+  out.at(concat_dim) *= n;
+  Value r = fresh(Type{v.dtype(), out});
+  emitLine(ref(r) + " = \"stablehlo.all_to_all\"(" + ref(v) + ") {concat_dimension = " + std::to_string(concat_dim) +
+           " : i64, " + replicaGroups(channel) + ", split_count = " + std::to_string(n) + " : i64, split_dimension = " +
+           std::to_string(split_dim) + " : i64} : (" + v.type.str() + ") -> " + r.type.str());
+  ++collectives_;
+  return r;
+}
+
 Value Builder::concatenate(const std::vector<Value>& vs, int64_t dim) {
   if (vs.size() == 1) return vs[0];
   Shape s = vs.at(0).shape();

@@ -32,6 +32,14 @@ struct CaptureResult {
   std::vector<InputTag> tags;
   std::vector<runtime::DeviceArray*> out_owners;
   std::vector<std::string> checks;
+  // A program with collectives is not run where its recording ends: the
+  // engine's lock is held there, and its launch waits for the other ranks',
+  // who need that lock to get to theirs. The capture mode runs it after
+  // letting go (`deferred`: this run's buffers; `results`: per out_owner, the
+  // dtype and element count it takes).
+  bool deferred = false;
+  std::vector<runtime::BufferPtr> deferred_inputs;
+  std::vector<std::pair<ir::DType, int64_t>> results;
 };
 
 // What the capture mode asks of the engine that defers ops. lock()/unlock():
@@ -42,10 +50,11 @@ class Recorder {
   virtual ~Recorder() = default;
   virtual void lock() = 0;
   virtual void unlock() = 0;
-  // Enters whole-graph recording on this thread (no loop or size cuts): runs
-  // what is pending; false while another thread records (then this thread's
-  // ops run strict). endWholeGraph runs the recorded graph as one program.
-  virtual bool beginWholeGraph() = 0;
+  // Enters whole-graph recording of `device`'s graph on this thread (no loop
+  // or size cuts): runs what is pending; false while another thread records
+  // that device (then this thread's ops run strict). endWholeGraph runs the
+  // recorded graph as one program.
+  virtual bool beginWholeGraph(int device) = 0;
   virtual void endWholeGraph(bool entered) = 0;
   // Reads of these arrays (argument index) become inputs of their own.
   virtual void setCaptureInputs(int device, std::unordered_map<const runtime::DeviceArray*, int> arrays) = 0;

@@ -381,9 +381,10 @@ std::vector<std::vector<std::unique_ptr<Buffer>>> Executable::launch(const std::
 }
 
 std::vector<std::unique_ptr<Buffer>> Executable::execute(const std::vector<PJRT_Buffer*>& args, PJRT_Device* device,
-                                                         std::shared_ptr<Event>* done,
-                                                         const std::vector<int64_t>& keep) const {
+                                                         std::shared_ptr<Event>* done, const std::vector<int64_t>& keep,
+                                                         int launch_id) const {
   auto opts = makeArgs<PJRT_ExecuteOptions>();
+  opts.launch_id = launch_id;
   opts.non_donatable_input_indices = keep.data();
   opts.num_non_donatable_input_indices = keep.size();
   PJRT_Event* complete = nullptr;

@@ -179,9 +179,11 @@ class Executable {
   // become ready when the computation finishes.
   // With `done`, also returns an event that fires when the execution ends.
   // `keep`: indices of aliased inputs not to donate (the plugin copies them).
+  // `launch_id`: for a multi-replica program, the id every participant's
+  // launch of this run passes (0: a single-device run).
   std::vector<std::unique_ptr<Buffer>> execute(const std::vector<PJRT_Buffer*>& args, PJRT_Device* device,
                                                std::shared_ptr<Event>* done = nullptr,
-                                               const std::vector<int64_t>& keep = {}) const;
+                                               const std::vector<int64_t>& keep = {}, int launch_id = 0) const;
   // Runs one program on several devices at once (a program compiled for
   // args.size() replicas): args[r] are replica r's inputs, on the device the
   // compile options assigned to it; returns each replica's outputs.

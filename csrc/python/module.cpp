@@ -13,6 +13,7 @@
 #include "fused/engine/fused_graph.h"
 #include "ops/kernel_slots.h"
 #include "ops/lowering.h"
+#include "runtime/collectives.h"
 #include "runtime/env.h"
 #include "strict/strict.h"
 
@@ -74,6 +75,8 @@ py::dict metricsDict() {
                   {"dist_staged_bytes", &m.dist_staged_bytes},
                   {"dist_xla_collectives", &m.dist_xla_collectives},
                   {"dist_xla_bytes", &m.dist_xla_bytes},
+                  {"replicated_programs", &m.replicated_programs},
+                  {"collectives_in_programs", &m.collectives_in_programs},
                   {"disk_hits", &m.disk_hits},
                   {"same_text_hits", &m.same_text_hits},
                   {"programs_unloaded", &m.programs_unloaded},
@@ -224,14 +227,16 @@ PYBIND11_MODULE(_C, m) {
   });
   // A thread that holds the GIL lets it go while it waits for the fusion mutex:
   // the holder may need the GIL (a Python meta kernel) to finish.
-  runtime::FusionMutex::setWaitHook([](const std::function<void()>& block) {
+  auto releasing_gil = [](const std::function<void()>& block) {
     if (Py_IsInitialized() && PyGILState_Check()) {
       py::gil_scoped_release release;
       block();
     } else {
       block();
     }
-  });
+  };
+  runtime::FusionMutex::setWaitHook(releasing_gil);
+  runtime::setBlockingWait(releasing_gil);
   m.def("_begin_whole_graph", [] { return runtime::Fusion::get().beginWholeGraph(); });
   m.def("_end_whole_graph", [](bool was_enabled) {
     try {

@@ -1,6 +1,9 @@
 #include "runtime/collectives.h"
 
+#include <atomic>
 #include <chrono>
+#include <condition_variable>
+#include <map>
 #include <mutex>
 #include <stdexcept>
 #include <unordered_map>
@@ -258,5 +261,111 @@ BufferPtr runCollectiveShard(const CollectiveSpec& spec, const BufferPtr& input,
 }
 
 int globalDeviceId(int index) { return Runtime::get().client().devices().at(index).global_id; }
+
+namespace {
+
+std::string participantsKey(const std::vector<int>& ids) {
+  std::string key;
+  for (int id : ids) key += std::to_string(id) + ",";
+  return key;
+}
+
+std::mutex g_launch_mu;
+std::map<std::pair<std::string, int>, int64_t> g_launches;  // (participants, device) -> runs so far
+std::map<int, std::shared_ptr<pjrt::Event>> g_last_launch;  // device -> its last multi-replica run
+
+// One meeting point per participant list: each device's arrivals so far, and
+// what each came for, by arrival number.
+struct Meeting {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::map<int, int64_t> arrivals;  // global device id -> arrivals
+  std::map<int64_t, std::map<int, std::string>> what;
+};
+std::mutex g_meetings_mu;
+std::map<std::string, std::shared_ptr<Meeting>> g_meetings;
+
+void plainWait(const std::function<void()>& block) { block(); }
+std::atomic<BlockingWait> g_blocking_wait{plainWait};
+
+}  // namespace
+
+int nextProgramLaunch(const std::vector<int>& participants, int device) {
+  std::lock_guard<std::mutex> g(g_launch_mu);
+  const int64_t k = ++g_launches[{participantsKey(participants), device}];
+  // Bit 30 set: tpu_dist's collectives use ids below it. Even and never 0.
+  return static_cast<int>(0x40000000 | ((k * 2) & 0x3ffffffe));
+}
+
+void noteProgramLaunch(int device, std::shared_ptr<pjrt::Event> done) {
+  std::lock_guard<std::mutex> g(g_launch_mu);
+  g_last_launch[device] = std::move(done);
+}
+
+void setBlockingWait(BlockingWait wait) { g_blocking_wait.store(wait ? wait : plainWait); }
+
+void blocking(const std::function<void()>& block) { g_blocking_wait.load()(block); }
+
+void arriveTogether(const std::vector<int>& participants, int device, const std::string& what,
+                    std::chrono::milliseconds timeout) {
+  std::shared_ptr<pjrt::Event> last;
+  {
+    std::lock_guard<std::mutex> g(g_launch_mu);
+    if (auto it = g_last_launch.find(device); it != g_last_launch.end()) last = std::move(it->second);
+    g_last_launch.erase(device);
+  }
+  std::shared_ptr<Meeting> m;
+  {
+    std::lock_guard<std::mutex> g(g_meetings_mu);
+    auto& slot = g_meetings[participantsKey(participants)];
+    if (!slot) slot = std::make_shared<Meeting>();
+    m = slot;
+  }
+  const int self = globalDeviceId(device);
+  std::string error;
+  bool forget = false;
+  g_blocking_wait.load()([&] {
+    if (last) last->await("the last run of a program with collectives");
+    std::unique_lock<std::mutex> lk(m->mu);
+    const int64_t k = ++m->arrivals[self];
+    m->what[k][self] = what;
+    m->cv.notify_all();
+    auto all_here = [&] {
+      for (int id : participants)
+        if (m->arrivals[id] < k) return false;
+      return true;
+    };
+    if (!m->cv.wait_for(lk, timeout, all_here)) {
+      std::string missing;
+      for (int id : participants)
+        if (m->arrivals[id] < k) missing += (missing.empty() ? "" : ", ") + std::to_string(id);
+      error = "torch_tpu: devices " + missing + " did not reach " + what + " within " +
+              std::to_string(timeout.count()) + " ms (device " + std::to_string(self) + " waited there)";
+      forget = true;
+      return;
+    }
+    const auto& seen = m->what[k];
+    for (const auto& [id, w] : seen)
+      if (w != what) {
+        error = "torch_tpu: the ranks of a compiled step disagree: device " + std::to_string(self) + " is at " + what +
+                ", device " + std::to_string(id) + " at " + w;
+        break;
+      }
+    // Everyone has left arrival k - 2 (they all came to k - 1).
+    m->what.erase(m->what.begin(), m->what.lower_bound(k - 1));
+  });
+  if (forget) {
+    // The group is broken: whoever meets over these devices next starts afresh.
+    const std::string key = participantsKey(participants);
+    {
+      std::lock_guard<std::mutex> g(g_meetings_mu);
+      if (auto it = g_meetings.find(key); it != g_meetings.end() && it->second == m) g_meetings.erase(it);
+    }
+    std::lock_guard<std::mutex> g(g_launch_mu);
+    for (auto it = g_launches.begin(); it != g_launches.end();)
+      it = it->first.first == key ? g_launches.erase(it) : std::next(it);
+  }
+  if (!error.empty()) throw std::runtime_error(error);
+}
 
 }  // namespace tpu::runtime

@@ -10,6 +10,8 @@
 // No torch headers here.
 #pragma once
 
+#include <chrono>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -58,5 +60,34 @@ BufferPtr runCollectiveShard(const CollectiveSpec& spec, const BufferPtr& input,
 
 // The global id of this process's device `index`.
 int globalDeviceId(int index);
+
+// --- Programs with collectives inside (a compiled step whose collectives XLA
+// runs): one replica per participant, each launched by the thread that drives
+// its device, all in this process.
+
+// The launch id of local device `device`'s next run of a multi-replica program
+// over `participants`: every participant counts its own runs, and they run the
+// same programs in the same order. Apart from the ids tpu_dist's own
+// collectives use.
+int nextProgramLaunch(const std::vector<int>& participants, int device);
+// The completion of device `device`'s last multi-replica launch (awaited
+// before its next one: see arriveTogether).
+void noteProgramLaunch(int device, std::shared_ptr<pjrt::Event> done);
+// Waits, at most `timeout`, until every participant (global device ids) has
+// come here as often as local device `device` has, and checks that all came
+// for the same `what` (a collective, a program). A participant that does not
+// come within `timeout`, or came for something else, is an error raised on
+// every participant that waited: nobody is left inside XLA waiting for a
+// launch that never comes (XLA:CPU aborts the process after 40 s of that).
+// First waits for this device's last multi-replica launch to finish: on the
+// CPU plugin runs left in flight fill XLA's thread pool.
+void arriveTogether(const std::vector<int>& participants, int device, const std::string& what,
+                    std::chrono::milliseconds timeout);
+// How a thread waits in arriveTogether: the Python layer releases the GIL
+// (the others may need it to get here).
+using BlockingWait = void (*)(const std::function<void()>& block);
+void setBlockingWait(BlockingWait wait);
+// Runs `block`, which may wait for other ranks' threads, that way.
+void blocking(const std::function<void()>& block);
 
 }  // namespace tpu::runtime

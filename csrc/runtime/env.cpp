@@ -46,6 +46,9 @@ const std::vector<Var>& all() {
       {"TORCH_TPU_SLOW_COMPILE_S", "seconds", "20", "runtime",
        "a compile running longer than this is named on stderr (the program, its op count and size), again at each "
        "multiple, and its time when done; 0: never"},
+      {"TORCH_TPU_COLLECTIVES_IN_PROGRAM", "0/1", "1", "distributed",
+       "0: a compiled step's functional collectives over a group of ranks as threads (local_group) run as "
+       "tpu_dist calls between the step's programs, as over processes, instead of inside them"},
       {"TORCH_TPU_DIST_CHECK", "0/1", "1", "distributed",
        "0: skip tpu_dist's check that all ranks pass the same dtypes and shapes (one small all_gather per collective)"},
       {"TORCH_TPU_DIST_TRANSPORT", "text", "auto", "distributed",

@@ -26,6 +26,7 @@ void Metrics::reset() {
       executions = donated_buffers = constant_reuses = 0;
   h2d_bytes = d2h_bytes = h2d_transfers = d2h_transfers = compile_ns = fused_lowerings = operands_in_place = 0;
   dist_collectives = dist_staged_bytes = dist_xla_collectives = dist_xla_bytes = 0;
+  replicated_programs = collectives_in_programs = 0;
   std::lock_guard<std::mutex> g(mu);
   fallbacks.clear();
   compiles_by_op.clear();
@@ -298,7 +299,11 @@ std::shared_ptr<Program> Runtime::compile(const ir::Builder& b, const std::strin
   prog->op_count = b.opCount();
   for (const auto& [param, output] : b.aliases()) prog->aliased_params.push_back(param);
   prog->synchronous = prog->text.find("stablehlo.fft") != std::string::npos;
-  prog->key = DiskCache::key(prog->text, identity_, options_);
+  prog->participants = b.participants();
+  prog->collectives = b.collectiveCount();
+  if (!prog->participants.empty())
+    prog->options = pjrt::replicatedCompileOptions(prog->participants, option_overrides_);
+  prog->key = DiskCache::key(prog->text, identity_, prog->options.empty() ? options_ : prog->options);
   {
     // Builders whose fingerprints differ can emit the same text: that program
     // is the one already held, not a second copy of its code.
@@ -339,7 +344,7 @@ std::unique_ptr<pjrt::Executable> Runtime::build(const Program& p) {
   try {
     SlowWatch watch("the program for " + p.what + " (" + std::to_string(p.op_count) + " ops, " +
                     std::to_string(p.text.size() / 1024) + " KB of StableHLO)");
-    exe = client_->compile(p.text, options_);
+    exe = client_->compile(p.text, p.options.empty() ? options_ : p.options);
   } catch (const pjrt::Error& e) {
     throw std::runtime_error(std::string("torch_tpu: compiling the program for ") + p.what + " failed: " + e.what());
   }

@@ -47,12 +47,14 @@ struct Metrics {
   std::atomic<int64_t> h2d_transfers{0};
   std::atomic<int64_t> d2h_transfers{0};
   std::atomic<int64_t> compile_ns{0};
-  std::atomic<int64_t> fused_lowerings{0};       // op signatures lowered for fused eager
-  std::atomic<int64_t> operands_in_place{0};     // views a kernel read from their storage, not a copy
-  std::atomic<int64_t> dist_collectives{0};      // tpu_dist collectives run
-  std::atomic<int64_t> dist_staged_bytes{0};     // bytes tpu_dist copied between device and host
-  std::atomic<int64_t> dist_xla_collectives{0};  // collectives run as XLA programs
-  std::atomic<int64_t> dist_xla_bytes{0};        // bytes those programs took in, all devices
+  std::atomic<int64_t> fused_lowerings{0};          // op signatures lowered for fused eager
+  std::atomic<int64_t> operands_in_place{0};        // views a kernel read from their storage, not a copy
+  std::atomic<int64_t> dist_collectives{0};         // tpu_dist collectives run
+  std::atomic<int64_t> dist_staged_bytes{0};        // bytes tpu_dist copied between device and host
+  std::atomic<int64_t> dist_xla_collectives{0};     // collectives run as XLA programs
+  std::atomic<int64_t> dist_xla_bytes{0};           // bytes those programs took in, all devices
+  std::atomic<int64_t> replicated_programs{0};      // launches of programs with collectives inside
+  std::atomic<int64_t> collectives_in_programs{0};  // collectives those launches ran
   std::mutex mu;
   std::map<std::string, int64_t> fallbacks;  // op name -> count
   std::map<std::string, int64_t> compiles_by_op;
@@ -115,6 +117,12 @@ struct Program {
   // Params whose buffers outputs may be written into (input-output aliasing):
   // execute() donates them unless someone else still holds the buffer.
   std::vector<int> aliased_params;
+  // A program with collectives: one replica per device of `participants`
+  // (global ids), compiled with their device assignment (`options`), each
+  // replica launched by its own device's thread (runtime/collectives.h).
+  std::vector<int> participants;
+  int collectives = 0;
+  std::string options;
 };
 
 using BufferPtr = std::shared_ptr<pjrt::Buffer>;

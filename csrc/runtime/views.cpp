@@ -8,6 +8,7 @@
 #include <numeric>
 #include <optional>
 
+#include "runtime/collectives.h"
 #include "runtime/env.h"
 #include "runtime/pending.h"
 
@@ -337,9 +338,18 @@ std::vector<BufferPtr> execute(const Program& p, const std::vector<BufferPtr>& i
   bool sync = g_blocking || p.synchronous;
   LaunchScope in_flight(Runtime::get().launchHooks());
   const std::shared_ptr<pjrt::Executable> exe = Runtime::get().executable(p);
-  auto outs = exe->execute(raw, Runtime::get().device(device), sync ? nullptr : &done, keep);
+  // A program with collectives: this device's replica of the run every participant launches.
+  const bool replicated = !p.participants.empty();
+  if (replicated) sync = false;
+  const int launch = replicated ? nextProgramLaunch(p.participants, device) : 0;
+  auto outs = exe->execute(raw, Runtime::get().device(device), sync ? nullptr : &done, keep, launch);
   if (!sync) in_flight.endWhenReady(*done);
   metrics().executions++;
+  if (replicated) {
+    metrics().replicated_programs++;
+    metrics().collectives_in_programs += p.collectives;
+    noteProgramLaunch(device, done);
+  }
   std::vector<BufferPtr> result;
   result.reserve(outs.size());
   for (auto& o : outs) result.emplace_back(std::move(o));

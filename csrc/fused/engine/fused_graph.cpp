@@ -229,6 +229,14 @@ void LazyGraph::materialize(CaptureResult* cap) {
     for (const auto& c : checks_) cap->checks.push_back(c.second);
   }
   ++materializations_;
+  if (cap && !prog->participants.empty()) {
+    // Run by the capture mode once the lock is let go (CaptureResult::deferred).
+    cap->deferred = true;
+    cap->deferred_inputs = inputs;
+    for (const auto& lv : outs) cap->results.emplace_back(lv->value.dtype(), lv->value.shape()[0]);
+    reset();
+    return;
+  }
   reset();  // before running: a failure must not leave a half-used graph
   auto results = execute(*prog, inputs, device_);
   for (size_t i = 0; i < outs.size(); ++i) {
@@ -296,6 +304,7 @@ void FusionMutex::lock() {
 }
 
 thread_local int Fusion::tl_whole_graph_ = 0;
+thread_local int Fusion::tl_whole_graph_device_ = -1;
 
 Fusion& Fusion::get() {
   // Never destroyed: arrays freed during exit (by autograd's device thread,
@@ -316,15 +325,24 @@ void Fusion::setEnabled(bool on) {
   enabled_ = on;
 }
 
-bool Fusion::beginWholeGraph() {
+bool Fusion::recordedElsewhere(int device) const {
+  const auto me = std::this_thread::get_id();
+  for (const auto& [d, owner] : whole_graph_devices_)
+    if (owner != me && (d < 0 || device < 0 || d == device)) return true;
+  return false;
+}
+
+bool Fusion::beginWholeGraph(int device) {
   std::lock_guard<FusionMutex> g(mu_);
   if (tl_whole_graph_ > 0) {
     ++tl_whole_graph_;
     return true;
   }
-  if (whole_graph_threads_.load(std::memory_order_acquire) > 0) return false;  // another thread's
+  if (recordedElsewhere(device)) return false;  // another thread's
   flush(-1);
   tl_whole_graph_ = 1;
+  tl_whole_graph_device_ = device;
+  whole_graph_devices_[device] = std::this_thread::get_id();
   whole_graph_threads_.fetch_add(1, std::memory_order_acq_rel);
   return true;
 }
@@ -336,9 +354,12 @@ void Fusion::endWholeGraph(bool entered) {
     // Whatever happens to the program, this thread stops recording.
     struct Restore {
       Fusion& f;
-      ~Restore() { f.whole_graph_threads_.fetch_sub(1, std::memory_order_acq_rel); }
+      ~Restore() {
+        f.whole_graph_devices_.erase(tl_whole_graph_device_);
+        f.whole_graph_threads_.fetch_sub(1, std::memory_order_acq_rel);
+      }
     } restore{*this};
-    flush(-1);
+    flush(tl_whole_graph_device_);
   }
 }
 
@@ -350,8 +371,13 @@ LazyGraph& Fusion::graph(int device) {
 
 void Fusion::flush(int device) {
   std::lock_guard<FusionMutex> g(mu_);
-  for (size_t i = 0; i < graphs_.size(); ++i)
-    if (graphs_[i] && (device < 0 || static_cast<int>(i) == device)) graphs_[i]->materialize();
+  for (size_t i = 0; i < graphs_.size(); ++i) {
+    if (!graphs_[i]) continue;
+    if (device >= 0 && static_cast<int>(i) != device) continue;
+    // Flushing every device leaves a graph another thread records whole.
+    if (device < 0 && !whole_graph_devices_.empty() && recordedElsewhere(static_cast<int>(i))) continue;
+    graphs_[i]->materialize();
+  }
 }
 
 namespace {

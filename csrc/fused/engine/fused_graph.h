@@ -12,6 +12,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <unordered_map>
 #include <vector>
 
@@ -174,9 +175,11 @@ class Fusion {
   // or size cuts, so the graph becomes one program when it ends.
   bool wholeGraph() const { return tl_whole_graph_ > 0; }
   // Enters whole-graph recording on this thread: runs what is pending; this
-  // thread's ops are deferred until endWholeGraph. One thread records at a
-  // time: false (not entered; this thread's ops run strict) while another does.
-  bool beginWholeGraph();
+  // thread's ops are deferred until endWholeGraph. False (not entered; this
+  // thread's ops run strict) while another thread records: on any device when
+  // `device` < 0; with a device (a captured graph's), on that device, so that
+  // threads driving a device each (ranks of a local group) record at once.
+  bool beginWholeGraph(int device = -1);
   // Runs the recorded graph as one program; `entered`: what beginWholeGraph said.
   void endWholeGraph(bool entered);
 
@@ -184,7 +187,11 @@ class Fusion {
   Fusion();
   bool enabled_ = false;
   static thread_local int tl_whole_graph_;
-  std::atomic<int> whole_graph_threads_{0};  // threads recording a whole graph
+  static thread_local int tl_whole_graph_device_;  // -1: every device
+  std::atomic<int> whole_graph_threads_{0};        // threads recording a whole graph
+  // Devices whose graph another thread records whole (-1: all of them).
+  std::unordered_map<int, std::thread::id> whole_graph_devices_;
+  bool recordedElsewhere(int device) const;
   int max_ops_;
   FusionMutex mu_;
   std::vector<std::unique_ptr<LazyGraph>> graphs_;

@@ -1,0 +1,177 @@
+// Collectives inside compiled programs.
+//
+// A compiled step (torch.compile(backend="tpu")) over DTensor, FSDP2 or
+// compiled DDP calls PyTorch's functional collectives (_c10d_functional::*).
+// While a thread records such a graph (compile/capture.h) over a group whose
+// ranks are threads of this process, each driving a device (local_group), the
+// collective becomes an op of the program (tpu::replica_*, lowered in
+// ops/collectives.cpp): the step is one program per rank, its collectives run
+// by XLA among the ranks' replicas, and no host round trip splits it. Before
+// recording one, the ranks meet (runtime::arriveTogether): a rank that does not
+// come, or comes with another collective, is an error on all of them.
+// Everywhere else (eager, fused eager, groups of processes, reductions or
+// splits XLA cannot do inside a program) the call goes to PyTorch's own kernel,
+// which calls the group's backend as before.
+#include <ATen/ATen.h>
+#include <torch/library.h>
+
+#include <torch/csrc/distributed/c10d/GroupRegistry.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+
+#include "compile/capture.h"
+#include "distributed/tpu_dist.h"
+#include "runtime/collectives.h"
+#include "runtime/env.h"
+
+namespace tpu::distributed {
+namespace {
+
+using torch::jit::Stack;
+
+// The group a functional collective names (by name, or the group itself).
+c10::intrusive_ptr<c10d::ProcessGroup> groupOf(const c10::IValue& v) {
+  if (v.isString()) return c10d::resolve_process_group(std::string(v.toStringRef()));
+  return v.toCustomClass<c10d::ProcessGroup>();
+}
+
+// The group, when this collective can join the program being recorded.
+std::optional<InProgramGroup> recordable(const at::Tensor& t, const c10::IValue& group) {
+  static const bool enabled = env::notDisabled("TORCH_TPU_COLLECTIVES_IN_PROGRAM");
+  if (!enabled || !compile::capturingHere() || t.device().type() != c10::DeviceType::PrivateUse1) return std::nullopt;
+  auto pg = groupOf(group);
+  if (!pg->hasBackendForDeviceType(c10::DeviceType::PrivateUse1)) return std::nullopt;
+  auto g = inProgramGroup(pg->getBackend(c10::DeviceType::PrivateUse1));
+  if (!g || g->device != t.device().index()) return std::nullopt;
+  if (t.is_complex()) return std::nullopt;
+  return g;
+}
+
+// Bitwise and pre-multiplied reductions keep PyTorch's path (XLA:CPU's
+// all_reduce takes no bitwise combiner).
+bool reducible(const std::string& op) {
+  return op == "sum" || op == "avg" || op == "min" || op == "max" || op == "product";
+}
+
+std::string describe(const char* what, const at::Tensor& t) {
+  std::string s = std::string(what) + " " + std::string(c10::toString(t.scalar_type())) + "[";
+  for (int64_t i = 0; i < t.dim(); ++i) s += (i ? ", " : "") + std::to_string(t.size(i));
+  return s + "]";
+}
+
+std::vector<int64_t> idsOf(const InProgramGroup& g) { return {g.participants.begin(), g.participants.end()}; }
+
+// Meets the other ranks, then records the op `name` with `args` in the program.
+at::Tensor record(const InProgramGroup& g, const char* name, const at::Tensor& input, Stack args,
+                  const std::string& what) {
+  runtime::arriveTogether(g.participants, g.device, what, g.timeout);
+  compile::noteProgramTimeout(g.timeout);
+  auto& dispatcher = c10::Dispatcher::singleton();
+  const auto op = dispatcher.findSchemaOrThrow((std::string("tpu::") + name).c_str(), "");
+  Stack stack;
+  stack.emplace_back(input);
+  for (auto& a : args) stack.push_back(std::move(a));
+  stack.emplace_back(compile::nextProgramCollective());
+  op.callBoxed(stack);
+  return stack.at(0).toTensor();
+}
+
+// PyTorch's own kernel for the op (registered for every backend).
+void pytorchKernel(const c10::OperatorHandle& op, Stack* stack) {
+  op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), stack);
+}
+
+// all_reduce(Tensor input, str reduce_op, Any group_name) -> Tensor
+void allReduce(const c10::OperatorHandle& op, Stack* stack) {
+  const at::Tensor input = (*stack)[stack->size() - 3].toTensor();
+  const std::string reduce((*stack)[stack->size() - 2].toStringRef());
+  auto g = recordable(input, stack->back());
+  if (!g || !reducible(reduce)) return pytorchKernel(op, stack);
+  at::Tensor out = record(*g, "replica_all_reduce", input, {c10::IValue(reduce), c10::IValue(idsOf(*g))},
+                          describe("all_reduce", input));
+  torch::jit::drop(*stack, 3);
+  stack->emplace_back(std::move(out));
+}
+
+// all_gather_into_tensor(Tensor input, int group_size, Any group_name) -> Tensor
+void allGather(const c10::OperatorHandle& op, Stack* stack) {
+  const at::Tensor input = (*stack)[stack->size() - 3].toTensor();
+  auto g = recordable(input, stack->back());
+  if (!g || input.dim() == 0) return pytorchKernel(op, stack);
+  at::Tensor out =
+      record(*g, "replica_all_gather", input, {c10::IValue(idsOf(*g))}, describe("all_gather_into_tensor", input));
+  torch::jit::drop(*stack, 3);
+  stack->emplace_back(std::move(out));
+}
+
+// reduce_scatter_tensor(Tensor input, str reduce_op, int group_size, Any group_name) -> Tensor
+void reduceScatter(const c10::OperatorHandle& op, Stack* stack) {
+  const at::Tensor input = (*stack)[stack->size() - 4].toTensor();
+  const std::string reduce((*stack)[stack->size() - 3].toStringRef());
+  auto g = recordable(input, stack->back());
+  const auto n = g ? static_cast<int64_t>(g->participants.size()) : 1;
+  if (!g || !reducible(reduce) || input.dim() == 0 || input.size(0) % n) return pytorchKernel(op, stack);
+  at::Tensor out = record(*g, "replica_reduce_scatter", input, {c10::IValue(reduce), c10::IValue(idsOf(*g))},
+                          describe("reduce_scatter_tensor", input));
+  torch::jit::drop(*stack, 4);
+  stack->emplace_back(std::move(out));
+}
+
+// all_to_all_single(Tensor input, SymInt[] output_split_sizes, SymInt[] input_split_sizes, Any group_name)
+// Even splits only: uneven ones size the result by data the other ranks hold.
+void allToAll(const c10::OperatorHandle& op, Stack* stack) {
+  const at::Tensor input = (*stack)[stack->size() - 4].toTensor();
+  auto g = recordable(input, stack->back());
+  const auto n = g ? static_cast<int64_t>(g->participants.size()) : 1;
+  bool even = g && input.dim() > 0 && input.size(0) % n == 0;
+  for (size_t k : {stack->size() - 3, stack->size() - 2}) {
+    if (!even) break;
+    const c10::IValue& v = (*stack)[k];
+    if (v.isNone()) continue;
+    for (const c10::IValue& s : v.toListRef()) even &= s.isInt() && s.toInt() == input.size(0) / n;
+  }
+  if (!even) return pytorchKernel(op, stack);
+  at::Tensor out =
+      record(*g, "replica_all_to_all", input, {c10::IValue(idsOf(*g))}, describe("all_to_all_single", input));
+  torch::jit::drop(*stack, 4);
+  stack->emplace_back(std::move(out));
+}
+
+at::Tensor scaledFirstDim(const at::Tensor& x, int64_t factor, bool divide) {
+  std::vector<int64_t> sizes = x.sizes().vec();
+  if (sizes.empty()) sizes.push_back(1);
+  sizes[0] = divide ? sizes[0] / factor : sizes[0] * factor;
+  return at::empty(sizes, x.options());
+}
+at::Tensor allReduceMeta(const at::Tensor& x, c10::string_view, at::IntArrayRef, int64_t) { return at::empty_like(x); }
+at::Tensor allGatherMeta(const at::Tensor& x, at::IntArrayRef ids, int64_t) {
+  return scaledFirstDim(x, static_cast<int64_t>(ids.size()), false);
+}
+at::Tensor reduceScatterMeta(const at::Tensor& x, c10::string_view, at::IntArrayRef ids, int64_t) {
+  return scaledFirstDim(x, static_cast<int64_t>(ids.size()), true);
+}
+at::Tensor allToAllMeta(const at::Tensor& x, at::IntArrayRef, int64_t) { return at::empty_like(x); }
+
+}  // namespace
+}  // namespace tpu::distributed
+
+TORCH_LIBRARY_FRAGMENT(tpu, m) {
+  m.def("replica_all_reduce(Tensor self, str reduce, int[] participants, int channel) -> Tensor");
+  m.def("replica_all_gather(Tensor self, int[] participants, int channel) -> Tensor");
+  m.def("replica_reduce_scatter(Tensor self, str reduce, int[] participants, int channel) -> Tensor");
+  m.def("replica_all_to_all(Tensor self, int[] participants, int channel) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(tpu, Meta, m) {
+  m.impl("replica_all_reduce", &tpu::distributed::allReduceMeta);
+  m.impl("replica_all_gather", &tpu::distributed::allGatherMeta);
+  m.impl("replica_reduce_scatter", &tpu::distributed::reduceScatterMeta);
+  m.impl("replica_all_to_all", &tpu::distributed::allToAllMeta);
+}
+
+TORCH_LIBRARY_IMPL(_c10d_functional, PrivateUse1, m) {
+  using torch::CppFunction;
+  m.impl("all_reduce", CppFunction::makeFromBoxedFunction<&tpu::distributed::allReduce>());
+  m.impl("all_gather_into_tensor", CppFunction::makeFromBoxedFunction<&tpu::distributed::allGather>());
+  m.impl("reduce_scatter_tensor", CppFunction::makeFromBoxedFunction<&tpu::distributed::reduceScatter>());
+  m.impl("all_to_all_single", CppFunction::makeFromBoxedFunction<&tpu::distributed::allToAll>());
+}

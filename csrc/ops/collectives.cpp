@@ -1,0 +1,74 @@
+// Collectives inside a program: the lowerings of tpu::replica_* (the ops a
+// compiled step's functional collectives become when every rank of the group
+// drives a device of this process; distributed/in_program.cpp). Each is one
+// StableHLO collective over all the program's replicas; the participants (global
+// device ids, replica r on participants[r]) become the program's device
+// assignment; the last argument is the collective's channel (its place among
+// the step's collectives, the same on every rank). Work along dim 0, as c10d's
+// tensor collectives do.
+#include "ops/common.h"
+
+namespace tpu::ops {
+namespace {
+
+using ir::Builder;
+
+std::vector<int> participantsOf(Ctx& c, size_t i) {
+  std::vector<int> ids;
+  for (int64_t id : c.ints(i)) ids.push_back(static_cast<int>(id));
+  return ids;
+}
+
+// The reduction's combiner; AVG is the sum divided afterwards.
+Builder::BodyFn combiner(const std::string& reduce, DType t) {
+  const char* op = nullptr;
+  if (reduce == "sum" || reduce == "avg") op = t == DType::Bool ? "or" : "add";
+  if (reduce == "product") op = t == DType::Bool ? "and" : "multiply";
+  if (reduce == "min") op = "minimum";
+  if (reduce == "max") op = "maximum";
+  if (!op) throw ir::Unsupported("replica collective: reduction '" + reduce + "'");
+  return [op](Builder& b, const std::vector<Value>& a) { return std::vector<Value>{b.binary(op, a[0], a[1])}; };
+}
+
+Value averaged(Builder& b, const Value& v, const std::string& reduce, int64_t n) {
+  if (reduce != "avg") return v;
+  // NCCL's AVG: the sum over the group size (integers truncate).
+  return b.binary("divide", v, b.constant(static_cast<double>(n), v.dtype(), v.shape()));
+}
+
+std::vector<Value> replicaAllReduce(Ctx& c) {
+  const Value x = c.tensor(0);
+  const std::string reduce = c.str(1);
+  c.b.setParticipants(participantsOf(c, 2));
+  const auto n = static_cast<int64_t>(c.b.participants().size());
+  return {averaged(c.b, c.b.allReduce(x, combiner(reduce, x.dtype()), c.i64(3)), reduce, n)};
+}
+
+std::vector<Value> replicaAllGather(Ctx& c) {
+  const Value x = c.tensor(0);
+  c.b.setParticipants(participantsOf(c, 1));
+  if (x.rank() == 0) return {c.b.allGather(c.b.reshape(x, {1}), 0, c.i64(2))};
+  return {c.b.allGather(x, 0, c.i64(2))};
+}
+
+std::vector<Value> replicaReduceScatter(Ctx& c) {
+  const Value x = c.tensor(0);
+  const std::string reduce = c.str(1);
+  c.b.setParticipants(participantsOf(c, 2));
+  const auto n = static_cast<int64_t>(c.b.participants().size());
+  return {averaged(c.b, c.b.reduceScatter(x, 0, combiner(reduce, x.dtype()), c.i64(3)), reduce, n)};
+}
+
+std::vector<Value> replicaAllToAll(Ctx& c) {
+  const Value x = c.tensor(0);
+  c.b.setParticipants(participantsOf(c, 1));
+  return {c.b.allToAll(x, 0, 0, c.i64(2))};
+}
+
+const Registrar kAllReduce("replica_all_reduce", replicaAllReduce);
+const Registrar kAllGather("replica_all_gather", replicaAllGather);
+const Registrar kReduceScatter("replica_reduce_scatter", replicaReduceScatter);
+const Registrar kAllToAll("replica_all_to_all", replicaAllToAll);
+
+}  // namespace
+}  // namespace tpu::ops

@@ -1,0 +1,206 @@
+"""Collectives inside compiled programs: ranks as threads of one process, each on its
+own device (TORCH_TPU_CPU_DEVICES=2), each thread's default group made by
+torch_tpu.distributed.init_local_process_group. Run by test_collectives_in_program.py:
+`in_program.py MODE` prints one JSON line per result ("result {...}") and "ok ..." lines."""
+
+import copy
+import datetime
+import json
+import sys
+import threading
+import time
+
+import torch
+import torch.distributed as dist
+import torch.distributed._functional_collectives as fc
+import torch.nn as nn
+
+import torch_tpu
+
+torch_tpu.set_fallback("error")
+WORLD = 2
+STEPS = 5
+
+
+def run_ranks(fn, timeout=60):
+    """fn(rank) on one thread per rank, each with its default group; returns results or exceptions."""
+    store = dist.HashStore()
+    results = [None] * WORLD
+
+    def body(r):
+        try:
+            torch_tpu.distributed.init_local_process_group(r, WORLD, store,
+                                                           timeout=datetime.timedelta(seconds=timeout))
+            results[r] = fn(r)
+        except Exception as e:  # noqa: BLE001  (reported per rank)
+            results[r] = e
+
+    threads = [threading.Thread(target=body, args=(r,), daemon=True) for r in range(WORLD)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout * 4)
+        assert not t.is_alive(), "a rank hung"
+    return results
+
+
+class Block(nn.Module):
+    def __init__(self, d, h):
+        super().__init__()
+        self.norm = nn.LayerNorm(d)
+        self.up = nn.Linear(d, h)
+        self.down = nn.Linear(h, d)
+
+    def forward(self, x):
+        return x + self.down(torch.nn.functional.gelu(self.up(self.norm(x))))
+
+
+class Model(nn.Module):
+    def __init__(self, vocab=64, d=32, h=64, layers=2):
+        super().__init__()
+        self.tok = nn.Embedding(vocab, d)
+        self.blocks = nn.ModuleList(Block(d, h) for _ in range(layers))
+        self.norm = nn.LayerNorm(d)
+        self.out = nn.Linear(d, vocab, bias=False)
+
+    def forward(self, ids):
+        x = self.tok(ids)
+        for b in self.blocks:
+            x = b(x)
+        return self.out(self.norm(x))
+
+
+def batches():
+    g = torch.Generator().manual_seed(1)
+    return [torch.randint(0, 64, (4, 17), generator=g) for _ in range(STEPS)]
+
+
+def loss_of(model, ids):
+    logits = model(ids[:, :-1])
+    return nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), ids[:, 1:].reshape(-1))
+
+
+def train(model, device, data, full=True):
+    """STEPS AdamW steps, the forward and backward compiled; `full`: gradient clipping and
+    foreach (PyTorch refuses _foreach_* over a mix of DTensor and plain parameters)."""
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, foreach=full)
+
+    def step(ids):
+        loss = loss_of(model, ids)
+        loss.backward()
+        return loss
+
+    compiled = torch.compile(step, backend="tpu") if device != "cpu" else step
+    losses, per_step = [], []
+    for i, ids in enumerate(data):
+        m0 = torch_tpu.metrics()
+        t0 = time.perf_counter()
+        loss = compiled(ids.to(device))
+        if full:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0, foreach=True)
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.item())
+        m1 = torch_tpu.metrics()
+        per_step.append({"seconds": time.perf_counter() - t0,
+                         **{k: m1[k] - m0[k] for k in ("executions", "replicated_programs",
+                                                       "collectives_in_programs", "dist_xla_collectives")}})
+    return losses, per_step
+
+
+def tp_plan(sequence_parallel):
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, SequenceParallel
+
+    if not sequence_parallel:
+        plan = {}
+        for i in range(2):
+            plan[f"blocks.{i}.up"] = ColwiseParallel()
+            plan[f"blocks.{i}.down"] = RowwiseParallel()
+        return plan
+    # TorchTitan's plan: activations between the blocks sharded along the sequence.
+    plan = {"tok": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1)),
+            "norm": SequenceParallel(),
+            "out": ColwiseParallel(input_layouts=Shard(1), output_layouts=Replicate())}
+    for i in range(2):
+        plan[f"blocks.{i}.norm"] = SequenceParallel()
+        plan[f"blocks.{i}.up"] = ColwiseParallel(input_layouts=Shard(1))
+        plan[f"blocks.{i}.down"] = RowwiseParallel(output_layouts=Shard(1))
+    return plan
+
+
+def tensor_parallel(sequence_parallel):
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    torch.manual_seed(0)
+    base = Model()
+    data = batches()
+    ref, _ = train(copy.deepcopy(base), "cpu", data, full=sequence_parallel)
+
+    def rank(r):
+        mesh = DeviceMesh.from_group(dist.distributed_c10d._get_default_group(), "tpu")
+        model = copy.deepcopy(base).to(f"tpu:{r}")
+        parallelize_module(model, mesh, tp_plan(sequence_parallel))
+        return train(model, f"tpu:{r}", data, full=sequence_parallel)
+
+    results = run_ranks(rank)
+    for res in results:
+        if isinstance(res, Exception):
+            raise res
+    m = torch_tpu.metrics()
+    print("result " + json.dumps({"reference": ref, "ranks": [res[0] for res in results],
+                                  "steps": [res[1] for res in results],
+                                  "graphs": __import__("torch_tpu._compile").
+                                  _compile.compiled_graphs(),
+                                  "replicated_programs": m["replicated_programs"],
+                                  "collectives_in_programs": m["collectives_in_programs"]}), flush=True)
+
+
+def failures():
+    # A rank that never reaches the compiled step's collective: the other raises
+    # within the group's timeout, and the process goes on.
+    def absent(r):
+        def f(x):
+            return fc.all_reduce(x * 2, "sum", dist.distributed_c10d._get_default_group()) + 1
+        x = torch.ones(4, device=f"tpu:{r}")
+        if r == 1:
+            return "stayed away"
+        return torch.compile(f, backend="tpu")(x).cpu()
+
+    res = run_ranks(absent, timeout=5)
+    assert isinstance(res[0], RuntimeError) and "did not reach all_reduce" in str(res[0]), res
+    print("ok absent rank", flush=True)
+
+    # Ranks whose compiled steps run different collectives: both raise.
+    def mismatched(r):
+        def f(x):
+            return fc.all_reduce(x, "sum", dist.distributed_c10d._get_default_group())
+        # dynamic=False: the ranks' two shapes would otherwise make Dynamo trace sizes symbolic.
+        return torch.compile(f, backend="tpu", dynamic=False)(torch.ones(4 + r, device=f"tpu:{r}")).cpu()
+
+    res = run_ranks(mismatched, timeout=10)
+    assert all(isinstance(e, RuntimeError) and "disagree" in str(e) for e in res), res
+    print("ok mismatched collectives", flush=True)
+
+    # The devices keep working: a step over both afterwards is right.
+    def again(r):
+        def f(x):
+            return fc.all_reduce(x, "sum", dist.distributed_c10d._get_default_group()) * 3
+        return torch.compile(f, backend="tpu")(torch.full((3,), float(r + 1), device=f"tpu:{r}")).cpu()
+
+    res = run_ranks(again)
+    assert all(torch.equal(t, torch.full((3,), 9.0)) for t in res), res
+    print("ok devices after failures", flush=True)
+
+
+if __name__ == "__main__":
+    mode = sys.argv[1]
+    if mode == "tp":
+        tensor_parallel(sequence_parallel=False)
+    elif mode == "sp":
+        tensor_parallel(sequence_parallel=True)
+    elif mode == "failures":
+        failures()
+    else:
+        raise SystemExit(f"unknown mode {mode}")

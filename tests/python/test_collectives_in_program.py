@@ -1,0 +1,72 @@
+"""Collectives inside compiled programs (docs/distributed.md, "Inside torch.compile"):
+a compiled tensor-parallel step over ranks as threads (2 devices of one process) runs
+its functional collectives inside its forward and backward programs, with losses equal
+to the same step with the collectives between programs (TORCH_TPU_COLLECTIVES_IN_PROGRAM=0)
+and to one process on the CPU. Each case runs dist_workers/in_program.py in a process
+of its own (the device count is fixed at start)."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.distributed as dist
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "dist_workers", "in_program.py")
+
+pytestmark = pytest.mark.skipif(not dist.is_available(), reason="torch was built without torch.distributed")
+
+
+def _run(mode, in_program=True, timeout=300):
+    env = dict(os.environ, TORCH_TPU_CPU_DEVICES="2", TORCH_TPU_PLUGIN="cpu", TORCH_TPU_FALLBACK="error",
+               TORCH_TPU_COLLECTIVES_IN_PROGRAM="1" if in_program else "0")
+    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
+    r = subprocess.run([sys.executable, WORKER, mode], capture_output=True, text=True, env=env, timeout=timeout)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-5000:]
+    return r.stdout
+
+
+def _result(out):
+    line = next(ln for ln in out.splitlines() if ln.startswith("result "))
+    return json.loads(line[len("result "):])
+
+
+def _check(mode):
+    inside, split = _result(_run(mode)), _result(_run(mode, in_program=False))
+    ref = torch.tensor(inside["reference"])
+    for res in (inside, split):
+        for losses in res["ranks"]:
+            torch.testing.assert_close(torch.tensor(losses), ref, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(torch.tensor(inside["ranks"][0]), torch.tensor(split["ranks"][0]),
+                               rtol=1e-4, atol=1e-5)
+    # Inside: every step's forward and backward carry their collectives (2 programs per
+    # rank per step); split: none does, each collective is a call between programs.
+    steps = len(ref)
+    assert inside["replicated_programs"] == 2 * 2 * steps, inside["replicated_programs"]
+    assert inside["collectives_in_programs"] > 0 and inside["collectives_in_programs"] % (2 * steps) == 0
+    assert split["replicated_programs"] == 0 and split["collectives_in_programs"] == 0
+    return inside, split
+
+
+def test_tensor_parallel_step_runs_its_collectives_inside_its_programs():
+    inside, split = _check("tp")
+    # Colwise/rowwise MLPs: one all_reduce per MLP forward, one per backward; nothing
+    # else is a collective, so the split run made them all as calls.
+    assert inside["collectives_in_programs"] == 2 * 2 * len(inside["reference"]) * 2
+    calls = sum(s["dist_xla_collectives"] for s in inside["steps"][0])
+    assert calls == 0, inside["steps"][0]
+    assert sum(s["dist_xla_collectives"] for s in split["steps"][0]) > 0
+
+
+@pytest.mark.slow
+def test_sequence_parallel_step_with_clipping_and_foreach():
+    _check("sp")
+
+
+def test_absent_and_mismatched_ranks_raise_and_devices_keep_working():
+    out = _run("failures", timeout=240)
+    for line in ("absent rank", "mismatched collectives", "devices after failures"):
+        assert f"ok {line}" in out, out
