@@ -504,13 +504,31 @@ c10::DeviceIndex findDevice(const c10::OperatorHandle& op, const std::vector<IVa
 // them. A boolean mask becomes the integer indices of its true elements (its
 // nonzero columns), as in PyTorch: the size is computed on the device and
 // read back.
-void moveIndicesToDevice(torch::jit::Stack* stack, size_t n) {
+void moveIndicesToDevice(torch::jit::Stack* stack, size_t n, bool puts) {
   IValue& self = (*stack)[stack->size() - n];
   IValue& idx = (*stack)[stack->size() - n + 1];
   if (!self.isTensor() || !idx.isList()) return;
   const at::Tensor& st = self.toTensor();
   c10::Device dev = st.device();
   auto lst = idx.toList();
+  // `x[mask] = v` with one value and a mask of x's leading dims is a select (the
+  // lowering's): no size read back from the device, so a compiled graph stays
+  // one program (DTensor masks a sharded embedding's input so).
+  if (puts && lst.size() == 1 && lst.get(0).isTensor()) {
+    const at::Tensor mask = lst.get(0).toTensor();
+    const IValue& values = (*stack)[stack->size() - n + 2];
+    const IValue& accumulate = (*stack)[stack->size() - n + 3];
+    if (mask.defined() && mask.scalar_type() == at::kBool && mask.dim() <= st.dim() &&
+        mask.sizes().equals(st.sizes().slice(0, mask.dim())) && values.isTensor() && values.toTensor().numel() == 1 &&
+        values.toTensor().dim() == 0 && accumulate.isBool() && !accumulate.toBool()) {
+      if (mask.device().is_cpu()) {
+        c10::List<std::optional<at::Tensor>> moved;
+        moved.push_back(mask.to(dev));
+        idx = IValue(moved);
+      }
+      return;
+    }
+  }
   bool changed = false;
   c10::List<std::optional<at::Tensor>> out;
   int64_t pos = 0;  // the indexed tensor's dim the next index starts at
@@ -811,7 +829,7 @@ void boxedKernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     timer.enter(Route::Fallback);
     return cpuFallback(op, stack, "");
   }
-  if (f.moves_indices) moveIndicesToDevice(stack, n);
+  if (f.moves_indices) moveIndicesToDevice(stack, n, f.base == "index_put" || f.base == "_index_put_impl");
   PlannedOp p{op, stack, std::vector<IValue>(stack->end() - n, stack->end())};
   refuseLikeCpu(f, p.args);
   resolveMathBits(f, p.args);

@@ -2,6 +2,7 @@
 // (index / index_put), index_add/copy/fill, embedding backward.
 // Negative indices wrap as in PyTorch.
 #include <limits>
+#include <numeric>
 #include <stdexcept>
 
 #include "ops/common.h"
@@ -331,7 +332,17 @@ Registrar reg_unsafe_index("_unsafe_index", [](Ctx& c) { return findLowering("in
 // index_put(self, indices, values, accumulate) / _index_put_impl_(..., unsafe)
 std::vector<Value> indexPut(Ctx& c) {
   Value x = c.tensor(0);
-  AdvIndex a = advancedIndex(c, x, c.tensors(1));
+  const std::vector<Value> idx = c.tensors(1);
+  // A mask of x's leading dims and one value (the dispatcher keeps such a mask as is).
+  if (idx.size() == 1 && idx[0].valid() && idx[0].dtype() == DType::Bool && idx[0].rank() <= x.rank() &&
+      std::equal(idx[0].shape().begin(), idx[0].shape().end(), x.shape().begin()) && c.tensor(2).rank() == 0 &&
+      !c.flagOr(3, false)) {
+    std::vector<int64_t> lead(idx[0].rank());
+    std::iota(lead.begin(), lead.end(), 0);
+    const Value mask = c.b.broadcastInDim(idx[0], x.shape(), lead);
+    return {c.b.select(mask, c.b.broadcastTo(c.b.convert(c.tensor(2), x.dtype()), x.shape()), x)};
+  }
+  AdvIndex a = advancedIndex(c, x, idx);
   bool accumulate = c.flagOr(3, false);
   int64_t nb = static_cast<int64_t>(a.batch.size());
   ir::Builder::ScatterDims dn;

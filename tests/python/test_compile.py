@@ -238,6 +238,26 @@ def test_later_calls_replay_the_recorded_program():
         torch.testing.assert_close(cf(xt, y).cpu(), (xt.cpu() @ y.cpu()).relu().sum(0))
 
 
+def test_a_masked_fill_by_index_put_keeps_the_graph_one_replayable_program():
+    # `x[mask] = 0` (DTensor masks a sharded embedding so): a select, not a size read back.
+    def f(ids, emb):
+        mask = (ids < 3) | (ids >= 9)
+        local = ids.clone() - 3
+        local[mask] = 0
+        out = emb[local]
+        out[mask] = 0.0  # a mask of the leading dims
+        return out * 2
+
+    cf = torch.compile(f, backend="tpu")
+    n = len(torch_tpu.compiled_graphs())
+    emb = torch.randn(6, 4)
+    for i in range(3):
+        ids = torch.randint(0, 12, (3, 5), generator=torch.Generator().manual_seed(i))
+        torch.testing.assert_close(cf(ids.to("tpu"), emb.to("tpu")).cpu(), f(ids, emb))
+    g = _graphs_since(n)[0]
+    assert g["replays"] == 2, g
+
+
 def test_replays_keep_constants_and_view_offsets_of_the_recording():
     # The recording bakes the graph's Python constants (alpha, the 0.5) and its
     # views' storage offsets (the slices, the per-head split) into the program:
