@@ -3,6 +3,7 @@
     torch-tpu bench --model gpt --task generate --batch 1,4 --devices tpu,cpu --modes strict,fused
     torch-tpu bench --config sweep.toml --price tpu=1.20,cpu=0.10 --max-latency-ms 50 --out results/
     torch-tpu bench --compare gpu_box.json tpu_box.json --out compared/
+    torch-tpu bench --model titan:llama3:8B --project v5p:256 --project v7x:8192 --out projected/
 
 A target is a device, a mode and a dtype; each runs in its own process, and the timed calls go in
 alternating rounds (target after target, then again), so drift on a shared machine hits all alike.
@@ -10,6 +11,9 @@ Figures: throughput, latency p50/p90/p99, time to first token and inter-token la
 (generation), first-call time (compile), steady-state recompiles, peak device memory, MFU, and
 cost per 1M tokens from the price per device-hour you give (never fetched from anywhere).
 Writes bench.json, bench.csv, report.md, throughput.png and cost_latency.png to --out.
+``--project CHIP:N`` runs nothing: it traces one training step of --model on fake ranks and
+projects it onto N chips of TPU v5p, v6e or v7x (torch_tpu/scale.py, docs/scale.md), writing
+projection.json to --out.
 """
 
 from __future__ import annotations
@@ -550,6 +554,28 @@ def build_config(args) -> dict:
     return cfg
 
 
+def project(args) -> int:
+    """--project CHIP:N (repeatable): the training step of --model (gpt[:size], hf:ARCH[:size], a
+    folder, or titan:FAMILY:FLAVOR such as titan:llama3:8B) traced without compute and projected
+    onto each CHIP:N; prints the table, writes projection.json to --out. Raises ValueError on a
+    bad CHIP:N before anything is traced."""
+    from . import scale
+
+    for p in args.project:
+        scale.parse_project(p)
+    seq = parse_list(args.seq_len, int)
+    batch = parse_list(args.batch, int)
+    result = scale.run(args.model or "gpt", args.project, seq_len=seq[0] if seq else None,
+                       batch=batch[0] if batch else None)
+    out = args.out or "bench-results"
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, "projection.json"), "w") as f:
+        json.dump(result, f, indent=1)
+    sys.stdout.write(scale.table(result["rows"]))
+    print(f"a projection from the traced step, not a measurement (docs/scale.md); written: {out}/projection.json")
+    return 0
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="torch-tpu bench", description=__doc__.split("\n\n")[0])
     ap.add_argument("--config", help="a TOML or YAML file with the sweep (the options below override it)")
@@ -575,7 +601,16 @@ def main(argv=None) -> int:
     ap.add_argument("--out", help="folder for bench.json, bench.csv and the plots (default: bench-results)")
     ap.add_argument("--compare", nargs="+", metavar="JSON", help="put earlier results side by side instead of running")
     ap.add_argument("--no-progress", action="store_true")
+    ap.add_argument("--project", action="append", metavar="CHIP:N",
+                    help="project --model's training step onto N chips of v5p, v6e or v7x instead of running it "
+                    "(repeatable; --model may also be titan:llama3:8B, titan:qwen3:8B; docs/scale.md)")
     args = ap.parse_args(argv)
+    if args.project:
+        try:
+            return project(args)
+        except (ValueError, BenchError) as e:
+            print(f"torch-tpu bench: {e}", file=sys.stderr)
+            return 2
     try:
         if args.compare:
             result = compare(args.compare, args.out or "bench-compare")
