@@ -164,18 +164,10 @@ def load_model(spec: str, max_len: int):
             raise ValueError(f"gpt size {size!r}: one of {', '.join(GPT_SIZES)}")
         torch.manual_seed(0)
         return "gpt", GPT(256, block_size=max(max_len, 8), dropout=0.0, **GPT_SIZES[size]), 256
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM
 
     if spec.startswith("hf:"):
-        arch, _, size = spec[3:].partition(":")
-        size = size or "tiny"
-        if size not in HF_SIZES:
-            raise ValueError(f"hf size {size!r}: one of {', '.join(HF_SIZES)}")
-        cfg = AutoConfig.for_model(arch)
-        for k, v in HF_SIZES[size].items():
-            setattr(cfg, k, v)
-        if hasattr(cfg, "num_key_value_heads"):
-            cfg.num_key_value_heads = cfg.num_attention_heads
+        cfg = hf_config(spec)
         for k in ("max_position_embeddings", "n_positions"):
             if hasattr(cfg, k):
                 setattr(cfg, k, max(getattr(cfg, k) or 0, max_len))
@@ -185,6 +177,23 @@ def load_model(spec: str, max_len: int):
         raise FileNotFoundError(f"model {spec!r}: not 'gpt[:size]', not 'hf:ARCH[:size]', and no such folder")
     model = AutoModelForCausalLM.from_pretrained(spec)
     return "hf", model, model.config.vocab_size
+
+
+def hf_config(spec: str):
+    """The transformers config of ``hf:ARCH[:size]``: ARCH's own, resized to HF_SIZES[size]
+    (random weights, nothing downloaded)."""
+    from transformers import AutoConfig
+
+    arch, _, size = spec[3:].partition(":")
+    size = size or "tiny"
+    if size not in HF_SIZES:
+        raise ValueError(f"hf size {size!r}: one of {', '.join(HF_SIZES)}")
+    cfg = AutoConfig.for_model(arch)
+    for k, v in HF_SIZES[size].items():
+        setattr(cfg, k, v)
+    if hasattr(cfg, "num_key_value_heads"):
+        cfg.num_key_value_heads = cfg.num_attention_heads
+    return cfg
 
 
 def gpt_generate(forward, prompt, n):

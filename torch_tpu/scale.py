@@ -189,17 +189,12 @@ def model_spec(name: str, *, seq_len=None, local_batch=None, tp=None, ac=None) -
         from transformers import AutoConfig
 
         if name.startswith("hf:"):
-            from ._bench_worker import HF_SIZES
+            from ._bench_worker import hf_config
 
-            arch, _, size = name[3:].partition(":")
-            size = size or "tiny"
-            if size not in HF_SIZES:
-                raise ValueError(f"--model {name!r}: hf sizes are {', '.join(HF_SIZES)}")
-            hcfg = AutoConfig.for_model(arch)
-            for k, v in HF_SIZES[size].items():
-                setattr(hcfg, k, v)
-            if hasattr(hcfg, "num_key_value_heads"):
-                hcfg.num_key_value_heads = hcfg.num_attention_heads
+            try:
+                hcfg = hf_config(name)
+            except ValueError as e:
+                raise ValueError(f"--model {name!r}: {e}") from None
         else:
             hcfg = AutoConfig.from_pretrained(name)
         n = seq_len or 256

@@ -52,27 +52,27 @@ bool reducible(const std::string& op) {
   return op == "sum" || op == "avg" || op == "min" || op == "max" || op == "product";
 }
 
-std::string describe(const char* what, const at::Tensor& t) {
-  std::string s = std::string(what) + " " + std::string(c10::toString(t.scalar_type())) + "[";
+std::string describe(const std::string& what, const at::Tensor& t) {
+  std::string s = what + " " + std::string(c10::toString(t.scalar_type())) + "[";
   for (int64_t i = 0; i < t.dim(); ++i) s += (i ? ", " : "") + std::to_string(t.size(i));
   return s + "]";
 }
 
-std::vector<int64_t> idsOf(const InProgramGroup& g) { return {g.participants.begin(), g.participants.end()}; }
-
-// Meets the other ranks, then records the op `name` with `args` in the program.
-at::Tensor record(const InProgramGroup& g, const char* name, const at::Tensor& input, Stack args,
-                  const std::string& what) {
-  runtime::arriveTogether(g.participants, g.device, what, g.timeout);
+// Meets the other ranks, then records tpu::replica_<name>(input, args..., channel)
+// in the program in place of the functional collective's `n_args` arguments.
+void record(Stack* stack, size_t n_args, const InProgramGroup& g, const std::string& name, const at::Tensor& input,
+            Stack args) {
+  runtime::arriveTogether(g.participants, g.device, describe(name, input), g.timeout);
   compile::noteProgramTimeout(g.timeout);
-  auto& dispatcher = c10::Dispatcher::singleton();
-  const auto op = dispatcher.findSchemaOrThrow((std::string("tpu::") + name).c_str(), "");
-  Stack stack;
-  stack.emplace_back(input);
-  for (auto& a : args) stack.push_back(std::move(a));
-  stack.emplace_back(compile::nextProgramCollective());
-  op.callBoxed(stack);
-  return stack.at(0).toTensor();
+  const auto op = c10::Dispatcher::singleton().findSchemaOrThrow(("tpu::replica_" + name).c_str(), "");
+  Stack call;
+  call.emplace_back(input);
+  for (auto& a : args) call.push_back(std::move(a));
+  call.emplace_back(std::vector<int64_t>(g.participants.begin(), g.participants.end()));
+  call.emplace_back(compile::nextProgramCollective());
+  op.callBoxed(call);
+  torch::jit::drop(*stack, n_args);
+  stack->push_back(std::move(call.at(0)));
 }
 
 // PyTorch's own kernel for the op (registered for every backend).
@@ -86,10 +86,7 @@ void allReduce(const c10::OperatorHandle& op, Stack* stack) {
   const std::string reduce((*stack)[stack->size() - 2].toStringRef());
   auto g = recordable(input, stack->back());
   if (!g || !reducible(reduce)) return pytorchKernel(op, stack);
-  at::Tensor out = record(*g, "replica_all_reduce", input, {c10::IValue(reduce), c10::IValue(idsOf(*g))},
-                          describe("all_reduce", input));
-  torch::jit::drop(*stack, 3);
-  stack->emplace_back(std::move(out));
+  record(stack, 3, *g, "all_reduce", input, {c10::IValue(reduce)});
 }
 
 // all_gather_into_tensor(Tensor input, int group_size, Any group_name) -> Tensor
@@ -97,10 +94,7 @@ void allGather(const c10::OperatorHandle& op, Stack* stack) {
   const at::Tensor input = (*stack)[stack->size() - 3].toTensor();
   auto g = recordable(input, stack->back());
   if (!g || input.dim() == 0) return pytorchKernel(op, stack);
-  at::Tensor out =
-      record(*g, "replica_all_gather", input, {c10::IValue(idsOf(*g))}, describe("all_gather_into_tensor", input));
-  torch::jit::drop(*stack, 3);
-  stack->emplace_back(std::move(out));
+  record(stack, 3, *g, "all_gather", input, {});
 }
 
 // reduce_scatter_tensor(Tensor input, str reduce_op, int group_size, Any group_name) -> Tensor
@@ -110,10 +104,7 @@ void reduceScatter(const c10::OperatorHandle& op, Stack* stack) {
   auto g = recordable(input, stack->back());
   const auto n = g ? static_cast<int64_t>(g->participants.size()) : 1;
   if (!g || !reducible(reduce) || input.dim() == 0 || input.size(0) % n) return pytorchKernel(op, stack);
-  at::Tensor out = record(*g, "replica_reduce_scatter", input, {c10::IValue(reduce), c10::IValue(idsOf(*g))},
-                          describe("reduce_scatter_tensor", input));
-  torch::jit::drop(*stack, 4);
-  stack->emplace_back(std::move(out));
+  record(stack, 4, *g, "reduce_scatter", input, {c10::IValue(reduce)});
 }
 
 // all_to_all_single(Tensor input, SymInt[] output_split_sizes, SymInt[] input_split_sizes, Any group_name)
@@ -130,10 +121,7 @@ void allToAll(const c10::OperatorHandle& op, Stack* stack) {
     for (const c10::IValue& s : v.toListRef()) even &= s.isInt() && s.toInt() == input.size(0) / n;
   }
   if (!even) return pytorchKernel(op, stack);
-  at::Tensor out =
-      record(*g, "replica_all_to_all", input, {c10::IValue(idsOf(*g))}, describe("all_to_all_single", input));
-  torch::jit::drop(*stack, 4);
-  stack->emplace_back(std::move(out));
+  record(stack, 4, *g, "all_to_all", input, {});
 }
 
 at::Tensor scaledFirstDim(const at::Tensor& x, int64_t factor, bool divide) {

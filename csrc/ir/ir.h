@@ -308,6 +308,8 @@ class Builder {
   std::vector<int> participants_;                                     // see setParticipants
   int collectives_ = 0;
   std::string replicaGroups(int64_t channel) const;
+  // v's shape with `dim` split into one block per replica (Unsupported if it does not split).
+  Shape splitAmongReplicas(const char* what, const Value& v, int64_t dim) const;
   std::string signatureText(const std::string& name, bool is_public) const;
 };
 

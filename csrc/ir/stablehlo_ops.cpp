@@ -337,6 +337,16 @@ std::string Builder::replicaGroups(int64_t channel) const {
          "xi64>";
 }
 
+Shape Builder::splitAmongReplicas(const char* what, const Value& v, int64_t dim) const {
+  const auto n = static_cast<int64_t>(participants_.size());
+  Shape out = v.shape();
+  if (n == 0 || out.at(dim) % n)
+    throw Unsupported(std::string(what) + ": dim " + std::to_string(dim) + " of " + v.type.str() +
+                      " does not split into " + std::to_string(n) + " blocks");
+  out[dim] /= n;
+  return out;
+}
+
 Value Builder::allReduce(const Value& v, const BodyFn& combine, int64_t channel) {
   const Type s = scalarType(v.dtype());
   std::string reg = region({s, s}, combine);
@@ -358,12 +368,7 @@ Value Builder::allGather(const Value& v, int64_t dim, int64_t channel) {
 }
 
 Value Builder::reduceScatter(const Value& v, int64_t dim, const BodyFn& combine, int64_t channel) {
-  const auto n = static_cast<int64_t>(participants_.size());
-  Shape out = v.shape();
-  if (n == 0 || out.at(dim) % n)
-    throw Unsupported("reduce_scatter: dim " + std::to_string(dim) + " of " + v.type.str() + " does not split into " +
-                      std::to_string(n) + " blocks");
-  out[dim] /= n;
+  const Shape out = splitAmongReplicas("reduce_scatter", v, dim);
   const Type s = scalarType(v.dtype());
   std::string reg = region({s, s}, combine);
   Value r = fresh(Type{v.dtype(), out});
@@ -375,11 +380,7 @@ Value Builder::reduceScatter(const Value& v, int64_t dim, const BodyFn& combine,
 
 Value Builder::allToAll(const Value& v, int64_t split_dim, int64_t concat_dim, int64_t channel) {
   const auto n = static_cast<int64_t>(participants_.size());
-  Shape out = v.shape();
-  if (n == 0 || out.at(split_dim) % n)
-    throw Unsupported("all_to_all: dim " + std::to_string(split_dim) + " of " + v.type.str() + " does not split into " +
-                      std::to_string(n) + " blocks");
-  out[split_dim] /= n;
+  Shape out = splitAmongReplicas("all_to_all", v, split_dim);
   out.at(concat_dim) *= n;
   Value r = fresh(Type{v.dtype(), out});
   emitLine(ref(r) + " = \"stablehlo.all_to_all\"(" + ref(v) + ") {concat_dimension = " + std::to_string(concat_dim) +

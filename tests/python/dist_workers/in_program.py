@@ -4,10 +4,9 @@ torch_tpu.distributed.init_local_process_group. Run by test_collectives_in_progr
 `in_program.py MODE` prints one JSON line per result ("result {...}") and "ok ..." lines."""
 
 import copy
-import datetime
 import json
+import os
 import sys
-import threading
 import time
 
 import torch
@@ -17,6 +16,9 @@ import torch.nn as nn
 
 import torch_tpu
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import local  # noqa: E402  (ranks as threads)
+
 torch_tpu.set_fallback("error")
 WORLD = 2
 STEPS = 5
@@ -24,24 +26,7 @@ STEPS = 5
 
 def run_ranks(fn, timeout=60):
     """fn(rank) on one thread per rank, each with its default group; returns results or exceptions."""
-    store = dist.HashStore()
-    results = [None] * WORLD
-
-    def body(r):
-        try:
-            torch_tpu.distributed.init_local_process_group(r, WORLD, store,
-                                                           timeout=datetime.timedelta(seconds=timeout))
-            results[r] = fn(r)
-        except Exception as e:  # noqa: BLE001  (reported per rank)
-            results[r] = e
-
-    threads = [threading.Thread(target=body, args=(r,), daemon=True) for r in range(WORLD)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout * 4)
-        assert not t.is_alive(), "a rank hung"
-    return results
+    return local.run_ranks(lambda r, pg: fn(r), world=WORLD, timeout=timeout, default_group=True)
 
 
 class Block(nn.Module):

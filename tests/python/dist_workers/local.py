@@ -20,15 +20,16 @@ torch_tpu.set_fallback("error")
 WORLD = 4
 
 
-def run_ranks(fn, world=WORLD, devices=None, timeout=60):
-    """fn(rank, group) on one thread per rank; returns each rank's result or exception."""
+def run_ranks(fn, world=WORLD, devices=None, timeout=60, default_group=False):
+    """fn(rank, group) on one thread per rank; returns each rank's result or exception.
+    `default_group`: each thread's group is its default one (init_local_process_group)."""
     store = dist.HashStore()
     results = [None] * world
+    make = torch_tpu.distributed.init_local_process_group if default_group else torch_tpu.distributed.local_group
 
     def body(r):
         try:
-            pg = torch_tpu.distributed.local_group(r, world, store, devices=devices,
-                                                   timeout=datetime.timedelta(seconds=timeout))
+            pg = make(r, world, store, devices=devices, timeout=datetime.timedelta(seconds=timeout))
             results[r] = fn(r, pg)
         except Exception as e:  # noqa: BLE001  (reported per rank)
             results[r] = e
