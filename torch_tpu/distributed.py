@@ -95,9 +95,12 @@ def local_group(rank: int, world_size: int, store=None, devices=None, timeout=No
         raise ValueError(f"local_group: tpu:{max(devices)} does not exist ({count} devices; with the CPU plugin "
                          "TORCH_TPU_CPU_DEVICES=N gives N)")
     timeout = timeout or datetime.timedelta(minutes=5)
-    from . import _compile
+    import sys
 
-    _compile._register()  # before the ranks' threads compile at once
+    if "torch._dynamo" in sys.modules:  # else init_local_process_group does it
+        from . import _compile
+
+        _compile._register()  # before the ranks' threads compile at once
     prefixed = dist.PrefixStore(f"{BACKEND}_local/", store)
     backend = _C._tpu_dist_xla_backend(prefixed, rank, world_size, timeout, devices[rank], devices)
     pg = dist.ProcessGroup(prefixed, rank, world_size)
@@ -150,6 +153,9 @@ def init_local_process_group(rank: int, world_size: int, store=None, devices=Non
     become ops of the compiled program (docs/distributed.md, "Inside torch.compile")."""
     from torch.distributed import distributed_c10d as c10d
 
+    from . import _compile
+
+    _compile._register()  # the ranks' threads compile at once: Dynamo's lazy registration raced
     _thread_local_world()
     if c10d._world.default_pg is not None:
         raise RuntimeError(f"init_local_process_group: rank {rank}'s thread already has a default process group")

@@ -38,7 +38,7 @@ def run_ranks(fn, world=WORLD, devices=None, timeout=60, default_group=False):
     for t in threads:
         t.start()
     for t in threads:
-        t.join(timeout * 3)
+        t.join(timeout * 3 + 120)  # a hang detector: compiles and imports on a loaded machine come first
         assert not t.is_alive(), "a rank hung"
     return results
 
