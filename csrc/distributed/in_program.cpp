@@ -34,13 +34,21 @@ c10::intrusive_ptr<c10d::ProcessGroup> groupOf(const c10::IValue& v) {
   return v.toCustomClass<c10d::ProcessGroup>();
 }
 
+// The group's tpu backend, or none. getBackend throws where the group has none (torch 2.11's
+// ProcessGroup has no hasBackendForDeviceType to ask first).
+c10::intrusive_ptr<c10d::Backend> tpuBackendOf(c10d::ProcessGroup& pg) {
+  try {
+    return pg.getBackend(c10::DeviceType::PrivateUse1);
+  } catch (const c10::Error&) {
+    return {};
+  }
+}
+
 // The group, when this collective can join the program being recorded.
 std::optional<InProgramGroup> recordable(const at::Tensor& t, const c10::IValue& group) {
   static const bool enabled = env::notDisabled("TORCH_TPU_COLLECTIVES_IN_PROGRAM");
   if (!enabled || !compile::capturingHere() || t.device().type() != c10::DeviceType::PrivateUse1) return std::nullopt;
-  auto pg = groupOf(group);
-  if (!pg->hasBackendForDeviceType(c10::DeviceType::PrivateUse1)) return std::nullopt;
-  auto g = inProgramGroup(pg->getBackend(c10::DeviceType::PrivateUse1));
+  auto g = inProgramGroup(tpuBackendOf(*groupOf(group)));
   if (!g || g->device != t.device().index()) return std::nullopt;
   if (t.is_complex()) return std::nullopt;
   return g;
