@@ -127,6 +127,11 @@ _torchrec.install()  # FBGEMM's and TorchRec's operators on tpu, once those libr
 
 from . import _env  # noqa: E402
 
+if _env.get("TORCH_TPU_METRICS_FILE"):
+    import atexit
+
+    atexit.register(lambda: _write_metrics(_env.get("TORCH_TPU_METRICS_FILE")))
+
 if "1" in (_env.get("TPU_LAUNCH_BLOCKING", ""), _env.get("TORCH_TPU_LAUNCH_BLOCKING", "")):  # ours, Google's
     _C._set_launch_blocking(True)
 
@@ -200,6 +205,15 @@ def metrics() -> Metrics:
     kernels = sys.modules.get(__name__ + ".kernels")
     m["kernels"] = kernels.counts() if kernels else {}  # calls per custom kernel and implementation
     return m
+
+
+def _write_metrics(path: str) -> None:
+    import json
+
+    if not _C._initialized():  # never used the device (torchrun's launcher imports torch, and so torch_tpu)
+        return
+    with open(path.replace("{rank}", _env.get("RANK", "0")), "w") as f:
+        json.dump(metrics(), f, indent=1, sort_keys=True)
 
 
 def metrics_report() -> str:

@@ -40,6 +40,9 @@ const std::vector<Var>& all() {
        "the on-disk compilation cache; `off` or `0` turns it off"},
       {"TORCH_TPU_CACHE_MAX_BYTES", "integer", "2147483648", "runtime", "size bound of the on-disk cache"},
       {"TORCH_TPU_LOG_RECOMPILES", "0/1", "0", "runtime", "1: print the reason of every compile"},
+      {"TORCH_TPU_METRICS_FILE", "path", "", "runtime",
+       "at exit, a process that used the device writes torch_tpu.metrics() there as JSON (`{rank}` in the path: "
+       "torchrun's RANK), to read a job's counters from outside"},
       {"TORCH_TPU_MAX_PROGRAMS", "integer", "2048", "runtime",
        "compiled programs kept loaded; past it the least recently run are unloaded and loaded again (from the "
        "disk cache) when they run next"},

@@ -3,6 +3,7 @@ random-number state, memory statistics, streams/events, serialization, printing.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -569,6 +570,16 @@ def test_metrics_api():
         assert key in m, key
     assert m["executions"] >= 1
     assert isinstance(torch_tpu.metrics_report(), str)
+
+
+def test_metrics_file_is_written_at_exit_per_rank(tmp_path):
+    # A torchrun job's counters, read from outside: each rank writes its own file.
+    path = str(tmp_path / "metrics.{rank}.json")
+    r = _run("import torch, torch_tpu\n(torch.ones(3, device='tpu') + 1).cpu()", TORCH_TPU_METRICS_FILE=path, RANK="3")
+    assert r.returncode == 0, r.stderr
+    with open(tmp_path / "metrics.3.json") as f:
+        m = json.load(f)
+    assert m["executions"] >= 1 and "dist_collectives" in m
 
 
 def test_factory_functions_respect_arguments():
