@@ -419,7 +419,7 @@ void noteProgramTimeout(std::chrono::milliseconds timeout) {
   if (capturingHere()) g_capture.timeout = std::max(g_capture.timeout, timeout);
 }
 
-void noteCpuFallback() {
+void noteUnreplayable() {
   if (capturingHere()) g_capture.broken = true;
 }
 

@@ -47,8 +47,10 @@ void noteProgramTimeout(std::chrono::milliseconds timeout);
 // start of each recording (the same on every rank for the same step).
 int64_t nextProgramCollective();
 
-// The dispatcher ran an op on the CPU: a recording in progress on this thread
-// cannot be replayed (a no-op when none is).
-void noteCpuFallback();
+// Something ran outside the recording on this thread (the dispatcher ran an op
+// on the CPU, a collective ran as a call between programs): a recording in
+// progress cannot be replayed, since a replay would reuse that result (a no-op
+// when none is).
+void noteUnreplayable();
 
 }  // namespace tpu::compile

@@ -21,7 +21,7 @@ std::set<std::string> g_warned;
 }  // namespace
 
 void cpuFallback(const c10::OperatorHandle& op, torch::jit::Stack* stack, const std::string& why) {
-  compile::noteCpuFallback();
+  compile::noteUnreplayable();
   const std::string name =
       op.schema().name() + (op.schema().overload_name().empty() ? "" : "." + op.schema().overload_name());
   if (fallbackIsError()) {

@@ -2,12 +2,16 @@
 
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 
+#include "compile/capture.h"
 #include "runtime/runtime.h"
 
 namespace tpu::distributed {
 
 c10::intrusive_ptr<c10d::Work> done(OpType type, std::vector<at::Tensor> result) {
   runtime::metrics().dist_collectives++;
+  // A compiled graph's collective made as a call while the graph records: a replay
+  // would reuse this call's result.
+  compile::noteUnreplayable();
   return c10::make_intrusive<DoneWork>(type, std::move(result));
 }
 

@@ -1,8 +1,9 @@
 """Collectives inside compiled programs (docs/distributed.md, "Inside torch.compile"):
-a compiled tensor-parallel step over ranks as threads (2 devices of one process) runs
-its functional collectives inside its forward and backward programs, with losses equal
-to the same step with the collectives between programs (TORCH_TPU_COLLECTIVES_IN_PROGRAM=0)
-and to one process on the CPU. Each case runs dist_workers/in_program.py in a process
+compiled tensor-parallel, DDP and FSDP steps (the latter two as TorchTitan's SimpleFSDP
+writes them) over ranks as threads (2 devices of one process) run their functional
+collectives inside their forward and backward programs, with losses equal to the same step
+with the collectives between programs (TORCH_TPU_COLLECTIVES_IN_PROGRAM=0) and to one
+process on the CPU. Each case runs dist_workers/in_program.py in a process
 of its own (the device count is fixed at start)."""
 
 import json
@@ -34,7 +35,7 @@ def _result(out):
     return json.loads(line[len("result "):])
 
 
-def _check(mode):
+def _check(mode, programs_per_step=2):
     inside, split = _result(_run(mode)), _result(_run(mode, in_program=False))
     ref = torch.tensor(inside["reference"])
     for res in (inside, split):
@@ -45,7 +46,7 @@ def _check(mode):
     # Inside: every step's forward and backward carry their collectives (2 programs per
     # rank per step); split: none does, each collective is a call between programs.
     steps = len(ref)
-    assert inside["replicated_programs"] == 2 * 2 * steps, inside["replicated_programs"]
+    assert inside["replicated_programs"] == 2 * programs_per_step * steps, inside["replicated_programs"]
     assert inside["collectives_in_programs"] > 0 and inside["collectives_in_programs"] % (2 * steps) == 0
     assert split["replicated_programs"] == 0 and split["collectives_in_programs"] == 0
     return inside, split
@@ -59,6 +60,33 @@ def test_tensor_parallel_step_runs_its_collectives_inside_its_programs():
     calls = sum(s["dist_xla_collectives"] for s in inside["steps"][0])
     assert calls == 0, inside["steps"][0]
     assert sum(s["dist_xla_collectives"] for s in split["steps"][0]) > 0
+
+
+def _calls(result):
+    """Collectives made as calls between programs, per step of rank 0."""
+    return [s["dist_xla_collectives"] for s in result["steps"][0]]
+
+
+def test_compiled_ddp_step_runs_its_gradient_all_reduces_inside_its_backward():
+    # TorchTitan's SimpleFSDP in "replicate" mode (DDP): one all_reduce per parameter (16),
+    # all in the backward program; the forward has no collective (1 program with collectives).
+    inside, split = _check("replicate", programs_per_step=1)
+    steps = len(inside["reference"])
+    assert inside["collectives_in_programs"] == 2 * 16 * steps
+    assert _calls(inside) == [0] * steps and min(_calls(split)) >= 16, (_calls(inside), _calls(split))
+
+
+def test_compiled_fsdp_step_runs_its_all_gathers_and_reduce_scatters_inside_its_programs():
+    # SimpleFSDP "fully_shard": 16 all_gathers in the forward, 16 reduce_scatters in the
+    # backward; the calls left are the eager gradient clipping's norm over the shards.
+    inside, split = _check("fully_shard")
+    steps = len(inside["reference"])
+    assert inside["collectives_in_programs"] == 2 * 32 * steps
+    assert max(_calls(inside)) <= 2 and min(_calls(split)) >= 32, (_calls(inside), _calls(split))
+
+
+def test_split_collective_on_a_graph_input_sees_its_new_values():
+    assert "ok split collective on a graph input" in _run("split_inputs", in_program=False)
 
 
 @pytest.mark.slow

@@ -60,18 +60,19 @@ def batches():
     return [torch.randint(0, 64, (4, 17), generator=g) for _ in range(STEPS)]
 
 
-def loss_of(model, ids):
+def loss_of(model, ids, reduction="mean"):
     logits = model(ids[:, :-1])
-    return nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), ids[:, 1:].reshape(-1))
+    return nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), ids[:, 1:].reshape(-1),
+                                       reduction=reduction)
 
 
-def train(model, device, data, full=True):
+def train(model, device, data, full=True, loss_fn=loss_of):
     """STEPS AdamW steps, the forward and backward compiled; `full`: gradient clipping and
     foreach (PyTorch refuses _foreach_* over a mix of DTensor and plain parameters)."""
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2, foreach=full)
 
     def step(ids):
-        loss = loss_of(model, ids)
+        loss = loss_fn(model, ids)
         loss.backward()
         return loss
 
@@ -133,13 +134,45 @@ def tensor_parallel(sequence_parallel):
     for res in results:
         if isinstance(res, Exception):
             raise res
+    report(ref, [res[0] for res in results], [res[1] for res in results])
+
+
+def report(reference, losses, steps):
     m = torch_tpu.metrics()
-    print("result " + json.dumps({"reference": ref, "ranks": [res[0] for res in results],
-                                  "steps": [res[1] for res in results],
+    print("result " + json.dumps({"reference": reference, "ranks": losses, "steps": steps,
                                   "graphs": __import__("torch_tpu._compile").
                                   _compile.compiled_graphs(),
                                   "replicated_programs": m["replicated_programs"],
                                   "collectives_in_programs": m["collectives_in_programs"]}), flush=True)
+
+
+def data_parallel(mode):
+    """TorchTitan's SimpleFSDP (graph_trainer.simple_fsdp.data_parallel): DDP ("replicate") or
+    FSDP ("fully_shard") written as DTensor parametrizations, so that the parameters'
+    all_gather and the gradients' all_reduce / reduce_scatter are functional collectives in
+    the traced forward and backward. Each rank takes half of the batch; its loss is its
+    tokens' share of the global mean (the gradients are summed over ranks)."""
+    from torch.distributed.device_mesh import DeviceMesh
+    from torchtitan.experiments.graph_trainer.simple_fsdp import data_parallel as simple_fsdp
+
+    torch.manual_seed(0)
+    base = Model()
+    data = batches()
+    ref, _ = train(copy.deepcopy(base), "cpu", data)
+    tokens = data[0][:, 1:].numel()
+
+    def rank(r):
+        mesh = DeviceMesh.from_group(dist.distributed_c10d._get_default_group(), "tpu")
+        model = simple_fsdp(copy.deepcopy(base).to(f"tpu:{r}"), mesh, mode=mode)
+        half = [ids[2 * r:2 * r + 2] for ids in data]
+        return train(model, f"tpu:{r}", half, loss_fn=lambda m, ids: loss_of(m, ids, reduction="sum") / tokens)
+
+    results = run_ranks(rank)
+    for res in results:
+        if isinstance(res, Exception):
+            raise res
+    total = [sum(step) for step in zip(*(res[0] for res in results))]
+    report(ref, [total] * WORLD, [res[1] for res in results])
 
 
 def failures():
@@ -179,13 +212,36 @@ def failures():
     print("ok devices after failures", flush=True)
 
 
+def split_inputs():
+    # Collectives made as calls while a graph records (the split): the graph is not replayed,
+    # since a replay would reuse the call's result. Here the collective reads a graph input
+    # directly, so no recorded value is read back to mark the recording; the second call must
+    # see the input's new values.
+    def rank(r):
+        group = dist.distributed_c10d._get_default_group()
+        w = torch.full((4,), float(r + 1), device=f"tpu:{r}")
+        step = torch.compile(lambda w: fc.all_gather_tensor(w, 0, group) * 2, backend="tpu")
+        first = step(w).cpu()
+        w.add_(10)
+        return first, step(w).cpu()
+
+    for first, second in run_ranks(rank):
+        assert torch.equal(first, torch.tensor([2.0] * 4 + [4.0] * 4)), first
+        assert torch.equal(second, torch.tensor([22.0] * 4 + [24.0] * 4)), second
+    print("ok split collective on a graph input", flush=True)
+
+
 if __name__ == "__main__":
     mode = sys.argv[1]
     if mode == "tp":
         tensor_parallel(sequence_parallel=False)
     elif mode == "sp":
         tensor_parallel(sequence_parallel=True)
+    elif mode in ("replicate", "fully_shard"):
+        data_parallel(mode)
     elif mode == "failures":
         failures()
+    elif mode == "split_inputs":
+        split_inputs()
     else:
         raise SystemExit(f"unknown mode {mode}")
