@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""A compiled tensor-parallel step with its collectives inside its programs against the same
-step with them as calls between programs (TORCH_TPU_COLLECTIVES_IN_PROGRAM=0): 2 ranks as
+"""Compiled tensor-parallel, DDP and FSDP steps (the latter two as TorchTitan's SimpleFSDP
+writes them) with their collectives inside their programs against the same steps with them
+as calls between programs (TORCH_TPU_COLLECTIVES_IN_PROGRAM=0): 2 ranks as
 threads on 2 devices of one process, the rounds alternating the two, each run a process of
 its own (tests/python/dist_workers/in_program.py).
 
@@ -54,7 +55,7 @@ def main() -> int:
     args = ap.parse_args()
     rows = {}
     for _ in range(args.rounds):
-        for mode in ("tp", "sp"):
+        for mode in ("tp", "sp", "replicate", "fully_shard"):
             for inside in (True, False):
                 rows.setdefault((mode, inside), []).append(run(mode, inside))
     p = provenance()
@@ -67,7 +68,9 @@ def main() -> int:
              f"- torch {p['torch']}, PJRT plugin {p['plugin']}", "",
              "| step | collectives | programs with collectives | collectives inside | calls between programs "
              "| step ms per round | last loss (CPU reference) |", "|---|---|---:|---:|---:|---|---|"]
-    names = {"tp": "TP (colwise/rowwise MLPs)", "sp": "TP + sequence parallel, clipping, foreach AdamW"}
+    names = {"tp": "TP (colwise/rowwise MLPs)", "sp": "TP + sequence parallel, clipping, foreach AdamW",
+             "replicate": "DDP (SimpleFSDP replicate), clipping, foreach AdamW",
+             "fully_shard": "FSDP (SimpleFSDP fully_shard), clipping, foreach AdamW"}
     for (mode, inside), runs in rows.items():
         r0 = runs[0]
         times = " / ".join(f"{r['seconds'] * 1e3:.1f}" for r in runs)
