@@ -59,6 +59,13 @@ def _create_backend(opts, backend_options=None):
 
     # Its own key space in the group's store, so the inner group's keys meet no other's.
     store = dist.PrefixStore(f"{BACKEND}/", opts.store)
+    devices = getattr(_rank_thread, "devices", None)
+    if devices is not None:
+        # A group made in a rank's thread (new_group, a DeviceMesh dimension): its ranks are
+        # threads too, each on its world rank's device.
+        mine = [devices[g] for g in opts.global_ranks_in_group]
+        return _C._tpu_dist_xla_backend(store, opts.group_rank, opts.group_size, opts.timeout, mine[opts.group_rank],
+                                        mine)
     if _transport() == "xla":
         # Each rank runs on the device of its first collective's tensors.
         return _C._tpu_dist_xla_backend(store, opts.group_rank, opts.group_size, opts.timeout, -1)
@@ -125,6 +132,7 @@ def local_group(rank: int, world_size: int, store=None, devices=None, timeout=No
 
 
 _thread_worlds_lock = __import__("threading").Lock()
+_rank_thread = __import__("threading").local()  # in a rank's thread: `devices`, its world's ranks' devices
 
 
 def _thread_local_world() -> None:
@@ -142,6 +150,18 @@ def _thread_local_world() -> None:
         from torch.testing._internal.distributed.multi_threaded_pg import ThreadLocalWorld
 
         c10d._world = ThreadLocalWorld()
+        register = c10d._register_pg_in_world
+
+        def register_pg_in_world(pg, *args, group_name, **kwargs):
+            # c10d's registry of group names is the process's: the threads' worlds name their
+            # groups alike ("2", ...), so a group made in a rank's thread is registered under
+            # a name of that thread's (its store keys keep the shared name: the ranks meet there).
+            if getattr(_rank_thread, "devices", None) is not None:
+                group_name = f"{group_name}_rank{_rank_thread.rank}"
+                pg._set_group_name(group_name)
+            return register(pg, *args, group_name=group_name, **kwargs)
+
+        c10d._register_pg_in_world = register_pg_in_world
 
 
 def init_local_process_group(rank: int, world_size: int, store=None, devices=None, timeout=None):
@@ -162,6 +182,8 @@ def init_local_process_group(rank: int, world_size: int, store=None, devices=Non
     pg = local_group(rank, world_size, store, devices=devices, timeout=timeout)
     c10d._world.default_pg = pg
     c10d._world.group_count = 1
+    _rank_thread.rank = rank
+    _rank_thread.devices = list(range(world_size)) if devices is None else [int(d) for d in devices]
     import torch
 
     torch.tpu.set_device(list(range(world_size))[rank] if devices is None else int(devices[rank]))

@@ -21,8 +21,8 @@ WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "dist_workers"
 pytestmark = pytest.mark.skipif(not dist.is_available(), reason="torch was built without torch.distributed")
 
 
-def _run(mode, in_program=True, timeout=300):
-    env = dict(os.environ, TORCH_TPU_CPU_DEVICES="2", TORCH_TPU_PLUGIN="cpu", TORCH_TPU_FALLBACK="error",
+def _run(mode, in_program=True, timeout=300, devices=2):
+    env = dict(os.environ, TORCH_TPU_CPU_DEVICES=str(devices), TORCH_TPU_PLUGIN="cpu", TORCH_TPU_FALLBACK="error",
                TORCH_TPU_COLLECTIVES_IN_PROGRAM="1" if in_program else "0")
     env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
     r = subprocess.run([sys.executable, WORKER, mode], capture_output=True, text=True, env=env, timeout=timeout)
@@ -85,6 +85,21 @@ def test_compiled_fsdp_step_runs_its_all_gathers_and_reduce_scatters_inside_its_
     steps = len(inside["reference"])
     assert inside["collectives_in_programs"] == 2 * 32 * steps
     assert max(_calls(inside)) <= 2 and min(_calls(split)) >= 32, (_calls(inside), _calls(split))
+
+
+def test_fsdp2_with_tensor_parallel_on_a_2d_mesh_of_ranks_as_threads():
+    # A 2 x 2 DeviceMesh over 4 threads: its dimension groups are groups of threads too.
+    inside = _result(_run("fsdp2_tp", devices=4))
+    split = _result(_run("fsdp2_tp", in_program=False, devices=4))
+    ref = torch.tensor(inside["reference"])
+    for res in (inside, split):
+        for losses in res["ranks"]:
+            torch.testing.assert_close(torch.tensor(losses), ref, rtol=1e-4, atol=1e-5)
+    # TP's all_reduces inside the programs; FSDP2's collectives are calls.
+    steps = len(ref)
+    assert inside["collectives_in_programs"] == 4 * 4 * steps, inside["collectives_in_programs"]
+    assert split["collectives_in_programs"] == 0
+    assert all(s["dist_xla_collectives"] > 0 for rank in inside["steps"] for s in rank)
 
 
 def test_split_collective_on_a_graph_input_sees_its_new_values():

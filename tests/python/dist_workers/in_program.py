@@ -24,9 +24,9 @@ WORLD = 2
 STEPS = 5
 
 
-def run_ranks(fn, timeout=60):
+def run_ranks(fn, timeout=60, world=WORLD):
     """fn(rank) on one thread per rank, each with its default group; returns results or exceptions."""
-    return local.run_ranks(lambda r, pg: fn(r), world=WORLD, timeout=timeout, default_group=True)
+    return local.run_ranks(lambda r, pg: fn(r), world=world, timeout=timeout, default_group=True)
 
 
 class Block(nn.Module):
@@ -212,6 +212,41 @@ def failures():
     print("ok devices after failures", flush=True)
 
 
+def fsdp2_tp():
+    """PyTorch's FSDP2 (fully_shard) over the mesh's "dp" dimension and the colwise/rowwise
+    plan over "tp": 4 ranks as threads (TORCH_TPU_CPU_DEVICES=4), a 2 x 2 DeviceMesh whose
+    dimension groups are XLA groups of those threads. FSDP2's all_gathers and reduce_scatters
+    are calls (its hooks stay outside compiled graphs); the TP all_reduces are inside the
+    programs, each over its own pair of devices. A dp rank's loss is its half-batch mean: the
+    two halves' mean is the global loss."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    torch.manual_seed(0)
+    base = Model()
+    data = batches()
+    ref, _ = train(copy.deepcopy(base), "cpu", data, full=False)
+
+    def rank(r):
+        mesh = init_device_mesh("tpu", (2, 2), mesh_dim_names=("dp", "tp"))
+        model = copy.deepcopy(base).to(f"tpu:{r}")
+        parallelize_module(model, mesh["tp"], tp_plan(False))
+        for block in model.blocks:
+            fully_shard(block, mesh=mesh["dp"])
+        fully_shard(model, mesh=mesh["dp"])
+        dp = mesh["dp"].get_local_rank()
+        return train(model, f"tpu:{r}", [ids[2 * dp:2 * dp + 2] for ids in data], full=False)
+
+    results = run_ranks(rank, world=4)
+    for res in results:
+        if isinstance(res, Exception):
+            raise res
+    # Ranks 0, 1 hold dp rank 0 (the batch's first half); ranks 2, 3 dp rank 1.
+    total = [(a + b) / 2 for a, b in zip(results[0][0], results[2][0])]
+    report(ref, [total, [(a + b) / 2 for a, b in zip(results[1][0], results[3][0])]], [res[1] for res in results])
+
+
 def split_inputs():
     # Collectives made as calls while a graph records (the split): the graph is not replayed,
     # since a replay would reuse the call's result. Here the collective reads a graph input
@@ -241,6 +276,8 @@ if __name__ == "__main__":
         data_parallel(mode)
     elif mode == "failures":
         failures()
+    elif mode == "fsdp2_tp":
+        fsdp2_tp()
     elif mode == "split_inputs":
         split_inputs()
     else:
