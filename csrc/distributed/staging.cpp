@@ -223,6 +223,12 @@ struct Span {
 // seen, so that the data flows without waiting for it. A receive may be posted
 // for a whole chunk's bytes because a chunk is never larger (the last one may
 // be smaller, which is why a block that takes chunks has kChunk to spare).
+//
+// Sends are posted before receives. gloo writes a send whose receiver already
+// waits at once, in the calling thread, holding the pair's lock; its own
+// thread then spins on that lock, and on 2 cores shared by 2 ranks that cost
+// whole scheduler slices: all_gather of 512 KiB took 0.7-1.0 ms on average
+// with receives first (a tenth of the calls 2-4 ms), 0.38-0.42 ms sends first.
 class Exchange {
  public:
   // send[p]: what goes to rank p; expect[p]: the bytes rank p sends here;
@@ -239,16 +245,6 @@ class Exchange {
       if (p != g.rank && chunkMessages(expect[p]) && !dest[p]) scratch_bytes += aligned(expect[p]);
     if (scratch_bytes) scratch_ = takeBlock(scratch_bytes);
     uint8_t* scratch = scratch_ ? scratch_->data() : nullptr;
-    for (int p = 0; p < n; ++p) {
-      if (p == g.rank) continue;
-      first[p] = recv(p, kTagFirst, firstFrom(p), kFirstCapacity);
-      if (chunkMessages(expect[p])) {
-        uint8_t* to = dest[p] ? dest[p] : std::exchange(scratch, scratch + aligned(expect[p]));
-        from_[p] = to;
-        for (size_t c = 0; c < chunksOf(expect[p]); ++c)
-          chunks_[p].push_back(recv(p, kTagChunk, to + c * kChunk, kChunk));
-      }
-    }
     size_t out_bytes = 0;
     for (int p = 0; p < n; ++p) out_bytes += p == g.rank ? 0 : aligned(kHead + inlined(send[p].bytes));
     first_out_ = takeBlock(out_bytes);
@@ -265,6 +261,16 @@ class Exchange {
       post(p, kTagFirst, at, kHead + inline_bytes);
       if (chunkMessages(send[p].bytes)) sendChunks(p, kTagChunk, send[p].data, send[p].bytes);
       at += aligned(kHead + inline_bytes);
+    }
+    for (int p = 0; p < n; ++p) {
+      if (p == g.rank) continue;
+      first[p] = recv(p, kTagFirst, firstFrom(p), kFirstCapacity);
+      if (chunkMessages(expect[p])) {
+        uint8_t* to = dest[p] ? dest[p] : std::exchange(scratch, scratch + aligned(expect[p]));
+        from_[p] = to;
+        for (size_t c = 0; c < chunksOf(expect[p]); ++c)
+          chunks_[p].push_back(recv(p, kTagChunk, to + c * kChunk, kChunk));
+      }
     }
     // Every rank's record: a mismatch names them all.
     std::vector<int64_t> all(static_cast<size_t>(n) * kAgreementSlots);
