@@ -3,7 +3,7 @@
 host) next to gloo on CPU tensors of the same sizes, side by side in one run, 2 processes.
 
     python -m torch.distributed.run --standalone --nproc-per-node 2 benchmarks/collectives.py \\
-        [--max-mb 64] [--markdown docs/distributed_bandwidth.md]
+        [--max-mb 64] [--rounds 9] [--markdown docs/distributed_bandwidth.md]
 
 algbw = bytes / time; busbw = algbw x 2(n-1)/n for all_reduce, x (n-1)/n for all_gather and
 reduce_scatter (bytes: the larger of input and output). Each size is timed in rounds that
@@ -69,7 +69,9 @@ def main(argv=None):
     rows = []
     for op in ("all_reduce", "all_gather", "reduce_scatter"):
         for nbytes in sizes:
-            iters = max(3, min(200, (8 << 20) // nbytes))
+            # Blocks of about 0.1 s or more: a scheduler slice (a few ms on this 2-core machine)
+            # that falls on one call then moves a block's mean by a few percent, not twice.
+            iters = max(5, min(500, (32 << 20) // nbytes))
             secs = {"cpu": [], "tpu": []}
             # Blocks of `iters` calls, gloo and tpu_dist in turns (which goes first alternates), so
             # a slow spell of the shared machine falls on both.
