@@ -1,8 +1,8 @@
 """The staged transport (csrc/distributed/staging.cpp) against gloo on CPU tensors of the same
-values: every collective it runs itself, at sizes on both sides of the inline limit (64 KiB) and
-large enough to go in several chunks of 1 MiB, several dtypes, views as inputs and outputs; its
-pool of host blocks reused and emptied; a mismatch raising on both ranks, the group usable
-after. Run by test_staging.py under torchrun (2 processes)."""
+values: every collective it runs itself, at sizes on both sides of the inline limit (64 KiB),
+in several chunks of 1 MiB, and past 4 MiB (all_reduce's two rounds); several dtypes; views as
+inputs and outputs; its pool of host blocks reused and emptied; a mismatch raising on both
+ranks, the group usable after. Run by test_staging.py under torchrun (2 processes)."""
 
 import datetime
 import sys
@@ -99,6 +99,18 @@ for dtype in DTYPES:
         t = x.to("tpu")
         dist.broadcast(t, src=1)
         same(f"broadcast{tag}", t, ref)
+
+# Above 4 MiB a rank, all_reduce reduces in two rounds (segments of unequal length here).
+for dtype, op in ((torch.float32, dist.ReduceOp.SUM), (torch.int64, dist.ReduceOp.AVG),
+                  (torch.float32, dist.ReduceOp.MIN)):
+    x = values(dtype, 1500007, 6)
+    ref = x.clone()
+    dist.all_reduce(ref, dist.ReduceOp.SUM if op == dist.ReduceOp.AVG else op)
+    if op == dist.ReduceOp.AVG:
+        ref = ref.div(size, rounding_mode="trunc")
+    t = x.to("tpu")
+    dist.all_reduce(t, op)
+    same(f"all_reduce {op} in two rounds[{dtype}]", t, ref)
 
 # Views: a transposed input, a strided output, a slice of a larger tensor.
 base = values(torch.float32, 600 * 513, 3).view(600, 513)
