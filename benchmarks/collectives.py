@@ -3,11 +3,12 @@
 host) next to gloo on CPU tensors of the same sizes, side by side in one run, 2 processes.
 
     python -m torch.distributed.run --standalone --nproc-per-node 2 benchmarks/collectives.py \\
-        [--max-mb 64] [--markdown docs/distributed_bandwidth.md]
+        [--max-mb 64] [--rounds 9] [--markdown docs/distributed_bandwidth.md]
 
 algbw = bytes / time; busbw = algbw x 2(n-1)/n for all_reduce, x (n-1)/n for all_gather and
 reduce_scatter (bytes: the larger of input and output). Each size is timed in rounds that
-alternate the two transports; the median round is reported.
+alternate the two transports (and which goes first); the median round is reported, with the
+range of the rounds' ratios, then the median ratio per op and its worst size.
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from common import busbw_factors, collective_args, message_sizes, write_collective_report  # noqa: E402
+from common import (  # noqa: E402
+    busbw_factors, collective_args, median_ratio_line, message_sizes, provenance, provenance_lines, write_markdown)
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
@@ -67,10 +69,14 @@ def main(argv=None):
     rows = []
     for op in ("all_reduce", "all_gather", "reduce_scatter"):
         for nbytes in sizes:
-            iters = max(3, min(200, (8 << 20) // nbytes))
+            # Blocks of about 0.1 s or more: a scheduler slice (a few ms on this 2-core machine)
+            # that falls on one call then moves a block's mean by a few percent, not twice.
+            iters = max(5, min(500, (32 << 20) // nbytes))
             secs = {"cpu": [], "tpu": []}
-            for _ in range(args.rounds):
-                for dev in ("cpu", "tpu"):
+            # Blocks of `iters` calls, gloo and tpu_dist in turns (which goes first alternates), so
+            # a slow spell of the shared machine falls on both.
+            for i in range(args.rounds):
+                for dev in (("cpu", "tpu") if i % 2 == 0 else ("tpu", "cpu")):
                     secs[dev].append(run(op, dev, nbytes, n, iters))
             med = {d: statistics.median(v) for d, v in secs.items()}
             row = {"op": op, "bytes": nbytes}
@@ -78,23 +84,45 @@ def main(argv=None):
                 algbw = nbytes / med[d] / 1e9
                 row[d] = (med[d] * 1e6, algbw, algbw * factor[op])
             row["ratio"] = med["tpu"] / med["cpu"]
+            per_round = [t / c for c, t in zip(secs["cpu"], secs["tpu"])]
+            row["low"], row["high"] = min(per_round), max(per_round)
             rows.append(row)
             if rank == 0:
                 print(f"{op:15s} {nbytes:>10d} B  gloo {row['cpu'][0]:9.1f} us {row['cpu'][2]:6.2f} GB/s busbw   "
-                      f"tpu_dist {row['tpu'][0]:9.1f} us {row['tpu'][2]:6.2f} GB/s busbw   time x{row['ratio']:.2f}",
-                      flush=True)
+                      f"tpu_dist {row['tpu'][0]:9.1f} us {row['tpu'][2]:6.2f} GB/s busbw   time x{row['ratio']:.2f} "
+                      f"({row['low']:.2f}-{row['high']:.2f})", flush=True)
+    if rank == 0:
+        for line in summary(rows):
+            print(line)
     if rank == 0 and args.markdown:
-        write_collective_report(
-            args.markdown,
-            ["# Collective bandwidth: tpu_dist (staged through the host) and gloo", "",
-             "Written by `benchmarks/collectives.py` (2 processes, this machine); NCCL-tests"
-             " conventions: algbw = bytes / time, busbw = algbw x 2(n-1)/n (all_reduce) or"
-             " (n-1)/n. `time x` is tpu_dist's time over gloo's on the same sizes, in one run."],
-            ["| op | bytes | gloo (us) | gloo busbw (GB/s) | tpu_dist (us) | tpu_dist busbw (GB/s) | time x |",
-             "|---|---:|---:|---:|---:|---:|---:|"], rows,
-            lambda r: (f"| {r['op']} | {r['bytes']} | {r['cpu'][0]:.1f} | {r['cpu'][2]:.3f} | {r['tpu'][0]:.1f} | "
-                       f"{r['tpu'][2]:.3f} | {r['ratio']:.2f} |"), "tpu_dist / gloo")
+        lines = ["# Collective bandwidth: tpu_dist (staged through the host) and gloo", "",
+                 "Written by `benchmarks/collectives.py` (2 processes, this machine); NCCL-tests"
+                 " conventions: algbw = bytes / time, busbw = algbw x 2(n-1)/n (all_reduce) or"
+                 " (n-1)/n. Each size is timed in blocks of calls, gloo (CPU tensors) and tpu_dist"
+                 " (tpu tensors) in turns, " + str(args.rounds) + " blocks each; the times are"
+                 " the median blocks'. `time x` is tpu_dist's time over gloo's; `range` the lowest"
+                 " and highest of the blocks' ratios (block i of one against block i of the other).",
+                 "", *provenance_lines(provenance()), "",
+                 "| op | bytes | gloo (us) | gloo busbw (GB/s) | tpu_dist (us) | tpu_dist busbw (GB/s) | time x "
+                 "| range |",
+                 "|---|---:|---:|---:|---:|---:|---:|---:|",
+                 *(f"| {r['op']} | {r['bytes']} | {r['cpu'][0]:.1f} | {r['cpu'][2]:.3f} | {r['tpu'][0]:.1f} | "
+                   f"{r['tpu'][2]:.3f} | {r['ratio']:.2f} | {r['low']:.2f}-{r['high']:.2f} |" for r in rows),
+                 "", *summary(rows)]
+        write_markdown(args.markdown, lines)
     dist.destroy_process_group()
+
+
+def summary(rows):
+    """The median time ratio over every size, then per op with its worst size."""
+    lines = [median_ratio_line("tpu_dist / gloo", [r["ratio"] for r in rows]), ""]
+    for op in dict.fromkeys(r["op"] for r in rows):
+        mine = [r for r in rows if r["op"] == op]
+        worst = max(mine, key=lambda r: r["ratio"])
+        ratios = [r["ratio"] for r in mine]
+        lines.append(f"- {op}: median {statistics.median(ratios):.2f}x, range {min(ratios):.2f}-{max(ratios):.2f}x,"
+                     f" worst at {worst['bytes']} bytes")
+    return lines
 
 
 if __name__ == "__main__":

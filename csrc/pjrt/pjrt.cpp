@@ -599,20 +599,41 @@ std::unique_ptr<Executable> Client::deserialize(const std::string& bytes) const 
   return std::make_unique<Executable>(api_, args.loaded_executable);
 }
 
-std::unique_ptr<Buffer> Client::fromHost(const void* data, ElementType type, const std::vector<int64_t>& dims,
-                                         int device) const {
+PJRT_Client_BufferFromHostBuffer_Args Client::bufferFromHost(const void* data, ElementType type,
+                                                             const std::vector<int64_t>& dims, int device,
+                                                             PJRT_HostBufferSemantics semantics) const {
   auto args = makeArgs<PJRT_Client_BufferFromHostBuffer_Args>();
   args.client = client_;
   args.data = data;
   args.type = static_cast<PJRT_Buffer_Type>(type);
   args.dims = dims.data();
   args.num_dims = dims.size();
-  args.host_buffer_semantics = PJRT_HostBufferSemantics_kImmutableOnlyDuringCall;
+  args.host_buffer_semantics = semantics;
   args.device = devices_.at(device).raw;
   api_->check(api_->raw()->PJRT_Client_BufferFromHostBuffer(&args), "PJRT_Client_BufferFromHostBuffer");
+  return args;
+}
+
+std::unique_ptr<Buffer> Client::fromHost(const void* data, ElementType type, const std::vector<int64_t>& dims,
+                                         int device) const {
+  auto args = bufferFromHost(data, type, dims, device, PJRT_HostBufferSemantics_kImmutableOnlyDuringCall);
   auto buf = std::make_unique<Buffer>(api_, args.buffer);
   Event done(api_, args.done_with_host_buffer);
   done.await("host-to-device copy");
+  return buf;
+}
+
+std::unique_ptr<Buffer> Client::fromHostZeroCopy(void* data, ElementType type, const std::vector<int64_t>& dims,
+                                                 int device, std::function<void()> on_done) const {
+  auto args = bufferFromHost(data, type, dims, device, PJRT_HostBufferSemantics_kMutableZeroCopy);
+  auto buf = std::make_unique<Buffer>(api_, args.buffer);
+  if (!args.done_with_host_buffer) {
+    // No word of when the plugin lets go of `data`: a copy instead.
+    buf = fromHost(data, type, dims, device);
+    on_done();
+    return buf;
+  }
+  Event(api_, args.done_with_host_buffer).onReady(std::move(on_done));
   return buf;
 }
 

@@ -301,10 +301,22 @@ class Client {
   // memory may be reused, so `data` may be freed on return.
   std::unique_ptr<Buffer> fromHost(const void* data, ElementType type, const std::vector<int64_t>& dims,
                                    int device) const;
+  // A buffer over `data` itself (PJRT_HostBufferSemantics_kMutableZeroCopy)
+  // where the plugin can alias host memory (the CPU plugin, for aligned dense
+  // data), else a copy of it. `on_done` runs once the plugin no longer uses
+  // `data` (the buffer destroyed, or the copy made), on whichever thread that
+  // happens; until then the caller keeps `data` alive and leaves it unchanged.
+  // What `on_done` holds is released with it, whether it ran or not.
+  std::unique_ptr<Buffer> fromHostZeroCopy(void* data, ElementType type, const std::vector<int64_t>& dims, int device,
+                                           std::function<void()> on_done) const;
   MemoryStats memoryStats(int device) const;
 
  private:
   Client() = default;
+  // PJRT_Client_BufferFromHostBuffer called with these; its filled arguments.
+  PJRT_Client_BufferFromHostBuffer_Args bufferFromHost(const void* data, ElementType type,
+                                                       const std::vector<int64_t>& dims, int device,
+                                                       PJRT_HostBufferSemantics semantics) const;
   std::shared_ptr<Api> api_;
   PJRT_Client* client_ = nullptr;
   std::string platform_name_;

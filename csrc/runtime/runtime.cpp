@@ -438,6 +438,21 @@ BufferPtr Runtime::upload(const void* data, ir::DType t, const std::vector<int64
   return BufferPtr(client_->fromHost(data, elementType(t), dims, device));
 }
 
+void Runtime::releaseFreeMemory() {
+  std::vector<std::function<void()>> releases;
+  {
+    std::lock_guard<std::mutex> g(releases_mu_);
+    releases = cache_releases_;
+  }
+  for (const auto& release : releases) release();
+  plugin_->releaseFreeMemory();
+}
+
+void Runtime::addCacheRelease(std::function<void()> release) {
+  std::lock_guard<std::mutex> g(releases_mu_);
+  cache_releases_.push_back(std::move(release));
+}
+
 void Runtime::download(const pjrt::Buffer& b, void* dst, size_t bytes) {
   // The value first (read waits for it): then the checks of the programs it
   // came from have finished too. Waiting for every check instead made a

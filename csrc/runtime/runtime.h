@@ -11,6 +11,7 @@
 #include <array>
 #include <atomic>
 #include <chrono>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -196,8 +197,13 @@ class Runtime {
   };
   MemoryStats memoryStats(int device) const;
   void resetAccumulated(int device);
-  // Gives freed device memory the process still holds back to the system.
-  void releaseFreeMemory() { plugin_->releaseFreeMemory(); }
+  // Gives freed device memory the process still holds back to the system:
+  // first the host memory other layers keep for the device (addCacheRelease),
+  // then the plugin's freed heap.
+  void releaseFreeMemory();
+  // Registers `release`, which frees a cache of host memory kept for the
+  // device (tpu_dist's staging blocks): torch.tpu.empty_cache() empties it.
+  void addCacheRelease(std::function<void()> release);
 
  private:
   Runtime();
@@ -229,6 +235,8 @@ class Runtime {
     int64_t limit = 0;
   };
   std::unique_ptr<Mem[]> mem_;
+  std::mutex releases_mu_;
+  std::vector<std::function<void()>> cache_releases_;
 };
 
 // The contents of one tensor storage on one device: a flat PJRT buffer of
