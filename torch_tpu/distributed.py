@@ -150,6 +150,13 @@ def _thread_local_world() -> None:
         from torch.testing._internal.distributed.multi_threaded_pg import ThreadLocalWorld
 
         c10d._world = ThreadLocalWorld()
+        # DTensor derives its outputs' shapes in a FakeTensorMode that threads would enter at
+        # once (one rank's fake tensors on another's device: "Expected all tensors to be on the
+        # same device"); PyTorch's knob for ranks as threads serializes it, as its own threaded
+        # DTensor tests do.
+        from torch.distributed.tensor._sharding_prop import ShardingPropagator
+
+        ShardingPropagator._fake_mode_lock = __import__("threading").Lock()
         register = c10d._register_pg_in_world
 
         def register_pg_in_world(pg, *args, group_name, **kwargs):

@@ -53,7 +53,8 @@ const std::vector<Var>& all() {
        "0: a compiled step's functional collectives over a group of ranks as threads (local_group) run as "
        "tpu_dist calls between the step's programs, as over processes, instead of inside them"},
       {"TORCH_TPU_DIST_CHECK", "0/1", "1", "distributed",
-       "0: skip tpu_dist's check that all ranks pass the same dtypes and shapes (one small all_gather per collective)"},
+       "0: tpu_dist compares only the sizes of the data ranks exchange, not that all ranks pass the same "
+       "collective, dtypes and shapes (records carried in the collective's first messages)"},
       {"TORCH_TPU_DIST_TRANSPORT", "text", "auto", "distributed",
        "`staged`: tpu_dist copies through the host even where the plugin's client could span torchrun's processes "
        "(the CUDA plugin); `xla`: an error where it cannot"},

@@ -143,7 +143,8 @@ def report(reference, losses, steps):
                                   "graphs": __import__("torch_tpu._compile").
                                   _compile.compiled_graphs(),
                                   "replicated_programs": m["replicated_programs"],
-                                  "collectives_in_programs": m["collectives_in_programs"]}), flush=True)
+                                  "collectives_in_programs": m["collectives_in_programs"],
+                                  "calls": m["dist_xla_collectives"]}), flush=True)
 
 
 def data_parallel(mode):
