@@ -1,6 +1,8 @@
 """torch.compile(backend="tpu"): whole graphs through Dynamo and AOTAutograd, run as one
 program each through the eager lowering table; results against eager."""
 
+import gc
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -367,6 +369,7 @@ def test_a_recorded_graph_keeps_no_argument_alive():
     # The recording's arguments (weights, activations, a whole first step's
     # state) must die with their tensors, not live as long as the graph.
     cf = torch.compile(lambda x: x.sin() * x, backend="tpu")
+    gc.collect()  # earlier tests' tensors in reference cycles die now, not during the count
     torch.tpu.synchronize()
     before = torch_tpu.metrics()["live_buffers"]
     x = torch.randn(64, 64, device="tpu")
