@@ -193,7 +193,7 @@ def init_local_process_group(rank: int, world_size: int, store=None, devices=Non
     _rank_thread.devices = list(range(world_size)) if devices is None else [int(d) for d in devices]
     import torch
 
-    torch.tpu.set_device(list(range(world_size))[rank] if devices is None else int(devices[rank]))
+    torch.tpu.set_device(_rank_thread.devices[rank])
     return pg
 
 
