@@ -44,10 +44,17 @@ namespace {
 
 using c10d::ReduceOp;
 
+size_t bytesOf(const at::Tensor& t) { return static_cast<size_t>(t.numel()) * t.element_size(); }
+
+// Bytes of `t` staged through the host, when it is a tpu tensor.
+void countStaged(const at::Tensor& t) {
+  if (onTpu(t)) runtime::metrics().dist_staged_bytes += static_cast<int64_t>(bytesOf(t));
+}
+
 // A host copy of `t` (the tensor itself when it already lives on the host).
 at::Tensor toHost(const at::Tensor& t) {
   if (!onTpu(t)) return t;
-  runtime::metrics().dist_staged_bytes += static_cast<int64_t>(t.numel() * t.element_size());
+  countStaged(t);
   return t.to(at::kCPU);
 }
 
@@ -70,7 +77,7 @@ std::vector<at::Tensor> hostLike(const std::vector<at::Tensor>& ts) {
 
 void backTo(const at::Tensor& dev, const at::Tensor& host) {
   if (!onTpu(dev)) return;
-  runtime::metrics().dist_staged_bytes += static_cast<int64_t>(host.numel() * host.element_size());
+  countStaged(dev);
   // A collective writes its output's memory, as NCCL does: not an autograd op (a
   // pipeline stage receives into a leaf that requires grad) and no version bump.
   at::AutoDispatchBelowADInplaceOrView guard;
@@ -114,11 +121,6 @@ void finishAvg(const ReduceOp& op, const std::vector<at::Tensor>& ts, int64_t n)
   }
 }
 
-// Bytes of `t` staged through the host, when it is a tpu tensor.
-void countStaged(const at::Tensor& t) {
-  if (onTpu(t)) runtime::metrics().dist_staged_bytes += static_cast<int64_t>(t.numel() * t.element_size());
-}
-
 // What a rank contributes to a reduction: `t` on the host, scaled first for
 // PREMUL_SUM (into a block of its own).
 class Contribution {
@@ -145,8 +147,6 @@ void deliver(const at::Tensor& out, const staging::BlockPtr& block, size_t offse
   staging::writeResult(out, block, offset);
   countStaged(out);
 }
-
-size_t bytesOf(const at::Tensor& t) { return static_cast<size_t>(t.numel()) * t.element_size(); }
 
 class TpuDistBackend final : public PerTensorCoalescing {
  public:
