@@ -65,7 +65,7 @@ def _create_backend(opts, backend_options=None):
         # threads too, each on its world rank's device.
         mine = [devices[g] for g in opts.global_ranks_in_group]
         return _C._tpu_dist_xla_backend(store, opts.group_rank, opts.group_size, opts.timeout, mine[opts.group_rank],
-                                        mine)
+                                        mine, devices)
     if _transport() == "xla":
         # Each rank runs on the device of its first collective's tensors.
         return _C._tpu_dist_xla_backend(store, opts.group_rank, opts.group_size, opts.timeout, -1)

@@ -66,6 +66,7 @@ struct CaptureState {
   std::vector<int> groups;
   std::chrono::milliseconds timeout{0};  // the longest of its collectives' groups
   int64_t collectives = 0;               // recorded so far
+  std::vector<int> world;                // the replicas of its collectives (global device ids)
 };
 thread_local CaptureState g_capture;
 
@@ -414,6 +415,12 @@ int capturedOps(const CapturedGraph& g) { return g.ops; }
 bool capturingHere() { return g_capture.active && g_capture.owner == std::this_thread::get_id(); }
 
 int64_t nextProgramCollective() { return ++g_capture.collectives; }
+
+bool joinProgramWorld(const std::vector<int>& world) {
+  if (!capturingHere()) return false;
+  if (g_capture.world.empty()) g_capture.world = world;
+  return g_capture.world == world;
+}
 
 void noteProgramTimeout(std::chrono::milliseconds timeout) {
   if (capturingHere()) g_capture.timeout = std::max(g_capture.timeout, timeout);

@@ -46,6 +46,10 @@ void noteProgramTimeout(std::chrono::milliseconds timeout);
 // The channel of the next collective this thread records: 1, 2, ... from the
 // start of each recording (the same on every rank for the same step).
 int64_t nextProgramCollective();
+// Whether a collective whose program replicas are `world` (global device ids)
+// can join this thread's recording: the first one sets the recording's world,
+// a collective of another world stays a call.
+bool joinProgramWorld(const std::vector<int>& world);
 
 // Something ran outside the recording on this thread (the dispatcher ran an op
 // on the CPU, a collective ran as a call between programs): a recording in

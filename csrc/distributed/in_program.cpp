@@ -15,6 +15,7 @@
 #include <ATen/ATen.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <torch/csrc/distributed/c10d/GroupRegistry.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
@@ -51,6 +52,10 @@ std::optional<InProgramGroup> recordable(const at::Tensor& t, const c10::IValue&
   auto g = inProgramGroup(tpuBackendOf(*groupOf(group)));
   if (!g || g->device != t.device().index()) return std::nullopt;
   if (t.is_complex()) return std::nullopt;
+  // The program's replicas are the world's devices: a group among them whose size divides theirs.
+  for (int id : g->participants)
+    if (std::find(g->world.begin(), g->world.end(), id) == g->world.end()) return std::nullopt;
+  if (g->world.size() % g->participants.size()) return std::nullopt;
   return g;
 }
 
@@ -66,6 +71,10 @@ std::string describe(const std::string& what, const at::Tensor& t) {
   return s + "]";
 }
 
+// Whether the collective joins the recording: its program's replicas are those of the
+// recording's other collectives (a group of another world stays a call).
+bool joins(const InProgramGroup& g) { return compile::joinProgramWorld(g.world); }
+
 // Meets the other ranks, then records tpu::replica_<name>(input, args..., channel)
 // in the program in place of the functional collective's `n_args` arguments.
 void record(Stack* stack, size_t n_args, const InProgramGroup& g, const std::string& name, const at::Tensor& input,
@@ -77,6 +86,7 @@ void record(Stack* stack, size_t n_args, const InProgramGroup& g, const std::str
   call.emplace_back(input);
   for (auto& a : args) call.push_back(std::move(a));
   call.emplace_back(std::vector<int64_t>(g.participants.begin(), g.participants.end()));
+  call.emplace_back(std::vector<int64_t>(g.world.begin(), g.world.end()));
   call.emplace_back(compile::nextProgramCollective());
   op.callBoxed(call);
   torch::jit::drop(*stack, n_args);
@@ -93,7 +103,7 @@ void allReduce(const c10::OperatorHandle& op, Stack* stack) {
   const at::Tensor input = (*stack)[stack->size() - 3].toTensor();
   const std::string reduce((*stack)[stack->size() - 2].toStringRef());
   auto g = recordable(input, stack->back());
-  if (!g || !reducible(reduce)) return pytorchKernel(op, stack);
+  if (!g || !reducible(reduce) || !joins(*g)) return pytorchKernel(op, stack);
   record(stack, 3, *g, "all_reduce", input, {c10::IValue(reduce)});
 }
 
@@ -101,7 +111,7 @@ void allReduce(const c10::OperatorHandle& op, Stack* stack) {
 void allGather(const c10::OperatorHandle& op, Stack* stack) {
   const at::Tensor input = (*stack)[stack->size() - 3].toTensor();
   auto g = recordable(input, stack->back());
-  if (!g || input.dim() == 0) return pytorchKernel(op, stack);
+  if (!g || input.dim() == 0 || !joins(*g)) return pytorchKernel(op, stack);
   record(stack, 3, *g, "all_gather", input, {});
 }
 
@@ -111,7 +121,7 @@ void reduceScatter(const c10::OperatorHandle& op, Stack* stack) {
   const std::string reduce((*stack)[stack->size() - 3].toStringRef());
   auto g = recordable(input, stack->back());
   const auto n = g ? static_cast<int64_t>(g->participants.size()) : 1;
-  if (!g || !reducible(reduce) || input.dim() == 0 || input.size(0) % n) return pytorchKernel(op, stack);
+  if (!g || !reducible(reduce) || input.dim() == 0 || input.size(0) % n || !joins(*g)) return pytorchKernel(op, stack);
   record(stack, 4, *g, "reduce_scatter", input, {c10::IValue(reduce)});
 }
 
@@ -128,7 +138,7 @@ void allToAll(const c10::OperatorHandle& op, Stack* stack) {
     if (v.isNone()) continue;
     for (const c10::IValue& s : v.toListRef()) even &= s.isInt() && s.toInt() == input.size(0) / n;
   }
-  if (!even) return pytorchKernel(op, stack);
+  if (!even || !joins(*g)) return pytorchKernel(op, stack);
   record(stack, 4, *g, "all_to_all", input, {});
 }
 
@@ -138,23 +148,26 @@ at::Tensor scaledFirstDim(const at::Tensor& x, int64_t factor, bool divide) {
   sizes[0] = divide ? sizes[0] / factor : sizes[0] * factor;
   return at::empty(sizes, x.options());
 }
-at::Tensor allReduceMeta(const at::Tensor& x, c10::string_view, at::IntArrayRef, int64_t) { return at::empty_like(x); }
-at::Tensor allGatherMeta(const at::Tensor& x, at::IntArrayRef ids, int64_t) {
-  return scaledFirstDim(x, static_cast<int64_t>(ids.size()), false);
+at::Tensor allReduceMeta(const at::Tensor& x, c10::string_view, at::IntArrayRef, at::IntArrayRef, int64_t) {
+  return at::empty_like(x);
 }
-at::Tensor reduceScatterMeta(const at::Tensor& x, c10::string_view, at::IntArrayRef ids, int64_t) {
-  return scaledFirstDim(x, static_cast<int64_t>(ids.size()), true);
+at::Tensor allGatherMeta(const at::Tensor& x, at::IntArrayRef group, at::IntArrayRef, int64_t) {
+  return scaledFirstDim(x, static_cast<int64_t>(group.size()), false);
 }
-at::Tensor allToAllMeta(const at::Tensor& x, at::IntArrayRef, int64_t) { return at::empty_like(x); }
+at::Tensor reduceScatterMeta(const at::Tensor& x, c10::string_view, at::IntArrayRef group, at::IntArrayRef, int64_t) {
+  return scaledFirstDim(x, static_cast<int64_t>(group.size()), true);
+}
+at::Tensor allToAllMeta(const at::Tensor& x, at::IntArrayRef, at::IntArrayRef, int64_t) { return at::empty_like(x); }
 
 }  // namespace
 }  // namespace tpu::distributed
 
 TORCH_LIBRARY_FRAGMENT(tpu, m) {
-  m.def("replica_all_reduce(Tensor self, str reduce, int[] participants, int channel) -> Tensor");
-  m.def("replica_all_gather(Tensor self, int[] participants, int channel) -> Tensor");
-  m.def("replica_reduce_scatter(Tensor self, str reduce, int[] participants, int channel) -> Tensor");
-  m.def("replica_all_to_all(Tensor self, int[] participants, int channel) -> Tensor");
+  // group: the collective's devices; replicas: the program's (the rank's world), by global id.
+  m.def("replica_all_reduce(Tensor self, str reduce, int[] group, int[] replicas, int channel) -> Tensor");
+  m.def("replica_all_gather(Tensor self, int[] group, int[] replicas, int channel) -> Tensor");
+  m.def("replica_reduce_scatter(Tensor self, str reduce, int[] group, int[] replicas, int channel) -> Tensor");
+  m.def("replica_all_to_all(Tensor self, int[] group, int[] replicas, int channel) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(tpu, Meta, m) {

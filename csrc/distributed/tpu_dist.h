@@ -25,7 +25,10 @@ void registerProcessSpan(pybind11::module& m);
 // thread of this process driving a device of its own (local_group).
 struct InProgramGroup {
   std::vector<int> participants;  // each rank's device, by global id
-  int device = 0;                 // this rank's local device index
+  // The devices of every rank of its world (the threads whose groups this one is
+  // among: a DeviceMesh's dimensions), by global id; a program's replicas.
+  std::vector<int> world;
+  int device = 0;  // this rank's local device index
   std::chrono::milliseconds timeout{0};
 };
 // `backend` (a group's tpu backend) as such a group; nullopt for any other.

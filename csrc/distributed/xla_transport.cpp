@@ -141,14 +141,16 @@ class XlaDistBackend final : public PerTensorCoalescing {
  public:
   // `device`: this rank's tpu device index, or -1 for the device of its first
   // collective's tensors.
-  // `local_devices`: every rank's device of this process (ranks as threads), or empty.
+  // `local_devices`: every rank's device of this process (ranks as threads), or empty;
+  // `world_devices`: those of every rank of their world (empty: local_devices).
   XlaDistBackend(c10::intrusive_ptr<c10d::Store> store, int rank, int size, std::chrono::milliseconds timeout,
-                 int device, std::vector<int> local_devices = {})
+                 int device, std::vector<int> local_devices = {}, std::vector<int> world_devices = {})
       : PerTensorCoalescing(rank, size),
         store_(std::move(store)),
         timeout_(timeout),
         device_(device),
         local_devices_(std::move(local_devices)),
+        world_devices_(world_devices.empty() ? local_devices_ : std::move(world_devices)),
         check_(env::notDisabled("TORCH_TPU_DIST_CHECK")) {}
 
   // Ranks as threads of this process: their collectives can join a compiled program.
@@ -156,6 +158,7 @@ class XlaDistBackend final : public PerTensorCoalescing {
     if (local_devices_.empty() || device_ < 0) return std::nullopt;
     InProgramGroup g;
     for (int d : local_devices_) g.participants.push_back(runtime::globalDeviceId(d));
+    for (int d : world_devices_) g.world.push_back(runtime::globalDeviceId(d));
     g.device = device_;
     g.timeout = timeout_;
     return g;
@@ -538,6 +541,7 @@ class XlaDistBackend final : public PerTensorCoalescing {
   std::chrono::milliseconds timeout_;
   int device_;  // this rank's tpu device index; -1 until its first collective
   std::vector<int> local_devices_;
+  std::vector<int> world_devices_;
   bool check_;
   int64_t collectives_ = 0;
   int64_t barriers_ = 0;
@@ -607,13 +611,17 @@ void registerXlaTransport(pybind11::module& m) {
   m.def(
       "_tpu_dist_xla_backend",
       [](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size, std::chrono::milliseconds timeout,
-         int device, std::vector<int> local_devices) -> c10::intrusive_ptr<c10d::Backend> {
-        return c10::make_intrusive<XlaDistBackend>(store, rank, size, timeout, device, std::move(local_devices));
+         int device, std::vector<int> local_devices,
+         std::vector<int> world_devices) -> c10::intrusive_ptr<c10d::Backend> {
+        return c10::make_intrusive<XlaDistBackend>(store, rank, size, timeout, device, std::move(local_devices),
+                                                   std::move(world_devices));
       },
       pybind11::arg("store"), pybind11::arg("rank"), pybind11::arg("size"), pybind11::arg("timeout"),
       pybind11::arg("device"), pybind11::arg("local_devices") = std::vector<int>{},
+      pybind11::arg("world_devices") = std::vector<int>{},
       "The tpu_dist backend over XLA collectives; this rank runs on tpu:device (-1: its first collective's). "
-      "local_devices: every rank's device, for ranks that are threads of this process.");
+      "local_devices: every rank's device, for ranks that are threads of this process; world_devices: those of "
+      "every rank of their world (a DeviceMesh's), default local_devices.");
   m.def("_comm_collective", &commCollective, pybind11::arg("kind"), pybind11::arg("tensors"),
         pybind11::arg("op") = "sum", pybind11::arg("root") = 0, pybind11::call_guard<pybind11::gil_scoped_release>(),
         "One XLA collective over the devices of `tensors` (one flat result per device).");

@@ -583,6 +583,8 @@ std::shared_ptr<const Function> Builder::asFunction() const {
 std::vector<Value> Builder::call(const std::shared_ptr<const Function>& f, const std::vector<Value>& args) {
   if (blocks_.size() != 1) fail("call inside a region");
   if (args.size() != f->params.size()) fail("call of @" + f->name + " with the wrong number of arguments");
+  // Before anything is written: a refused call must leave the program as it was.
+  if (!f->participants.empty()) setParticipants(f->participants);
   std::string rhs = "func.call @" + f->name + "(";
   for (size_t i = 0; i < args.size(); ++i) {
     if (args[i].type != f->params[i])
@@ -601,7 +603,6 @@ std::vector<Value> Builder::call(const std::shared_ptr<const Function>& f, const
   else
     emitMulti(results, rhs);
   op_count_ += f->op_count - 1;  // count the ops the call stands for
-  if (!f->participants.empty()) setParticipants(f->participants);
   collectives_ += f->collectives;
   functions_.try_emplace(f->name, f);
   for (const auto& c : f->callees) functions_.try_emplace(c->name, c);  // already closed over theirs

@@ -252,21 +252,26 @@ class Builder {
 
   // --- collectives across replicas
   // A program with collectives runs as one replica per device of
-  // `participants` (global device ids; replica r on participants[r]); every
-  // collective is over all of them. Set by the first collective's lowering;
-  // another list in the same program is an error (Unsupported).
+  // `participants` (global device ids; replica r on participants[r]): the
+  // devices of every group its collectives run over (a rank's world, with
+  // ranks as threads). Set by the first collective's lowering; another list in
+  // the same program is an error (Unsupported).
   void setParticipants(const std::vector<int>& ids);
   const std::vector<int>& participants() const { return participants_; }
+  // Each collective runs among `group` (global device ids, some of the
+  // participants, whose count divides theirs): a rank's data-parallel and
+  // tensor-parallel collectives sit in one program, each over its own group.
   // `combine` is the reduction body (args: two scalars). Gather and scatter
   // work along `dim`; all_to_all splits `split_dim` into one block per
-  // replica and concatenates the received blocks along `concat_dim`.
+  // member and concatenates the received blocks along `concat_dim`.
   // `channel` (from 1) pairs the collective with the same one of the other
   // replicas' programs, which may differ elsewhere (a rank's own constants):
   // the n-th collective of a step has channel n on every rank.
-  Value allReduce(const Value& v, const BodyFn& combine, int64_t channel);
-  Value allGather(const Value& v, int64_t dim, int64_t channel);
-  Value reduceScatter(const Value& v, int64_t dim, const BodyFn& combine, int64_t channel);
-  Value allToAll(const Value& v, int64_t split_dim, int64_t concat_dim, int64_t channel);
+  Value allReduce(const Value& v, const std::vector<int>& group, const BodyFn& combine, int64_t channel);
+  Value allGather(const Value& v, const std::vector<int>& group, int64_t dim, int64_t channel);
+  Value reduceScatter(const Value& v, const std::vector<int>& group, int64_t dim, const BodyFn& combine,
+                      int64_t channel);
+  Value allToAll(const Value& v, const std::vector<int>& group, int64_t split_dim, int64_t concat_dim, int64_t channel);
   // How many collectives this program holds.
   int collectiveCount() const { return collectives_; }
 
@@ -307,9 +312,13 @@ class Builder {
   std::map<std::string, std::shared_ptr<const Function>> functions_;  // called ones, by name
   std::vector<int> participants_;                                     // see setParticipants
   int collectives_ = 0;
-  std::string replicaGroups(int64_t channel) const;
-  // v's shape with `dim` split into one block per replica (Unsupported if it does not split).
-  Shape splitAmongReplicas(const char* what, const Value& v, int64_t dim) const;
+  // The channel and replica groups of a collective among `group`: `group` as
+  // replica indices, the other replicas in groups of its size (XLA asks for a
+  // partition of all replicas; each replica's program uses only its own group).
+  std::string replicaGroups(const std::vector<int>& group, int64_t channel);
+  // v's shape with `dim` split into one block per member of a group of `n`
+  // (Unsupported if it does not split).
+  static Shape splitAmongGroup(const char* what, const Value& v, int64_t dim, int64_t n);
   std::string signatureText(const std::string& name, bool is_public) const;
 };
 

@@ -313,7 +313,7 @@ void Builder::setParticipants(const std::vector<int>& ids) {
   if (ids.empty()) throw Unsupported("a collective needs at least one participant");
   if (participants_ == ids) return;
   if (!participants_.empty())
-    throw Unsupported("collectives over different device groups in one program (" +
+    throw Unsupported("collectives over the devices of different worlds in one program (" +
                       std::to_string(participants_.size()) + " and " + std::to_string(ids.size()) + " devices)");
   participants_ = ids;
   std::string key = "replicas";
@@ -324,21 +324,43 @@ void Builder::setParticipants(const std::vector<int>& ids) {
   mix(key);
 }
 
-std::string Builder::replicaGroups(int64_t channel) const {
+std::string Builder::replicaGroups(const std::vector<int>& group, int64_t channel) {
   if (participants_.empty()) throw Unsupported("a collective before setParticipants");
   if (channel < 1) throw Unsupported("a collective's channel starts at 1");
-  std::string ids;
-  for (size_t r = 0; r < participants_.size(); ++r) {
-    if (r) ids += ", ";
-    appendInt(ids, static_cast<int64_t>(r));
+  const size_t n = participants_.size(), k = group.size();
+  if (k == 0 || n % k) throw Unsupported("a collective's group does not divide the program's replicas");
+  std::vector<bool> taken(n, false);
+  std::vector<std::vector<size_t>> groups(1);
+  for (int id : group) {
+    const auto it = std::find(participants_.begin(), participants_.end(), id);
+    if (it == participants_.end() || taken[it - participants_.begin()])
+      throw Unsupported("a collective's group is not a set of the program's replicas");
+    groups[0].push_back(static_cast<size_t>(it - participants_.begin()));
+    taken[groups[0].back()] = true;
   }
+  for (size_t r = 0; r < n; ++r) {
+    if (taken[r]) continue;
+    if (groups.back().size() == k) groups.emplace_back();
+    groups.back().push_back(r);
+  }
+  // In the order of their first replica: every rank of a regular mesh writes the same groups.
+  std::sort(groups.begin(), groups.end());
+  std::string text;
+  for (size_t g = 0; g < groups.size(); ++g) {
+    text += g ? ", [" : "[";
+    for (size_t i = 0; i < k; ++i) {
+      if (i) text += ", ";
+      appendInt(text, static_cast<int64_t>(groups[g][i]));
+    }
+    text += ']';
+  }
+  mix("groups " + text);
   return "channel_handle = #stablehlo.channel_handle<handle = " + std::to_string(channel) +
-         ", type = 1>, replica_groups = dense<[[" + ids + "]]> : tensor<1x" + std::to_string(participants_.size()) +
-         "xi64>";
+         ", type = 1>, replica_groups = dense<[" + text + "]> : tensor<" + std::to_string(groups.size()) + "x" +
+         std::to_string(k) + "xi64>";
 }
 
-Shape Builder::splitAmongReplicas(const char* what, const Value& v, int64_t dim) const {
-  const auto n = static_cast<int64_t>(participants_.size());
+Shape Builder::splitAmongGroup(const char* what, const Value& v, int64_t dim, int64_t n) {
   Shape out = v.shape();
   if (n == 0 || out.at(dim) % n)
     throw Unsupported(std::string(what) + ": dim " + std::to_string(dim) + " of " + v.type.str() +
@@ -347,44 +369,50 @@ Shape Builder::splitAmongReplicas(const char* what, const Value& v, int64_t dim)
   return out;
 }
 
-Value Builder::allReduce(const Value& v, const BodyFn& combine, int64_t channel) {
+Value Builder::allReduce(const Value& v, const std::vector<int>& group, const BodyFn& combine, int64_t channel) {
+  const std::string groups = replicaGroups(group, channel);
   const Type s = scalarType(v.dtype());
   std::string reg = region({s, s}, combine);
   Value r = fresh(v.type);
-  emitLine(ref(r) + " = \"stablehlo.all_reduce\"(" + ref(v) + ") " + reg + " {" + replicaGroups(channel) + "} : (" +
-           v.type.str() + ") -> " + r.type.str());
+  emitLine(ref(r) + " = \"stablehlo.all_reduce\"(" + ref(v) + ") " + reg + " {" + groups + "} : (" + v.type.str() +
+           ") -> " + r.type.str());
   ++collectives_;
   return r;
 }
 
-Value Builder::allGather(const Value& v, int64_t dim, int64_t channel) {
+Value Builder::allGather(const Value& v, const std::vector<int>& group, int64_t dim, int64_t channel) {
+  const std::string groups = replicaGroups(group, channel);
   Shape s = v.shape();
-  s.at(dim) *= static_cast<int64_t>(participants_.size());
+  s.at(dim) *= static_cast<int64_t>(group.size());
   Value r = fresh(Type{v.dtype(), s});
   emitLine(ref(r) + " = \"stablehlo.all_gather\"(" + ref(v) + ") {all_gather_dim = " + std::to_string(dim) +
-           " : i64, " + replicaGroups(channel) + "} : (" + v.type.str() + ") -> " + r.type.str());
+           " : i64, " + groups + "} : (" + v.type.str() + ") -> " + r.type.str());
   ++collectives_;
   return r;
 }
 
-Value Builder::reduceScatter(const Value& v, int64_t dim, const BodyFn& combine, int64_t channel) {
-  const Shape out = splitAmongReplicas("reduce_scatter", v, dim);
+Value Builder::reduceScatter(const Value& v, const std::vector<int>& group, int64_t dim, const BodyFn& combine,
+                             int64_t channel) {
+  const Shape out = splitAmongGroup("reduce_scatter", v, dim, static_cast<int64_t>(group.size()));
+  const std::string groups = replicaGroups(group, channel);
   const Type s = scalarType(v.dtype());
   std::string reg = region({s, s}, combine);
   Value r = fresh(Type{v.dtype(), out});
-  emitLine(ref(r) + " = \"stablehlo.reduce_scatter\"(" + ref(v) + ") " + reg + " {" + replicaGroups(channel) +
+  emitLine(ref(r) + " = \"stablehlo.reduce_scatter\"(" + ref(v) + ") " + reg + " {" + groups +
            ", scatter_dimension = " + std::to_string(dim) + " : i64} : (" + v.type.str() + ") -> " + r.type.str());
   ++collectives_;
   return r;
 }
 
-Value Builder::allToAll(const Value& v, int64_t split_dim, int64_t concat_dim, int64_t channel) {
-  const auto n = static_cast<int64_t>(participants_.size());
-  Shape out = splitAmongReplicas("all_to_all", v, split_dim);
+Value Builder::allToAll(const Value& v, const std::vector<int>& group, int64_t split_dim, int64_t concat_dim,
+                        int64_t channel) {
+  const auto n = static_cast<int64_t>(group.size());
+  Shape out = splitAmongGroup("all_to_all", v, split_dim, n);
   out.at(concat_dim) *= n;
+  const std::string groups = replicaGroups(group, channel);
   Value r = fresh(Type{v.dtype(), out});
   emitLine(ref(r) + " = \"stablehlo.all_to_all\"(" + ref(v) + ") {concat_dimension = " + std::to_string(concat_dim) +
-           " : i64, " + replicaGroups(channel) + ", split_count = " + std::to_string(n) + " : i64, split_dimension = " +
+           " : i64, " + groups + ", split_count = " + std::to_string(n) + " : i64, split_dimension = " +
            std::to_string(split_dim) + " : i64} : (" + v.type.str() + ") -> " + r.type.str());
   ++collectives_;
   return r;

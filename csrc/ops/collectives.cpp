@@ -1,10 +1,10 @@
 // Collectives inside a program: the lowerings of tpu::replica_* (the ops a
 // compiled step's functional collectives become when every rank of the group
 // drives a device of this process; distributed/in_program.cpp). Each is one
-// StableHLO collective over all the program's replicas; the participants (global
-// device ids, replica r on participants[r]) become the program's device
-// assignment; the last argument is the collective's channel (its place among
-// the step's collectives, the same on every rank). Work along dim 0, as c10d's
+// StableHLO collective among its group (global device ids) of the program's
+// replicas; the replicas (the rank's world: replica r on replicas[r]) become
+// the program's device assignment; the last argument is the collective's
+// channel (its place among the step's collectives, the same on every rank). Work along dim 0, as c10d's
 // tensor collectives do.
 #include "ops/common.h"
 
@@ -13,7 +13,7 @@ namespace {
 
 using ir::Builder;
 
-std::vector<int> participantsOf(Ctx& c, size_t i) {
+std::vector<int> idsOf(Ctx& c, size_t i) {
   std::vector<int> ids;
   for (int64_t id : c.ints(i)) ids.push_back(static_cast<int>(id));
   return ids;
@@ -36,33 +36,37 @@ Value averaged(Builder& b, const Value& v, const std::string& reduce, int64_t n)
   return b.binary("divide", v, b.constant(static_cast<double>(n), v.dtype(), v.shape()));
 }
 
+// Arguments: the tensor, [the reduction], the group, the program's replicas, the channel.
 std::vector<Value> replicaAllReduce(Ctx& c) {
   const Value x = c.tensor(0);
   const std::string reduce = c.str(1);
-  c.b.setParticipants(participantsOf(c, 2));
-  const auto n = static_cast<int64_t>(c.b.participants().size());
-  return {averaged(c.b, c.b.allReduce(x, combiner(reduce, x.dtype()), c.i64(3)), reduce, n)};
+  const std::vector<int> group = idsOf(c, 2);
+  c.b.setParticipants(idsOf(c, 3));
+  const auto n = static_cast<int64_t>(group.size());
+  return {averaged(c.b, c.b.allReduce(x, group, combiner(reduce, x.dtype()), c.i64(4)), reduce, n)};
 }
 
 std::vector<Value> replicaAllGather(Ctx& c) {
   const Value x = c.tensor(0);
-  c.b.setParticipants(participantsOf(c, 1));
-  if (x.rank() == 0) return {c.b.allGather(c.b.reshape(x, {1}), 0, c.i64(2))};
-  return {c.b.allGather(x, 0, c.i64(2))};
+  const std::vector<int> group = idsOf(c, 1);
+  c.b.setParticipants(idsOf(c, 2));
+  return {c.b.allGather(x.rank() == 0 ? c.b.reshape(x, {1}) : x, group, 0, c.i64(3))};
 }
 
 std::vector<Value> replicaReduceScatter(Ctx& c) {
   const Value x = c.tensor(0);
   const std::string reduce = c.str(1);
-  c.b.setParticipants(participantsOf(c, 2));
-  const auto n = static_cast<int64_t>(c.b.participants().size());
-  return {averaged(c.b, c.b.reduceScatter(x, 0, combiner(reduce, x.dtype()), c.i64(3)), reduce, n)};
+  const std::vector<int> group = idsOf(c, 2);
+  c.b.setParticipants(idsOf(c, 3));
+  const auto n = static_cast<int64_t>(group.size());
+  return {averaged(c.b, c.b.reduceScatter(x, group, 0, combiner(reduce, x.dtype()), c.i64(4)), reduce, n)};
 }
 
 std::vector<Value> replicaAllToAll(Ctx& c) {
   const Value x = c.tensor(0);
-  c.b.setParticipants(participantsOf(c, 1));
-  return {c.b.allToAll(x, 0, 0, c.i64(2))};
+  const std::vector<int> group = idsOf(c, 1);
+  c.b.setParticipants(idsOf(c, 2));
+  return {c.b.allToAll(x, group, 0, 0, c.i64(3))};
 }
 
 const Registrar kAllReduce("replica_all_reduce", replicaAllReduce);

@@ -21,9 +21,9 @@ WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "dist_workers"
 pytestmark = pytest.mark.skipif(not dist.is_available(), reason="torch was built without torch.distributed")
 
 
-def _run(mode, in_program=True, timeout=300, devices=2):
-    env = dict(os.environ, TORCH_TPU_CPU_DEVICES=str(devices), TORCH_TPU_PLUGIN="cpu", TORCH_TPU_FALLBACK="error",
-               TORCH_TPU_COLLECTIVES_IN_PROGRAM="1" if in_program else "0")
+def _run(mode, in_program=True, timeout=300, devices=2, env=None):
+    env = dict(os.environ, **(env or {}), TORCH_TPU_CPU_DEVICES=str(devices), TORCH_TPU_PLUGIN="cpu",
+               TORCH_TPU_FALLBACK="error", TORCH_TPU_COLLECTIVES_IN_PROGRAM="1" if in_program else "0")
     env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
     r = subprocess.run([sys.executable, WORKER, mode], capture_output=True, text=True, env=env, timeout=timeout)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-5000:]
@@ -104,8 +104,41 @@ def test_fsdp2_with_tensor_parallel_on_a_2d_mesh_of_ranks_as_threads():
     assert all(s["dist_xla_collectives"] > 0 for rank in inside["steps"] for s in rank)
 
 
+def test_fsdp_and_tensor_parallel_collectives_share_one_program_per_rank(tmp_path):
+    # TorchTitan's composition (TP + sequence parallel over "tp", SimpleFSDP over "dp", clipping
+    # and foreach AdamW) on a 2 x 2 mesh of ranks as threads: each rank's forward and backward
+    # each hold collectives of both groups, each over its own pair of devices.
+    pytest.importorskip("torchtitan", reason="SimpleFSDP is TorchTitan's (scripts/setup.sh installs it)")
+    dump = tmp_path / "xla"
+    inside = _result(_run("simple_fsdp_tp", devices=4, env={"XLA_FLAGS": f"--xla_dump_to={dump} --xla_dump_hlo_as_text"}))
+    split = _result(_run("simple_fsdp_tp", in_program=False, devices=4))
+    ref = torch.tensor(inside["reference"])
+    for res in (inside, split):
+        for losses in res["ranks"]:
+            torch.testing.assert_close(torch.tensor(losses), ref, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(torch.tensor(inside["ranks"]), torch.tensor(split["ranks"]), rtol=1e-4, atol=1e-5)
+    steps, ranks = len(ref), 4
+    assert inside["replicated_programs"] == ranks * 2 * steps, inside["replicated_programs"]
+    assert split["replicated_programs"] == 0 and split["collectives_in_programs"] == 0
+    # Each collective inside a program is one call fewer than in the split run; the calls left
+    # are the set-up's and the eager clipping's.
+    assert inside["collectives_in_programs"] > 0
+    assert split["calls"] - inside["calls"] == inside["collectives_in_programs"], (split["calls"], inside["calls"])
+    # What XLA compiled: programs whose collectives run over the tp pairs and the dp pairs.
+    both = []
+    for hlo in dump.glob("*torch_tpu.before_optimizations.txt"):
+        text = hlo.read_text()
+        if "replica_groups={{0,1},{2,3}}" in text and "replica_groups={{0,2},{1,3}}" in text:
+            both.append(hlo.name)
+    assert len(both) >= 2, sorted(p.name for p in dump.glob("*before_optimizations.txt"))[:20]
+
+
 def test_split_collective_on_a_graph_input_sees_its_new_values():
     assert "ok split collective on a graph input" in _run("split_inputs", in_program=False)
+
+
+def test_collectives_that_stay_calls_after_ones_inside_the_same_graph():
+    assert "ok calls after collectives inside" in _run("calls_after_inside", timeout=240)
 
 
 @pytest.mark.slow

@@ -2,8 +2,10 @@
 
 #include <cstdlib>
 
+#include "runtime/collectives.h"
 #include "runtime/env.h"
 #include "runtime/pending.h"
+#include "runtime/views.h"
 
 namespace tpu::runtime {
 
@@ -298,9 +300,11 @@ std::atomic<FusionMutex::WaitHook> g_wait_hook{plainWait};
 
 void FusionMutex::setWaitHook(WaitHook hook) { g_wait_hook.store(hook ? hook : plainWait); }
 
+thread_local int FusionMutex::depth_ = 0;
+
 void FusionMutex::lock() {
-  if (mu_.try_lock()) return;
-  g_wait_hook.load()([this] { mu_.lock(); });
+  if (!mu_.try_lock()) g_wait_hook.load()([this] { mu_.lock(); });
+  ++depth_;
 }
 
 thread_local int Fusion::tl_whole_graph_ = 0;
@@ -369,14 +373,45 @@ LazyGraph& Fusion::graph(int device) {
   return *graphs_[device];
 }
 
+namespace {
+// A pending graph with collectives inside: its launch waits inside XLA for the
+// other ranks' launches, and they need this lock to get to theirs. Run as a
+// capture's deferred program is (compile/capture.cpp), with the lock and the
+// GIL let go.
+void runWithCollectives(LazyGraph& graph, std::unique_lock<FusionMutex>& lock) {
+  steps::CaptureResult ran;
+  graph.materialize(&ran);
+  if (!ran.deferred) return;
+  std::vector<BufferPtr> results;
+  lock.unlock();
+  try {
+    blocking([&] { results = execute(*ran.prog, ran.deferred_inputs, graph.device()); });
+  } catch (const std::exception& e) {
+    lock.lock();
+    const std::string msg = std::string("torch_tpu: ") + e.what();
+    for (auto* owner : ran.out_owners) owner->poison(msg);
+    throw std::runtime_error(msg);
+  }
+  lock.lock();
+  for (size_t i = 0; i < ran.out_owners.size(); ++i)
+    ran.out_owners[i]->set(results[i], ran.results[i].first, ran.results[i].second);
+  for (size_t j = 0; j < ran.checks.size(); ++j)
+    checkIndicesLater(results[ran.out_owners.size() + j], ran.checks[j], graph.device());
+}
+}  // namespace
+
 void Fusion::flush(int device) {
-  std::lock_guard<FusionMutex> g(mu_);
+  std::unique_lock<FusionMutex> g(mu_);
   for (size_t i = 0; i < graphs_.size(); ++i) {
     if (!graphs_[i]) continue;
     if (device >= 0 && static_cast<int>(i) != device) continue;
     // Flushing every device leaves a graph another thread records whole.
     if (device < 0 && !whole_graph_devices_.empty() && recordedElsewhere(static_cast<int>(i))) continue;
-    graphs_[i]->materialize();
+    LazyGraph& graph = *graphs_[i];
+    if (!graph.builder().participants().empty() && FusionMutex::heldOnceHere())
+      runWithCollectives(graph, g);
+    else
+      graph.materialize();
   }
 }
 

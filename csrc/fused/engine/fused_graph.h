@@ -143,11 +143,21 @@ class FusionMutex {
   using WaitHook = void (*)(const std::function<void()>& block);
   static void setWaitHook(WaitHook hook);
   void lock();
-  void unlock() { mu_.unlock(); }
-  bool try_lock() { return mu_.try_lock(); }
+  void unlock() {
+    --depth_;
+    mu_.unlock();
+  }
+  bool try_lock() {
+    if (!mu_.try_lock()) return false;
+    ++depth_;
+    return true;
+  }
+  // This thread holds it once (no caller up its stack holds it too).
+  static bool heldOnceHere() { return depth_ == 1; }
 
  private:
   std::recursive_mutex mu_;
+  static thread_local int depth_;
 };
 
 class Fusion {
@@ -163,7 +173,9 @@ class Fusion {
   // Turning it off materialises every pending graph.
   void setEnabled(bool on);
   LazyGraph& graph(int device);
-  // Materialises the device's graph (all devices when device < 0).
+  // Materialises the device's graph (all devices when device < 0). A graph
+  // with collectives inside (a rank's thread recording a compiled step reads a
+  // value mid-step) runs with the lock let go, when only this call holds it.
   void flush(int device = -1);
   FusionMutex& mutex() { return mu_; }
   // True once any array has been given a pending value. From then on a freed

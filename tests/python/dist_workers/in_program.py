@@ -7,6 +7,7 @@ import copy
 import json
 import os
 import sys
+import threading
 import time
 
 import torch
@@ -248,6 +249,75 @@ def fsdp2_tp():
     report(ref, [total, [(a + b) / 2 for a, b in zip(results[1][0], results[3][0])]], [res[1] for res in results])
 
 
+def simple_fsdp_tp(sequence_parallel=True):
+    """TorchTitan's FSDP x TP as its graph trainer composes them: the tensor parallel plan over
+    the mesh's "tp" dimension, then SimpleFSDP ("fully_shard") over "dp" (parameters sharded over
+    both dimensions), 4 ranks as threads. Every collective of the step is a functional one in the
+    traced graphs: the all_gathers and reduce_scatters over dp, TP's over tp, in one program."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import parallelize_module
+    from torchtitan.experiments.graph_trainer import simple_fsdp as simple_fsdp_module
+
+    torch.manual_seed(0)
+    base = Model()
+    data = batches()
+    ref, _ = train(copy.deepcopy(base), "cpu", data)
+    tokens = data[0][:, 1:].numel()
+    _titan_classes = threading.Lock()
+
+    def rank(r):
+        mesh = init_device_mesh("tpu", (2, 2), mesh_dim_names=("dp", "tp"))
+        model = copy.deepcopy(base).to(f"tpu:{r}")
+        parallelize_module(model, mesh["tp"], tp_plan(sequence_parallel))
+        with _titan_classes:
+            # SimpleFSDP shares one wrapper class per module class in the process, its
+            # properties bound to the first module's parametrization (and so to that rank's
+            # dp mesh): each rank's thread gets classes of its own.
+            simple_fsdp_module._wrap_class_cache.clear()
+            model = simple_fsdp_module.data_parallel(model, mesh["dp"], mode="fully_shard")
+        dp = mesh["dp"].get_local_rank()
+        half = [ids[2 * dp:2 * dp + 2] for ids in data]
+        return train(model, f"tpu:{r}", half, loss_fn=lambda m, ids: loss_of(m, ids, reduction="sum") / tokens)
+
+    results = run_ranks(rank, world=4)
+    for res in results:
+        if isinstance(res, Exception):
+            raise res
+    # Ranks 0, 1 hold dp rank 0 (the batch's first half); ranks 2, 3 dp rank 1.
+    totals = [[a + b for a, b in zip(results[t][0], results[t + 2][0])] for t in (0, 1)]
+    report(ref, totals, [res[1] for res in results])
+
+
+def calls_after_collectives_inside():
+    """Collectives that must stay calls in a graph whose program already holds one: a bitwise
+    reduction, and a group of the same threads whose world lists the devices in another order
+    (a program's replicas are one world's). The call reads a value of the program being
+    recorded, so that part runs first, launched by every rank without the engine's lock (held,
+    it stopped the other rank from launching: XLA:CPU aborted the process after 40 s)."""
+    store = dist.HashStore()
+
+    def rank(r):
+        first = dist.distributed_c10d._get_default_group()
+        second = torch_tpu.distributed.local_group(1 - r, 2, store, devices=[1, 0])
+        x = torch.full((4,), float(r + 1), device=f"tpu:{r}")
+        n = torch.full((4,), r + 1, device=f"tpu:{r}", dtype=torch.int32)
+        worlds = torch.compile(lambda x: fc.all_reduce(x, "sum", first) * 10 + fc.all_reduce(x * x, "max", second),
+                               backend="tpu")
+        bitwise = torch.compile(lambda n: fc.all_reduce(n, "sum", first) * 10 + fc.all_reduce(n * n, "bor", first),
+                                backend="tpu")
+        m0 = torch_tpu.metrics()
+        out = [(worlds(x).cpu(), bitwise(n).cpu()) for _ in range(2)]
+        m1 = torch_tpu.metrics()
+        return out, m1["collectives_in_programs"] - m0["collectives_in_programs"]
+
+    for out, inside in run_ranks(rank):
+        for a, b in out:
+            assert torch.equal(a, torch.full((4,), 34.0)), a  # 3 * 10 + max(1, 4)
+            assert torch.equal(b, torch.full((4,), 35, dtype=torch.int32)), b  # 3 * 10 + (1 | 4)
+        assert inside >= 2, inside
+    print("ok calls after collectives inside", flush=True)
+
+
 def split_inputs():
     # Collectives made as calls while a graph records (the split): the graph is not replayed,
     # since a replay would reuse the call's result. Here the collective reads a graph input
@@ -279,6 +349,10 @@ if __name__ == "__main__":
         failures()
     elif mode == "fsdp2_tp":
         fsdp2_tp()
+    elif mode == "simple_fsdp_tp":
+        simple_fsdp_tp()
+    elif mode == "calls_after_inside":
+        calls_after_collectives_inside()
     elif mode == "split_inputs":
         split_inputs()
     else:
