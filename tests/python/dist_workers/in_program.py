@@ -249,6 +249,44 @@ def fsdp2_tp():
     report(ref, [total, [(a + b) / 2 for a, b in zip(results[1][0], results[3][0])]], [res[1] for res in results])
 
 
+class _PerThread(__import__("collections.abc").abc.MutableMapping):
+    """A dict of each thread's own (threading.local underneath)."""
+
+    def __init__(self):
+        self._local = threading.local()
+
+    def _d(self):
+        if not hasattr(self._local, "d"):
+            self._local.d = {}
+        return self._local.d
+
+    def __getitem__(self, k):
+        return self._d()[k]
+
+    def __setitem__(self, k, v):
+        self._d()[k] = v
+
+    def __delitem__(self, k):
+        del self._d()[k]
+
+    def __iter__(self):
+        return iter(self._d())
+
+    def __len__(self):
+        return len(self._d())
+
+
+def simple_fsdp_classes_per_thread():
+    """TorchTitan's SimpleFSDP keeps one wrapper class per module class in the process, its
+    parameter properties bound to the first wrapped module's parametrization, and so to that
+    rank's dp mesh: with ranks as threads, every rank would gather over rank 0's groups. Each
+    thread gets classes of its own."""
+    from torchtitan.experiments.graph_trainer import simple_fsdp
+
+    if not isinstance(simple_fsdp._wrap_class_cache, _PerThread):
+        simple_fsdp._wrap_class_cache = _PerThread()
+
+
 def simple_fsdp_tp(sequence_parallel=True):
     """TorchTitan's FSDP x TP as its graph trainer composes them: the tensor parallel plan over
     the mesh's "tp" dimension, then SimpleFSDP ("fully_shard") over "dp" (parameters sharded over
@@ -263,18 +301,13 @@ def simple_fsdp_tp(sequence_parallel=True):
     data = batches()
     ref, _ = train(copy.deepcopy(base), "cpu", data)
     tokens = data[0][:, 1:].numel()
-    _titan_classes = threading.Lock()
+    simple_fsdp_classes_per_thread()
 
     def rank(r):
         mesh = init_device_mesh("tpu", (2, 2), mesh_dim_names=("dp", "tp"))
         model = copy.deepcopy(base).to(f"tpu:{r}")
         parallelize_module(model, mesh["tp"], tp_plan(sequence_parallel))
-        with _titan_classes:
-            # SimpleFSDP shares one wrapper class per module class in the process, its
-            # properties bound to the first module's parametrization (and so to that rank's
-            # dp mesh): each rank's thread gets classes of its own.
-            simple_fsdp_module._wrap_class_cache.clear()
-            model = simple_fsdp_module.data_parallel(model, mesh["dp"], mode="fully_shard")
+        model = simple_fsdp_module.data_parallel(model, mesh["dp"], mode="fully_shard")
         dp = mesh["dp"].get_local_rank()
         half = [ids[2 * dp:2 * dp + 2] for ids in data]
         return train(model, f"tpu:{r}", half, loss_fn=lambda m, ids: loss_of(m, ids, reduction="sum") / tokens)
