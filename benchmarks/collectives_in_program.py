@@ -27,7 +27,7 @@ from common import provenance, write_markdown  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORKER = os.path.join(ROOT, "tests", "python", "dist_workers", "in_program.py")
-WORLDS = {"simple_fsdp_tp": 4}  # ranks (threads, one device each); the others 2
+WORLDS = {"simple_fsdp_tp": 4, "titan_fsdp_tp": 4}  # ranks (threads, one device each); the others 2
 
 
 def run(mode: str, inside: bool) -> dict:
@@ -56,7 +56,7 @@ def main() -> int:
     args = ap.parse_args()
     rows = {}
     for _ in range(args.rounds):
-        for mode in ("tp", "sp", "replicate", "fully_shard", "simple_fsdp_tp"):
+        for mode in ("tp", "sp", "replicate", "fully_shard", "simple_fsdp_tp", "titan_fsdp_tp"):
             for inside in (True, False):
                 rows.setdefault((mode, inside), []).append(run(mode, inside))
     p = provenance()
@@ -73,7 +73,9 @@ def main() -> int:
              "replicate": "DDP (SimpleFSDP replicate), clipping, foreach AdamW",
              "fully_shard": "FSDP (SimpleFSDP fully_shard), clipping, foreach AdamW",
              "simple_fsdp_tp": "FSDP 2 x TP 2 (SimpleFSDP over dp, TP + sequence parallel over tp; 4 ranks), "
-                               "clipping, foreach AdamW"}
+                               "clipping, foreach AdamW",
+             "titan_fsdp_tp": "TorchTitan llama3 debug model: its TP plan (sequence + loss parallel) over tp, "
+                              "SimpleFSDP over fsdp; 4 ranks, clipping, foreach AdamW"}
     for (mode, inside), runs in rows.items():
         r0 = runs[0]
         times = " / ".join(f"{r['seconds'] * 1e3:.1f}" for r in runs)

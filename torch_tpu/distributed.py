@@ -192,8 +192,14 @@ def init_local_process_group(rank: int, world_size: int, store=None, devices=Non
     _rank_thread.rank = rank
     _rank_thread.devices = list(range(world_size)) if devices is None else [int(d) for d in devices]
     import torch
+    import torch._dynamo
 
     torch.tpu.set_device(_rank_thread.devices[rank])
+    # FakeTensor's dispatch cache keys a factory's device as written ("tpu", no index): a fake
+    # made in one rank's thread came back with another rank's device from the cache (DTensor's
+    # sharding propagation builds its fake arguments so: "found at least two devices, tpu:0
+    # and tpu:2"). Off in ranks' threads (the setting is the thread's own).
+    torch._dynamo.config.fake_tensor_cache_enabled = False
     return pg
 
 

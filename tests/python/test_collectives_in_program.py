@@ -133,6 +133,34 @@ def test_fsdp_and_tensor_parallel_collectives_share_one_program_per_rank(tmp_pat
     assert len(both) >= 2, sorted(p.name for p in dump.glob("*before_optimizations.txt"))[:20]
 
 
+def _check_titan(res, ranks=4):
+    ref = torch.tensor(res["reference"])
+    for losses in res["ranks"]:
+        torch.testing.assert_close(torch.tensor(losses), ref, rtol=1e-4, atol=1e-5)
+    return len(ref), ranks
+
+
+def test_torchtitan_llama3_fsdp_and_tp_runs_one_program_per_phase_per_rank():
+    # TorchTitan's llama3 debug model, its own TP plan (sequence and loss parallel) over "tp" and
+    # graph_trainer's SimpleFSDP over "fsdp", 2 x 2 ranks as threads, against the model on the CPU.
+    pytest.importorskip("torchtitan", reason="TorchTitan is installed by scripts/setup.sh")
+    inside = _result(_run("titan_fsdp_tp", devices=4, timeout=600))
+    steps, ranks = _check_titan(inside)
+    assert inside["replicated_programs"] == ranks * 2 * steps, inside["replicated_programs"]
+    assert inside["collectives_in_programs"] >= ranks * 100 * steps, inside["collectives_in_programs"]
+
+
+@pytest.mark.slow
+def test_torchtitan_llama3_fsdp_and_tp_split_equals_inside():
+    pytest.importorskip("torchtitan", reason="TorchTitan is installed by scripts/setup.sh")
+    inside = _result(_run("titan_fsdp_tp", devices=4, timeout=600))
+    split = _result(_run("titan_fsdp_tp", in_program=False, devices=4, timeout=600))
+    _check_titan(split)
+    torch.testing.assert_close(torch.tensor(inside["ranks"]), torch.tensor(split["ranks"]), rtol=1e-4, atol=1e-5)
+    assert split["replicated_programs"] == 0
+    assert split["calls"] - inside["calls"] == inside["collectives_in_programs"], (split["calls"], inside["calls"])
+
+
 def test_split_collective_on_a_graph_input_sees_its_new_values():
     assert "ok split collective on a graph input" in _run("split_inputs", in_program=False)
 

@@ -321,6 +321,63 @@ def simple_fsdp_tp(sequence_parallel=True):
     report(ref, totals, [res[1] for res in results])
 
 
+def titan_fsdp_tp():
+    """TorchTitan's llama3 debug model (graph_trainer's, SDPA attention) with TorchTitan's own
+    parallelisms over a 2 x 2 mesh of ranks as threads: its tensor parallel plan with sequence
+    parallelism and loss parallelism (Module.parallelize over ParallelDims' "tp", the model
+    configured for it by update_from_config as TorchTitan's trainer does), then graph_trainer's
+    SimpleFSDP over "fsdp" (float32 parameters). Each dp rank takes half of every batch; losses
+    against the unparallelized model on the CPU."""
+    from types import SimpleNamespace
+
+    from torch.distributed.tensor import DTensor
+    from torchtitan.config import ParallelismConfig, TrainingConfig
+    from torchtitan.distributed import ParallelDims
+    from torchtitan.distributed import utils as titan_dist
+    from torchtitan.experiments.graph_trainer.common_utils import apply_simple_fsdp
+    from torchtitan.experiments.graph_trainer.llama3 import model_registry
+
+    titan_dist.set_spmd_backend("partial_dtensor")
+    cfg = model_registry("debugmodel", attn_backend="sdpa").model
+    torch.manual_seed(0)
+    base = cfg.build()
+    base.init_states(buffer_device=torch.device("cpu"))
+    g = torch.Generator().manual_seed(1)
+    data = [torch.randint(0, 2048, (4, 65), generator=g) for _ in range(STEPS)]
+    tokens = data[0][:, 1:].numel()
+    ref, _ = train(copy.deepcopy(base), "cpu", data)
+    simple_fsdp_classes_per_thread()
+    parallelism = ParallelismConfig(tensor_parallel_degree=2, data_parallel_shard_degree=2,
+                                    spmd_backend="partial_dtensor")
+    tp_cfg = copy.deepcopy(cfg)
+    tp_cfg.update_from_config(config=SimpleNamespace(parallelism=parallelism))
+
+    def loss_fn(model, ids):
+        logits = model(ids[:, :-1])
+        if isinstance(logits, DTensor):  # loss parallel: the vocabulary sharded over tp
+            logits = logits.full_tensor()
+        return nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), ids[:, 1:].reshape(-1),
+                                           reduction="sum") / tokens
+
+    def rank(r):
+        dims = ParallelDims(dp_replicate=1, dp_shard=2, cp=1, tp=2, pp=1, ep=1, world_size=4,
+                            spmd_backend="partial_dtensor")
+        model = tp_cfg.build()
+        model.load_state_dict(base.state_dict())
+        model = model.to(f"tpu:{r}")
+        model.parallelize(dims)
+        model = apply_simple_fsdp(model, parallel_dims=dims, training=TrainingConfig(mixed_precision_param="float32"))
+        dp = dims.get_mesh("fsdp").get_local_rank()
+        return train(model, f"tpu:{r}", [ids[2 * dp:2 * dp + 2] for ids in data], loss_fn=loss_fn)
+
+    results = run_ranks(rank, world=4, timeout=120)
+    for res in results:
+        if isinstance(res, Exception):
+            raise res
+    totals = [[a + b for a, b in zip(results[t][0], results[t + 2][0])] for t in (0, 1)]
+    report(ref, totals, [res[1] for res in results])
+
+
 def calls_after_collectives_inside():
     """Collectives that must stay calls in a graph whose program already holds one: a bitwise
     reduction, and a group of the same threads whose world lists the devices in another order
@@ -384,6 +441,8 @@ if __name__ == "__main__":
         fsdp2_tp()
     elif mode == "simple_fsdp_tp":
         simple_fsdp_tp()
+    elif mode == "titan_fsdp_tp":
+        titan_fsdp_tp()
     elif mode == "calls_after_inside":
         calls_after_collectives_inside()
     elif mode == "split_inputs":
