@@ -37,29 +37,26 @@ Value averaged(Builder& b, const Value& v, const std::string& reduce, int64_t n)
 }
 
 // Arguments: the tensor, [the reduction], the group, the program's replicas, the channel.
-std::vector<Value> replicaAllReduce(Ctx& c) {
+// The reductions: all_reduce, or reduce_scatter along dim 0.
+std::vector<Value> replicaReduction(Ctx& c, bool scatter) {
   const Value x = c.tensor(0);
   const std::string reduce = c.str(1);
   const std::vector<int> group = idsOf(c, 2);
   c.b.setParticipants(idsOf(c, 3));
-  const auto n = static_cast<int64_t>(group.size());
-  return {averaged(c.b, c.b.allReduce(x, group, combiner(reduce, x.dtype()), c.i64(4)), reduce, n)};
+  const auto combine = combiner(reduce, x.dtype());
+  const Value r =
+      scatter ? c.b.reduceScatter(x, group, 0, combine, c.i64(4)) : c.b.allReduce(x, group, combine, c.i64(4));
+  return {averaged(c.b, r, reduce, static_cast<int64_t>(group.size()))};
 }
+
+std::vector<Value> replicaAllReduce(Ctx& c) { return replicaReduction(c, false); }
+std::vector<Value> replicaReduceScatter(Ctx& c) { return replicaReduction(c, true); }
 
 std::vector<Value> replicaAllGather(Ctx& c) {
   const Value x = c.tensor(0);
   const std::vector<int> group = idsOf(c, 1);
   c.b.setParticipants(idsOf(c, 2));
   return {c.b.allGather(x.rank() == 0 ? c.b.reshape(x, {1}) : x, group, 0, c.i64(3))};
-}
-
-std::vector<Value> replicaReduceScatter(Ctx& c) {
-  const Value x = c.tensor(0);
-  const std::string reduce = c.str(1);
-  const std::vector<int> group = idsOf(c, 2);
-  c.b.setParticipants(idsOf(c, 3));
-  const auto n = static_cast<int64_t>(group.size());
-  return {averaged(c.b, c.b.reduceScatter(x, group, 0, combiner(reduce, x.dtype()), c.i64(4)), reduce, n)};
 }
 
 std::vector<Value> replicaAllToAll(Ctx& c) {

@@ -287,6 +287,16 @@ def simple_fsdp_classes_per_thread():
         simple_fsdp._wrap_class_cache = _PerThread()
 
 
+def report_dp_halves(reference, results):
+    """A 2 x 2 (dp, tp) mesh's results: ranks 0, 1 hold dp rank 0 (the batch's first half),
+    ranks 2, 3 dp rank 1; each tp rank's loss is the sum of its two halves'."""
+    for res in results:
+        if isinstance(res, Exception):
+            raise res
+    totals = [[a + b for a, b in zip(results[t][0], results[t + 2][0])] for t in (0, 1)]
+    report(reference, totals, [res[1] for res in results])
+
+
 def simple_fsdp_tp(sequence_parallel=True):
     """TorchTitan's FSDP x TP as its graph trainer composes them: the tensor parallel plan over
     the mesh's "tp" dimension, then SimpleFSDP ("fully_shard") over "dp" (parameters sharded over
@@ -312,13 +322,7 @@ def simple_fsdp_tp(sequence_parallel=True):
         half = [ids[2 * dp:2 * dp + 2] for ids in data]
         return train(model, f"tpu:{r}", half, loss_fn=lambda m, ids: loss_of(m, ids, reduction="sum") / tokens)
 
-    results = run_ranks(rank, world=4)
-    for res in results:
-        if isinstance(res, Exception):
-            raise res
-    # Ranks 0, 1 hold dp rank 0 (the batch's first half); ranks 2, 3 dp rank 1.
-    totals = [[a + b for a, b in zip(results[t][0], results[t + 2][0])] for t in (0, 1)]
-    report(ref, totals, [res[1] for res in results])
+    report_dp_halves(ref, run_ranks(rank, world=4))
 
 
 def titan_fsdp_tp():
@@ -370,12 +374,7 @@ def titan_fsdp_tp():
         dp = dims.get_mesh("fsdp").get_local_rank()
         return train(model, f"tpu:{r}", [ids[2 * dp:2 * dp + 2] for ids in data], loss_fn=loss_fn)
 
-    results = run_ranks(rank, world=4, timeout=120)
-    for res in results:
-        if isinstance(res, Exception):
-            raise res
-    totals = [[a + b for a, b in zip(results[t][0], results[t + 2][0])] for t in (0, 1)]
-    report(ref, totals, [res[1] for res in results])
+    report_dp_halves(ref, run_ranks(rank, world=4, timeout=120))
 
 
 def calls_after_collectives_inside():
@@ -428,24 +427,12 @@ def split_inputs():
 
 
 if __name__ == "__main__":
-    mode = sys.argv[1]
-    if mode == "tp":
-        tensor_parallel(sequence_parallel=False)
-    elif mode == "sp":
-        tensor_parallel(sequence_parallel=True)
-    elif mode in ("replicate", "fully_shard"):
-        data_parallel(mode)
-    elif mode == "failures":
-        failures()
-    elif mode == "fsdp2_tp":
-        fsdp2_tp()
-    elif mode == "simple_fsdp_tp":
-        simple_fsdp_tp()
-    elif mode == "titan_fsdp_tp":
-        titan_fsdp_tp()
-    elif mode == "calls_after_inside":
-        calls_after_collectives_inside()
-    elif mode == "split_inputs":
-        split_inputs()
-    else:
-        raise SystemExit(f"unknown mode {mode}")
+    modes = {"tp": lambda: tensor_parallel(sequence_parallel=False),
+             "sp": lambda: tensor_parallel(sequence_parallel=True),
+             "replicate": lambda: data_parallel("replicate"), "fully_shard": lambda: data_parallel("fully_shard"),
+             "failures": failures, "fsdp2_tp": fsdp2_tp, "simple_fsdp_tp": simple_fsdp_tp,
+             "titan_fsdp_tp": titan_fsdp_tp, "calls_after_inside": calls_after_collectives_inside,
+             "split_inputs": split_inputs}
+    if sys.argv[1] not in modes:
+        raise SystemExit(f"unknown mode {sys.argv[1]}")
+    modes[sys.argv[1]]()
