@@ -169,27 +169,9 @@ void captureAbort() {
 
 namespace {
 
-// Runs a recording's program with collectives (CaptureResult::deferred), with
-// no lock held and the GIL let go: its launch returns when every rank's has come.
-void runDeferred(CapturedGraph& g) {
-  auto& ran = g.run;
-  ran.deferred = false;
-  std::vector<runtime::BufferPtr> results;
-  try {
-    runtime::blocking([&] { results = runtime::execute(*ran.prog, ran.deferred_inputs, g.device); });
-  } catch (const std::exception& e) {
-    const std::string msg = std::string("torch_tpu: compiled graph: ") + e.what();
-    std::lock_guard<steps::Recorder> lock(steps::recorder());
-    for (auto* owner : ran.out_owners) owner->poison(msg);
-    throw std::runtime_error(msg);
-  }
-  ran.deferred_inputs.clear();
-  std::lock_guard<steps::Recorder> lock(steps::recorder());
-  for (size_t i = 0; i < ran.out_owners.size(); ++i)
-    ran.out_owners[i]->set(results[i], ran.results[i].first, ran.results[i].second);
-  for (size_t j = 0; j < ran.checks.size(); ++j)
-    runtime::checkIndicesLater(results[ran.out_owners.size() + j], ran.checks[j], g.device);
-}
+// Runs a recording's program with collectives (CaptureResult::deferred) once
+// the engine's lock is let go.
+void runDeferred(CapturedGraph& g) { steps::recorder().runDeferred(g.device, g.run, "torch_tpu: compiled graph: "); }
 
 std::shared_ptr<CapturedGraph> endRecording(const std::vector<at::Tensor>& outputs,
                                             std::shared_ptr<CapturedGraph>& recorded);

@@ -307,6 +307,9 @@ class FusionRecorder final : public steps::Recorder {
   int materializations(int device) override { return graph(device).materializations(); }
   int externalReads(int device) override { return graph(device).externalReads(); }
   void materialize(int device, steps::CaptureResult& ran) override { graph(device).materialize(&ran); }
+  void runDeferred(int device, steps::CaptureResult& ran, const std::string& what) override {
+    runtime::runDeferred(ran, device, what);
+  }
 
  private:
   static runtime::LazyGraph& graph(int device) { return runtime::Fusion::get().graph(device); }

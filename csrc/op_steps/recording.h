@@ -66,6 +66,10 @@ class Recorder {
   virtual int externalReads(int device) = 0;
   // Runs the graph as one program and reports what ran.
   virtual void materialize(int device, CaptureResult& ran) = 0;
+  // Runs what materialize deferred (CaptureResult::deferred); called without the
+  // lock: its launch returns when every rank's has come. A failure carries
+  // `what` and the error into the results' arrays, and is thrown.
+  virtual void runDeferred(int device, CaptureResult& ran, const std::string& what) = 0;
 };
 // The installed recorder (fused eager's, installed at static initialisation).
 Recorder& recorder();

@@ -373,32 +373,24 @@ LazyGraph& Fusion::graph(int device) {
   return *graphs_[device];
 }
 
-namespace {
-// A pending graph with collectives inside: its launch waits inside XLA for the
-// other ranks' launches, and they need this lock to get to theirs. Run as a
-// capture's deferred program is (compile/capture.cpp), with the lock and the
-// GIL let go.
-void runWithCollectives(LazyGraph& graph, std::unique_lock<FusionMutex>& lock) {
-  steps::CaptureResult ran;
-  graph.materialize(&ran);
-  if (!ran.deferred) return;
+void runDeferred(steps::CaptureResult& ran, int device, const std::string& what) {
+  ran.deferred = false;
   std::vector<BufferPtr> results;
-  lock.unlock();
   try {
-    blocking([&] { results = execute(*ran.prog, ran.deferred_inputs, graph.device()); });
+    blocking([&] { results = execute(*ran.prog, ran.deferred_inputs, device); });
   } catch (const std::exception& e) {
-    lock.lock();
-    const std::string msg = std::string("torch_tpu: ") + e.what();
+    const std::string msg = what + e.what();
+    std::lock_guard<FusionMutex> lock(Fusion::get().mutex());
     for (auto* owner : ran.out_owners) owner->poison(msg);
     throw std::runtime_error(msg);
   }
-  lock.lock();
+  ran.deferred_inputs.clear();
+  std::lock_guard<FusionMutex> lock(Fusion::get().mutex());
   for (size_t i = 0; i < ran.out_owners.size(); ++i)
     ran.out_owners[i]->set(results[i], ran.results[i].first, ran.results[i].second);
   for (size_t j = 0; j < ran.checks.size(); ++j)
-    checkIndicesLater(results[ran.out_owners.size() + j], ran.checks[j], graph.device());
+    checkIndicesLater(results[ran.out_owners.size() + j], ran.checks[j], device);
 }
-}  // namespace
 
 void Fusion::flush(int device) {
   std::unique_lock<FusionMutex> g(mu_);
@@ -408,10 +400,19 @@ void Fusion::flush(int device) {
     // Flushing every device leaves a graph another thread records whole.
     if (device < 0 && !whole_graph_devices_.empty() && recordedElsewhere(static_cast<int>(i))) continue;
     LazyGraph& graph = *graphs_[i];
-    if (!graph.builder().participants().empty() && FusionMutex::heldOnceHere())
-      runWithCollectives(graph, g);
-    else
+    if (graph.builder().participants().empty() || !FusionMutex::heldOnceHere()) {
       graph.materialize();
+      continue;
+    }
+    // Collectives inside: the launch waits inside XLA for the other ranks',
+    // and they need this lock to get to theirs. Run as a capture's deferred
+    // program is, with the lock let go.
+    steps::CaptureResult ran;
+    graph.materialize(&ran);
+    if (!ran.deferred) continue;
+    g.unlock();
+    runDeferred(ran, graph.device(), "torch_tpu: ");
+    g.lock();
   }
 }
 

@@ -160,6 +160,12 @@ class FusionMutex {
   static thread_local int depth_;
 };
 
+// Runs a program materialize(&ran) deferred (ran.deferred: it has collectives
+// inside) on `device` with no lock held and the GIL let go, its launch waiting
+// for the other ranks'; then, under the fusion mutex, its arrays take the
+// results. A failure carries `what` and the error into them, and is thrown.
+void runDeferred(steps::CaptureResult& ran, int device, const std::string& what);
+
 class Fusion {
  public:
   static Fusion& get();
