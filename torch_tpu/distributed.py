@@ -73,6 +73,11 @@ def _create_backend(opts, backend_options=None):
     return _C._tpu_dist_backend(host, store, opts.group_rank, opts.group_size, opts.timeout)
 
 
+def _devices_of(world_size: int, devices) -> list[int]:
+    """Each rank's device index: ``devices`` as ints, default rank r on tpu:r."""
+    return list(range(world_size)) if devices is None else [int(d) for d in devices]
+
+
 def local_group(rank: int, world_size: int, store=None, devices=None, timeout=None):
     """A process group for ``world_size`` ranks that are threads of this process, rank r
     on ``tpu:devices[r]`` (default: ``tpu:r``), whose collectives run as XLA programs.
@@ -92,7 +97,7 @@ def local_group(rank: int, world_size: int, store=None, devices=None, timeout=No
 
     if store is None:
         raise ValueError("local_group: pass the dist.HashStore every rank's thread shares")
-    devices = list(range(world_size)) if devices is None else [int(d) for d in devices]
+    devices = _devices_of(world_size, devices)
     if len(devices) != world_size or len(set(devices)) != world_size:
         raise ValueError(f"local_group: {world_size} ranks need {world_size} distinct devices, got {devices}")
     if not 0 <= rank < world_size:
@@ -190,7 +195,7 @@ def init_local_process_group(rank: int, world_size: int, store=None, devices=Non
     c10d._world.default_pg = pg
     c10d._world.group_count = 1
     _rank_thread.rank = rank
-    _rank_thread.devices = list(range(world_size)) if devices is None else [int(d) for d in devices]
+    _rank_thread.devices = _devices_of(world_size, devices)
     import torch
     import torch._dynamo
 
