@@ -330,19 +330,24 @@ bool ssaRef(std::string_view s, size_t i, int64_t& key, size_t& len) {
   return true;
 }
 
-// Dataflow read back from a function's printed lines: a node per param and
-// per value a line defines ("%gN:k = ..." defines k values).
+// Dataflow read back from printed lines: a node per param and per value a
+// line defines ("%gN:k = ..." defines k values). A call of a module's
+// function is inlined: its body's values become nodes, its params the call's
+// operands, its results the values it returns, so that an in-place question
+// about @main sees through calls (a captured program called inside a fused
+// graph, the op functions that program calls) as through its own ops.
 struct Dataflow {
-  std::unordered_map<int64_t, int> node_of;  // ssaRef key -> node
+  using Scope = std::unordered_map<int64_t, int>;  // ssaRef key -> node
+  using Functions = std::map<std::string, std::shared_ptr<const Function>>;
+  Scope node_of;  // @main's
   std::vector<std::vector<int>> operands;
   std::vector<char> reshape;
+  const Functions* functions = nullptr;
 
-  int add(int64_t key, bool is_reshape) {
-    int n = static_cast<int>(operands.size());
-    node_of[key] = n;
-    operands.emplace_back();
+  int add(bool is_reshape, std::vector<int> ops) {
+    operands.push_back(std::move(ops));
     reshape.push_back(is_reshape);
-    return n;
+    return static_cast<int>(operands.size()) - 1;
   }
   // Marks in `seen` the nodes in `stack` and every node they depend on.
   void markAncestors(std::vector<int> stack, std::vector<char>& seen) const {
@@ -354,112 +359,84 @@ struct Dataflow {
       for (int m : operands[n]) stack.push_back(m);
     }
   }
-  // The nodes `s` refers to (references to values defined elsewhere, such
-  // as a nested region's own, are skipped).
-  std::vector<int> refs(std::string_view s) const {
+  // The nodes `s` refers to in `scope` (references to values defined
+  // elsewhere, such as a nested region's own, are skipped).
+  static std::vector<int> refsIn(const Scope& scope, std::string_view s) {
     std::vector<int> out;
     int64_t key = 0;
     size_t len = 0;
     for (size_t i = s.find('%'); i != std::string_view::npos; i = s.find('%', i + 1))
       if (ssaRef(s, i, key, len))
-        if (auto it = node_of.find(key); it != node_of.end()) out.push_back(it->second);
+        if (auto it = scope.find(key); it != scope.end()) out.push_back(it->second);
     return out;
   }
-  // Adds a line's values. `call_deps(name)` gives, for a called function,
-  // which of its params each result reads (nullptr: unknown, all of them).
-  template <typename CallDeps>
-  void addLine(std::string_view l, const CallDeps& call_deps) {
+  std::vector<int> refs(std::string_view s) const { return refsIn(node_of, s); }
+  // Adds a line's values to `scope`.
+  void addLine(Scope& scope, std::string_view l, int depth) {
     int64_t key = 0;
     size_t len = 0;
     size_t eq = l.find(" = ");
     if (eq == std::string_view::npos || !ssaRef(l, 0, key, len)) return;
     std::string_view rhs = l.substr(eq + 3);
-    std::vector<int> ops = refs(rhs);
+    std::vector<int> ops = refsIn(scope, rhs);
     int64_t count = 1;
     if (len < eq && l[len] == ':')
       count = std::strtoll(std::string(l.substr(len + 1, eq - len - 1)).c_str(), nullptr, 10);
-    const std::vector<std::vector<int>>* deps = nullptr;
-    if (count > 1 && rhs.rfind("func.call @", 0) == 0) {
-      size_t open = rhs.find('(');
-      deps = call_deps(std::string(rhs.substr(11, open - 11)));
-      if (deps && (deps->size() != static_cast<size_t>(count))) deps = nullptr;
-    }
-    bool is_reshape = rhs.rfind("\"stablehlo.reshape\"", 0) == 0;
-    for (int64_t r = 0; r < count; ++r) {
-      int n = add(key | r, is_reshape);
-      if (!deps) {
-        operands[n] = ops;
-      } else {
-        for (int a : (*deps)[r])
-          if (a < static_cast<int>(ops.size())) operands[n].push_back(ops[a]);
+    if (functions && depth < 8 && rhs.rfind("func.call @", 0) == 0) {
+      auto f = functions->find(std::string(rhs.substr(11, rhs.find('(') - 11)));
+      if (f != functions->end()) {
+        std::vector<int> results = inlineBody(f->second->text, ops, depth + 1);
+        if (results.size() == static_cast<size_t>(count)) {
+          for (int64_t r = 0; r < count; ++r) scope[key | r] = results[r];
+          return;
+        }
       }
     }
+    const bool is_reshape = rhs.rfind("\"stablehlo.reshape\"", 0) == 0;
+    for (int64_t r = 0; r < count; ++r) scope[key | r] = add(is_reshape, ops);
+  }
+  // A printed function's body with `args` for its params: the nodes of the
+  // values it returns (empty if the text cannot be read).
+  std::vector<int> inlineBody(const std::string& text, const std::vector<int>& args, int depth) {
+    std::string_view t(text);
+    size_t open = t.find('('), close = t.find(") -> (");
+    if (open == std::string_view::npos || close == std::string_view::npos) return {};
+    Scope scope;
+    int64_t key = 0;
+    size_t len = 0, k = 0;
+    for (size_t i = t.find('%', open); i < close; i = t.find('%', i + 1))
+      if (ssaRef(t, i, key, len)) {
+        if (k >= args.size()) return {};
+        scope[key] = args[k++];
+      }
+    if (k != args.size()) return {};
+    size_t pos = t.find('\n', close);
+    while (pos != std::string_view::npos && pos + 1 < t.size()) {
+      size_t end = t.find('\n', pos + 1);
+      std::string_view l = t.substr(pos + 1, (end == std::string_view::npos ? t.size() : end) - pos - 1);
+      size_t first = l.find_first_not_of(' ');
+      if (first != std::string_view::npos) {
+        l.remove_prefix(first);
+        if (l.rfind("func.return", 0) == 0) return refsIn(scope, l.substr(0, l.find(" : ")));
+        addLine(scope, l, depth);
+      }
+      pos = end;
+    }
+    return {};
   }
 };
 
-// For each result of a printed function: the params it reads, transitively.
-std::vector<std::vector<int>> resultDeps(const std::string& text) {
-  std::string_view t(text);
-  size_t open = t.find('('), close = t.find(") -> (");
-  if (open == std::string_view::npos || close == std::string_view::npos) return {};
-  Dataflow df;
-  std::vector<int> params;
-  int64_t key = 0;
-  size_t len = 0;
-  for (size_t i = t.find('%', open); i < close; i = t.find('%', i + 1))
-    if (ssaRef(t, i, key, len)) params.push_back(df.add(key, false));
-  auto unknown = [](const std::string&) -> const std::vector<std::vector<int>>* { return nullptr; };
-  std::vector<int> rets;
-  size_t pos = t.find('\n', close);
-  while (pos != std::string_view::npos && pos + 1 < t.size()) {
-    size_t end = t.find('\n', pos + 1);
-    std::string_view l = t.substr(pos + 1, (end == std::string_view::npos ? t.size() : end) - pos - 1);
-    size_t first = l.find_first_not_of(' ');
-    if (first != std::string_view::npos) {
-      l.remove_prefix(first);
-      if (l.rfind("func.return", 0) == 0) {
-        rets = df.refs(l.substr(0, l.find(" : ")));
-        break;
-      }
-      df.addLine(l, unknown);
-    }
-    pos = end;
-  }
-  std::vector<std::vector<int>> deps;
-  std::vector<char> seen;
-  for (int r : rets) {
-    seen.assign(df.operands.size(), 0);
-    df.markAncestors({r}, seen);
-    std::vector<int> d;
-    for (size_t p = 0; p < params.size(); ++p)
-      if (seen[params[p]]) d.push_back(static_cast<int>(p));
-    deps.push_back(std::move(d));
-  }
-  return deps;
-}
-
 // @main's dataflow, read back from its lines: a node per param and per
 // value. A region op is one line, its body included, so a value the body
-// reads counts as the op's operand. A result of a called op function depends
-// only on the arguments its body reads for it (a foreach update's new
-// parameter on that parameter's own gradient, not on every gradient in the
-// list).
+// reads counts as the op's operand. A call is inlined (see Dataflow): a
+// foreach update's new parameter depends on that parameter's own gradient,
+// not on every gradient in the list.
 Dataflow mainDataflow(const std::vector<int>& param_ids, const std::vector<std::string>& lines,
                       const std::map<std::string, std::shared_ptr<const Function>>& functions) {
-  std::unordered_map<std::string, std::vector<std::vector<int>>> callee_deps;
-  auto call_deps = [&](const std::string& name) -> const std::vector<std::vector<int>>* {
-    auto it = callee_deps.find(name);
-    if (it == callee_deps.end()) {
-      auto f = functions.find(name);
-      it = callee_deps
-               .emplace(name, f == functions.end() ? std::vector<std::vector<int>>{} : resultDeps(f->second->text))
-               .first;
-    }
-    return it->second.empty() ? nullptr : &it->second;
-  };
   Dataflow df;
-  for (int id : param_ids) df.add(ssaKey(id), false);
-  for (const auto& line : lines) df.addLine(line, call_deps);
+  df.functions = &functions;
+  for (int id : param_ids) df.node_of[ssaKey(id)] = df.add(false, {});
+  for (const auto& line : lines) df.addLine(df.node_of, line, 0);
   return df;
 }
 }  // namespace
