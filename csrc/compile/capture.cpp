@@ -65,7 +65,6 @@ struct CaptureState {
   std::vector<const runtime::DeviceArray*> arrays;  // per argument (nullptr: CPU or undefined)
   std::vector<int> groups;
   std::chrono::milliseconds timeout{0};  // the longest of its collectives' groups
-  int64_t collectives = 0;               // recorded so far
   std::vector<int> world;                // the replicas of its collectives (global device ids)
 };
 thread_local CaptureState g_capture;
@@ -214,6 +213,7 @@ std::shared_ptr<CapturedGraph> endRecording(const std::vector<at::Tensor>& outpu
       r.endWholeGraph(g_capture.was_fused);
     }
   } finish{rec, dev};
+  cg->run.with_function = true;  // fused eager records replays as calls of it
   try {
     rec.materialize(dev, cg->run);
   } catch (const std::exception& e) {
@@ -297,60 +297,87 @@ std::optional<std::vector<at::Tensor>> replay(CapturedGraph& g, const std::vecto
   auto groups = arrayGroups(inputs, &dev);
   if (!groups || *groups != g.array_group || (dev >= 0 && dev != g.device)) return std::nullopt;
   const auto& prog = *g.run.prog;
-  std::vector<runtime::BufferPtr> bufs;
-  bufs.reserve(g.run.tags.size());
+  // Fused eager on this thread: the run joins the pending graph as a call of
+  // the program's function; its results are pending arrays.
+  const bool deferred = g.run.fn && rec.defersCalls(g.device);
+  std::vector<runtime::BufferPtr> bufs(g.run.tags.size());
+  std::vector<runtime::DeviceArray*> args(g.run.tags.size(), nullptr);
   for (size_t k = 0; k < g.run.tags.size(); ++k) {
     const auto& tag = g.run.tags[k];
     const ir::Type& want = prog.param_types[k];
     switch (tag.kind) {
       case steps::InputTag::Kind::Fixed:
-        bufs.push_back(g.run.inputs[k]);
+        bufs[k] = g.run.inputs[k];
         break;
       case steps::InputTag::Kind::Input: {
         runtime::DeviceArray& a = arrayOf(inputs[tag.index]);
+        if (deferred) {
+          if ((a.lazy() || a.materialized()) && (a.dtype() != want.dtype || a.numel() != want.numel()))
+            return std::nullopt;
+          args[k] = &a;
+          break;
+        }
         runtime::flushIfLazy(a);
         if (!a.materialized()) runtime::ensureTyped(a, want.dtype);  // unwritten: zeros
         if (a.dtype() != want.dtype || a.numel() != want.numel()) return std::nullopt;
-        bufs.push_back(a.buffer());
+        bufs[k] = a.buffer();
         break;
       }
       case steps::InputTag::Kind::CpuInput:
-        bufs.push_back(cpuScalarBuffer(inputs[tag.index], want.dtype, g.device));
+        bufs[k] = cpuScalarBuffer(inputs[tag.index], want.dtype, g.device);
         break;
       case steps::InputTag::Kind::Rng: {
         at::Generator gen = defaultGenerator(g.device);
         const std::array<uint64_t, 2> st = nextRngState(gen);
-        bufs.push_back(runtime::Runtime::get().upload(st.data(), ir::DType::U64, {2}, g.device));
+        bufs[k] = runtime::Runtime::get().upload(st.data(), ir::DType::U64, {2}, g.device);
         break;
       }
     }
   }
+  const size_t n_out = g.run.out_owners.size();
   std::vector<runtime::BufferPtr> results;
-  if (!prog.participants.empty()) {
-    // A program with collectives: every rank launches its replica of the same
-    // run, so they meet first, outside the lock (the others need it to get here).
-    lock.unlock();
-    // (Ranks' programs may differ in their own constants: what must agree is their collectives.)
-    runtime::arriveTogether(prog.participants, g.device,
-                            "a compiled step's program with " + std::to_string(prog.collectives) + " collectives",
-                            g.timeout);
-  }
-  try {
-    if (prog.participants.empty())
-      results = runtime::execute(prog, bufs, g.device, g.donated);
-    else
-      runtime::blocking([&] { results = runtime::execute(prog, bufs, g.device, g.donated); });
-  } catch (const std::exception& e) {
-    rethrow(e, "torch_tpu: compiled graph");
-  }
-  for (const auto& [arg, k] : g.input_writes) {
-    const ir::Type& t = prog.out_types[k];
-    arrayOf(inputs[arg]).set(results[k], t.dtype, t.numel());
-  }
-  size_t n_out = g.run.out_owners.size();
-  for (size_t j = 0; j < g.run.checks.size(); ++j)
-    runtime::checkIndicesLater(results[n_out + j], g.run.checks[j], g.device);
   std::unordered_map<int, at::Tensor> bases;
+  if (deferred) {
+    // Per result: the argument it overwrites, or a fresh array for an output.
+    std::vector<runtime::DeviceArray*> targets(n_out, nullptr);
+    for (const auto& [arg, k] : g.input_writes) targets[k] = &arrayOf(inputs[arg]);
+    for (const auto& o : g.outputs) {
+      if (o.kind != OutputSpec::Kind::Result || bases.count(o.index)) continue;
+      const ir::Type& t = prog.out_types[o.index];
+      at::Tensor base = emptyTpu({t.numel()}, toAten(t.dtype), g.device);
+      targets[o.index] = &arrayOf(base);
+      bases.emplace(o.index, std::move(base));
+    }
+    try {
+      rec.recordCall(g.device, g.run, args, bufs, targets, g.timeout, "compiled graph @" + g.run.fn->name);
+    } catch (const std::exception& e) {
+      rethrow(e, "torch_tpu: compiled graph");
+    }
+  } else {
+    if (!prog.participants.empty()) {
+      // A program with collectives: every rank launches its replica of the same
+      // run, so they meet first, outside the lock (the others need it to get here).
+      lock.unlock();
+      // (Ranks' programs may differ in their own constants: what must agree is their collectives.)
+      runtime::arriveTogether(prog.participants, g.device,
+                              "a compiled step's program with " + std::to_string(prog.collectives) + " collectives",
+                              g.timeout);
+    }
+    try {
+      if (prog.participants.empty())
+        results = runtime::execute(prog, bufs, g.device, g.donated);
+      else
+        runtime::blocking([&] { results = runtime::execute(prog, bufs, g.device, g.donated); });
+    } catch (const std::exception& e) {
+      rethrow(e, "torch_tpu: compiled graph");
+    }
+    for (const auto& [arg, k] : g.input_writes) {
+      const ir::Type& t = prog.out_types[k];
+      arrayOf(inputs[arg]).set(results[k], t.dtype, t.numel());
+    }
+    for (size_t j = 0; j < g.run.checks.size(); ++j)
+      runtime::checkIndicesLater(results[n_out + j], g.run.checks[j], g.device);
+  }
   std::vector<at::Tensor> outs;
   outs.reserve(g.outputs.size());
   for (const auto& o : g.outputs) {
@@ -396,7 +423,15 @@ int capturedOps(const CapturedGraph& g) { return g.ops; }
 
 bool capturingHere() { return g_capture.active && g_capture.owner == std::this_thread::get_id(); }
 
-int64_t nextProgramCollective() { return ++g_capture.collectives; }
+namespace {
+std::mutex g_channels_mu;
+std::unordered_map<int, int64_t> g_channels;  // per device: collectives recorded so far
+}  // namespace
+
+int64_t nextProgramCollective() {
+  std::lock_guard<std::mutex> g(g_channels_mu);
+  return ++g_channels[g_capture.device];
+}
 
 bool joinProgramWorld(const std::vector<int>& world) {
   if (!capturingHere()) return false;

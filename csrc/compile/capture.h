@@ -43,8 +43,12 @@ bool capturingHere();
 // The recording holds collectives of a group with this timeout: replays meet
 // the other ranks within it before each launch.
 void noteProgramTimeout(std::chrono::milliseconds timeout);
-// The channel of the next collective this thread records: 1, 2, ... from the
-// start of each recording (the same on every rank for the same step).
+// The channel of the next collective this thread records: 1, 2, ... over
+// every recording of its device, so that the programs of one step (forward
+// and backward, recorded on different threads) can be called in one program
+// (fused eager) without two collectives sharing a channel. Every rank records
+// the same graphs in the same order, so the same collective has the same
+// channel on each.
 int64_t nextProgramCollective();
 // Whether a collective whose program replicas are `world` (global device ids)
 // can join this thread's recording: the first one sets the recording's world,

@@ -849,13 +849,13 @@ void boxedKernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   auto& fusion = runtime::Fusion::get();
   // The mode: fused eager when it is on, unless the op's result sizes depend
   // on data (then what is pending runs first, and the op runs strict).
-  const bool fused = fusion.enabled() && !f.low->data_dependent;
+  const bool deferring = fusion.enabled(p.device);
+  const bool fused = deferring && !f.low->data_dependent;
   timer.enter(fused ? Route::Fused : Route::Strict);
-  if (!fusion.enabled()
-          ? fillWhole(f, stack, p.args) || fillContiguousRange(f, stack, p.args) || arangeWhole(f, stack, p.args)
-          : fillWholeDeferred(f, stack, p.args, fusion))
+  if (!deferring ? fillWhole(f, stack, p.args) || fillContiguousRange(f, stack, p.args) || arangeWhole(f, stack, p.args)
+                 : fillWholeDeferred(f, stack, p.args, fusion))
     return;
-  if (fusion.enabled() && !fused) fusion.flush(p.device);
+  if (deferring && !fused) fusion.flush(p.device);
   std::optional<std::string> why;
   try {
     why = fused ? eager::runFused(p) : eager::runStrict(p);

@@ -8,10 +8,12 @@
 // ops/collectives.cpp): the step is one program per rank, its collectives run
 // by XLA among the ranks' replicas, and no host round trip splits it. Before
 // recording one, the ranks meet (runtime::arriveTogether): a rank that does not
-// come, or comes with another collective, is an error on all of them.
-// Everywhere else (eager, fused eager, groups of processes, reductions or
-// splits XLA cannot do inside a program) the call goes to PyTorch's own kernel,
-// which calls the group's backend as before.
+// come, or comes with another collective, is an error on all of them. In fused
+// eager (no recording) the collective joins the device's pending graph the same
+// way, and the ranks meet where that graph launches (Recorder::pendingCollective).
+// Everywhere else (strict eager, groups of processes, reductions or splits XLA
+// cannot do inside a program) the call goes to PyTorch's own kernel, which
+// calls the group's backend as before.
 #include <ATen/ATen.h>
 #include <torch/library.h>
 
@@ -21,6 +23,7 @@
 
 #include "compile/capture.h"
 #include "distributed/tpu_dist.h"
+#include "op_steps/recording.h"
 #include "runtime/collectives.h"
 #include "runtime/env.h"
 
@@ -48,7 +51,8 @@ c10::intrusive_ptr<c10d::Backend> tpuBackendOf(c10d::ProcessGroup& pg) {
 // The group, when this collective can join the program being recorded.
 std::optional<InProgramGroup> recordable(const at::Tensor& t, const c10::IValue& group) {
   static const bool enabled = env::notDisabled("TORCH_TPU_COLLECTIVES_IN_PROGRAM");
-  if (!enabled || !compile::capturingHere() || t.device().type() != c10::DeviceType::PrivateUse1) return std::nullopt;
+  if (!enabled || t.device().type() != c10::DeviceType::PrivateUse1) return std::nullopt;
+  if (!compile::capturingHere() && !steps::recorder().defersCalls(t.device().index())) return std::nullopt;
   auto g = inProgramGroup(tpuBackendOf(*groupOf(group)));
   if (!g || g->device != t.device().index()) return std::nullopt;
   if (t.is_complex()) return std::nullopt;
@@ -73,21 +77,28 @@ std::string describe(const std::string& what, const at::Tensor& t) {
 
 // Whether the collective joins the recording: its program's replicas are those of the
 // recording's other collectives (a group of another world stays a call).
-bool joins(const InProgramGroup& g) { return compile::joinProgramWorld(g.world); }
+// (Fused eager's pending graph takes any: one of another world runs what is pending first.)
+bool joins(const InProgramGroup& g) { return !compile::capturingHere() || compile::joinProgramWorld(g.world); }
 
 // Meets the other ranks, then records tpu::replica_<name>(input, args..., channel)
 // in the program in place of the functional collective's `n_args` arguments.
 void record(Stack* stack, size_t n_args, const InProgramGroup& g, const std::string& name, const at::Tensor& input,
             Stack args) {
-  runtime::arriveTogether(g.participants, g.device, describe(name, input), g.timeout);
-  compile::noteProgramTimeout(g.timeout);
+  int64_t channel = 0;
+  if (compile::capturingHere()) {
+    runtime::arriveTogether(g.participants, g.device, describe(name, input), g.timeout);
+    compile::noteProgramTimeout(g.timeout);
+    channel = compile::nextProgramCollective();
+  } else {  // fused eager: the ranks meet where the pending graph launches
+    channel = steps::recorder().pendingCollective(g.device, g.world, g.timeout);
+  }
   const auto op = c10::Dispatcher::singleton().findSchemaOrThrow(("tpu::replica_" + name).c_str(), "");
   Stack call;
   call.emplace_back(input);
   for (auto& a : args) call.push_back(std::move(a));
   call.emplace_back(std::vector<int64_t>(g.participants.begin(), g.participants.end()));
   call.emplace_back(std::vector<int64_t>(g.world.begin(), g.world.end()));
-  call.emplace_back(compile::nextProgramCollective());
+  call.emplace_back(channel);
   op.callBoxed(call);
   torch::jit::drop(*stack, n_args);
   stack->push_back(std::move(call.at(0)));

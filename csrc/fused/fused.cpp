@@ -5,7 +5,8 @@
 // limit, when the op stream repeats or where a backward pass starts or ends.
 // torch.compile's capture records a whole graph through this mode
 // (compile/capture.cpp), reaching the engine through the Recorder this file
-// installs (op_steps/recording.h); copies into tpu tensors join the graph
+// installs (op_steps/recording.h), and replays a captured graph as one call of
+// its program in the pending graph; copies into tpu tensors join the graph
 // through the hooks it installs in aten/tpu.h (DeferredCopies).
 #include "fused/fused.h"
 
@@ -245,7 +246,7 @@ void bindCallResults(const PlannedOp& p, const Fragment& frag, runtime::LazyGrap
 // A copy into a tpu tensor is one more step of the pending graph.
 bool copyLazy(const at::Tensor& dst, const at::Tensor& src) {
   auto& fusion = runtime::Fusion::get();
-  if (!fusion.enabled() || dst.device().type() != kTpu) return false;
+  if (dst.device().type() != kTpu || !fusion.enabled(dst.device().index())) return false;
   bool same = src.device() == dst.device();
   if (!same && !src.device().is_cpu()) return false;
   std::lock_guard<runtime::FusionMutex> lock(fusion.mutex());
@@ -289,7 +290,7 @@ bool copyLazy(const at::Tensor& dst, const at::Tensor& src) {
 // the host records the next step, instead of joining its graph.
 void beforeHostRead(c10::DeviceIndex device) {
   auto& fusion = runtime::Fusion::get();
-  if (fusion.enabled() && !fusion.wholeGraph()) fusion.flush(device);
+  if (fusion.enabled(device) && !fusion.wholeGraph()) fusion.flush(device);
 }
 
 // The engine as torch.compile's capture sees it (op_steps/recording.h).
@@ -309,6 +310,38 @@ class FusionRecorder final : public steps::Recorder {
   void materialize(int device, steps::CaptureResult& ran) override { graph(device).materialize(&ran); }
   void runDeferred(int device, steps::CaptureResult& ran, const std::string& what) override {
     runtime::runDeferred(ran, device, what);
+  }
+  bool defersCalls(int device) override {
+    auto& fusion = runtime::Fusion::get();
+    return fusion.enabled(device) && !fusion.wholeGraph();
+  }
+  // Called under the lock, held once (the replay's): a cut can run a program
+  // with collectives with it let go.
+  void recordCall(int device, const steps::CaptureResult& ran, const std::vector<runtime::DeviceArray*>& args,
+                  const std::vector<runtime::BufferPtr>& buffers, const std::vector<runtime::DeviceArray*>& results,
+                  std::chrono::milliseconds timeout, const std::string& key) override {
+    auto& fusion = runtime::Fusion::get();
+    std::unique_lock<runtime::FusionMutex> lock(fusion.mutex(), std::adopt_lock);
+    struct Keep {  // the caller's hold stays the caller's
+      std::unique_lock<runtime::FusionMutex>& l;
+      ~Keep() { l.release(); }
+    } keep{lock};
+    auto& graph = fusion.graph(device);
+    // No phase cut: the call is one line of the graph, and a step's forward,
+    // backward and update then run as one program.
+    if (!graph.call(ran, args, buffers, results, timeout)) {  // collectives of another world pending
+      fusion.run(graph, lock);
+      graph.call(ran, args, buffers, results, timeout);
+    }
+    if (graph.noteOp(key)) fusion.run(graph, lock);
+  }
+  int64_t pendingCollective(int device, const std::vector<int>& world, std::chrono::milliseconds timeout) override {
+    auto& fusion = runtime::Fusion::get();
+    std::unique_lock<runtime::FusionMutex> lock(fusion.mutex());
+    auto& graph = fusion.graph(device);
+    const auto& mine = graph.builder().participants();
+    if (!mine.empty() && mine != world) fusion.run(graph, lock);
+    return graph.nextChannel(timeout);
   }
 
  private:
@@ -346,12 +379,12 @@ std::optional<std::string> runFused(PlannedOp& p) {
   // one cached program. One program per step was slower: it starts only when
   // the host has recorded the whole step (docs/reliability.md).
   if (!fusion.wholeGraph() && graph.enterPhase(torch::autograd::get_current_graph_task_id() != -1 ? 1 : 0))
-    graph.materialize();
+    fusion.run(graph, lock);
   const std::vector<ir::Value> operands = callOperands(p, *frag, graph, transposed, packed);
   std::vector<ir::Value> results;
   if (frag->fn) results = graph.builder().call(frag->fn, operands);
   bindCallResults(p, *frag, graph, results, location);
-  if (graph.noteOp(p.key)) graph.materialize();
+  if (graph.noteOp(p.key)) fusion.run(graph, lock);
   return std::nullopt;
 }
 

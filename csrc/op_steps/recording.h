@@ -6,6 +6,7 @@
 // No torch headers: the engine (tpu_core) includes it for the two types below.
 #pragma once
 
+#include <chrono>
 #include <memory>
 #include <string>
 #include <unordered_map>
@@ -40,6 +41,15 @@ struct CaptureResult {
   bool deferred = false;
   std::vector<runtime::BufferPtr> deferred_inputs;
   std::vector<std::pair<ir::DType, int64_t>> results;
+  // Set by the caller: also keep the program's body as a function (same
+  // params and results), which a replay under fused eager calls inside the
+  // pending graph instead of launching the program (Recorder::recordCall).
+  bool with_function = false;
+  std::shared_ptr<const ir::Function> fn;
+  // Set for a deferred program whose collectives no recording has met yet
+  // (fused eager's calls of captured programs): the ranks meet within it
+  // before the launch (runtime::arriveTogether).
+  std::chrono::milliseconds meet_within{0};
 };
 
 // What the capture mode asks of the engine that defers ops. lock()/unlock():
@@ -70,6 +80,27 @@ class Recorder {
   // lock: its launch returns when every rank's has come. A failure carries
   // `what` and the error into the results' arrays, and is thrown.
   virtual void runDeferred(int device, CaptureResult& ran, const std::string& what) = 0;
+  // Whether this thread's ops on `device` are deferred into its pending graph
+  // (fused eager on, no whole graph recorded here): then a replay is recorded
+  // as a call (recordCall), so that a compiled step's forward, backward and
+  // the eager optimizer around them become one program.
+  virtual bool defersCalls(int device) = 0;
+  // Records a call of ran.fn into `device`'s pending graph. Per param, in
+  // order: `args[k]`, the array an Input param reads (its whole storage), else
+  // `buffers[k]`, the buffer the param takes. Per result before the index
+  // checks: `results[j]`, the array whose storage becomes it (null: unused).
+  // `timeout`: its collectives' groups' (the ranks meet within it before the
+  // launch). `key` names the program for the graph's loop detection. Called
+  // under the lock, held once.
+  virtual void recordCall(int device, const CaptureResult& ran, const std::vector<runtime::DeviceArray*>& args,
+                          const std::vector<runtime::BufferPtr>& buffers,
+                          const std::vector<runtime::DeviceArray*>& results, std::chrono::milliseconds timeout,
+                          const std::string& key) = 0;
+  // A collective of a group whose replicas are `world` joins `device`'s pending
+  // graph (fused eager): runs what is pending first if that holds collectives
+  // of another world, notes the group's timeout, and returns the collective's
+  // channel (unique in the graph, the same on every rank).
+  virtual int64_t pendingCollective(int device, const std::vector<int>& world, std::chrono::milliseconds timeout) = 0;
 };
 // The installed recorder (fused eager's, installed at static initialisation).
 Recorder& recorder();

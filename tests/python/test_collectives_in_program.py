@@ -8,6 +8,7 @@ of its own (the device count is fixed at start)."""
 
 import json
 import os
+import statistics
 import subprocess
 import sys
 
@@ -140,9 +141,54 @@ def _check_titan(res, ranks=4):
     return len(ref), ranks
 
 
-def test_torchtitan_llama3_fsdp_and_tp_runs_one_program_per_phase_per_rank():
+FUSED = {"TORCH_TPU_DEFER_AND_FUSE": "1"}
+
+
+def _one_program_per_step(res, ranks):
+    """Fused eager: after the first two steps (recording, then the first step of calls), each
+    step is one launch per rank, every collective inside it, none a call between programs.
+    The counts are the process's (all ranks'), taken around each step by rank 0: the median,
+    since another rank's launch may fall just before or after rank 0's window."""
+    later = res["steps"][0][2:]
+    for key in ("executions", "replicated_programs"):
+        assert statistics.median(s[key] for s in later) == ranks, later
+    assert all(s["dist_xla_collectives"] == 0 and s["collectives_in_programs"] > 0 for s in later), later
+
+
+@pytest.mark.parametrize("mode", ["sp", "fully_shard"])
+def test_fused_eager_runs_a_compiled_step_and_its_optimizer_as_one_program_per_rank(mode):
+    # The compiled forward and backward are recorded as calls of their programs into the
+    # pending graph, with the eager clipping and foreach AdamW (DTensor's eager collectives
+    # among them) after them: TP + sequence parallel, and SimpleFSDP's FSDP.
+    if mode == "fully_shard":
+        pytest.importorskip("torchtitan", reason="SimpleFSDP is TorchTitan's (scripts/setup.sh installs it)")
+    fused = _result(_run(mode, env=FUSED))
+    ref = torch.tensor(fused["reference"])
+    for losses in fused["ranks"]:
+        torch.testing.assert_close(torch.tensor(losses), ref, rtol=1e-4, atol=1e-5)
+    _one_program_per_step(fused, ranks=2)
+
+
+def test_fused_eager_collectives_join_the_pending_graph_and_a_missing_rank_raises():
+    out = _run("fused_eager", env=FUSED, timeout=240)
+    for line in ("eager collectives in the pending graph", "absent rank at the launch", "devices after failures"):
+        assert f"ok {line}" in out, out
+
+
+def test_torchtitan_llama3_fsdp_and_tp_step_is_one_program_per_rank_in_fused_eager():
     # TorchTitan's llama3 debug model, its own TP plan (sequence and loss parallel) over "tp" and
-    # graph_trainer's SimpleFSDP over "fsdp", 2 x 2 ranks as threads, against the model on the CPU.
+    # graph_trainer's SimpleFSDP over "fsdp", 2 x 2 ranks as threads, against the model on the
+    # CPU: forward, backward, clipping and foreach AdamW, 158 collectives, one program.
+    pytest.importorskip("torchtitan", reason="TorchTitan is installed by scripts/setup.sh")
+    fused = _result(_run("titan_fsdp_tp", devices=4, timeout=600, env=FUSED))
+    _check_titan(fused)
+    _one_program_per_step(fused, ranks=4)
+
+
+@pytest.mark.slow
+def test_torchtitan_llama3_fsdp_and_tp_runs_one_program_per_phase_per_rank():
+    # The same without fused eager: the compiled forward and backward each one program with
+    # its collectives inside; the eager clipping and optimizer run around them.
     pytest.importorskip("torchtitan", reason="TorchTitan is installed by scripts/setup.sh")
     inside = _result(_run("titan_fsdp_tp", devices=4, timeout=600))
     steps, ranks = _check_titan(inside)

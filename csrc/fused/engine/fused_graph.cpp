@@ -25,6 +25,8 @@ void LazyGraph::reset() {
   values_.clear();
   checks_.clear();
   ops_ = 0;
+  collective_timeout_ = std::chrono::milliseconds{0};
+  channels_ = 0;
   sigs_.clear();
   keys_.clear();
 }
@@ -185,6 +187,7 @@ void LazyGraph::materialize(CaptureResult* cap) {
   for (size_t j = 0; j < outs.size(); ++j)
     b_->output(flat_out[j] ? outs[j]->value : resultInShape(*b_, outs[j]->value, outs[j]->natural));
   for (const auto& [ok, op] : checks_) b_->output(ok);
+  if (cap && cap->with_function) cap->fn = b_->asFunction();  // before the aliases: the caller donates
   for (const auto& [input, j] : donated) b_->alias(input, j);
   int64_t compiles_before = metrics().compiles;
   std::shared_ptr<Program> prog;
@@ -235,6 +238,7 @@ void LazyGraph::materialize(CaptureResult* cap) {
     // Run by the capture mode once the lock is let go (CaptureResult::deferred).
     cap->deferred = true;
     cap->deferred_inputs = inputs;
+    cap->meet_within = collective_timeout_;
     for (const auto& lv : outs) cap->results.emplace_back(lv->value.dtype(), lv->value.shape()[0]);
     reset();
     return;
@@ -246,6 +250,38 @@ void LazyGraph::materialize(CaptureResult* cap) {
     lv->owner->set(results[i], lv->value.dtype(), lv->value.shape()[0]);
   }
   for (size_t j = 0; j < checks.size(); ++j) checkIndicesLater(results[outs.size() + j], checks[j].second, device_);
+}
+
+bool LazyGraph::call(const CaptureResult& ran, const std::vector<DeviceArray*>& args,
+                     const std::vector<BufferPtr>& buffers, const std::vector<DeviceArray*>& results,
+                     std::chrono::milliseconds timeout) {
+  const ir::Function& f = *ran.fn;
+  const auto& mine = b_->participants();
+  if (!f.participants.empty() && !mine.empty() && mine != f.participants) return false;
+  std::vector<ir::Value> operands;
+  operands.reserve(f.params.size());
+  for (size_t k = 0; k < f.params.size(); ++k) {
+    const ir::Type& t = f.params[k];
+    if (args[k]) {  // the whole storage, as the capture read it
+      ir::Value v = storage(*args[k], t.dtype);
+      if (v.type != t)
+        throw std::runtime_error("a compiled graph's argument is " + v.type.str() + ", expected " + t.str());
+      operands.push_back(v);
+    } else {
+      // Scalars never deduplicated (see scalar()); other fixed buffers are.
+      operands.push_back(t.shape.empty() ? scalar(buffers[k], t.dtype) : input(buffers[k], t));
+    }
+  }
+  const std::vector<ir::Value> out = b_->call(ran.fn, operands);
+  for (size_t j = 0; j < results.size(); ++j) {
+    if (!results[j]) continue;
+    const ir::Value& v = out[j];
+    bind(*results[j], b_->reshape(v, {v.type.numel()}), v.dtype(), v.shape());
+    results[j]->lazyValue()->any_size = true;
+  }
+  for (size_t j = results.size(); j < out.size(); ++j) check(out[j], ran.checks[j - results.size()]);
+  collective_timeout_ = std::max(collective_timeout_, timeout);
+  return true;
 }
 
 std::vector<std::pair<int, int>> LazyGraph::donations(const std::vector<std::shared_ptr<LazyValue>>& outs,
@@ -266,7 +302,8 @@ std::vector<std::pair<int, int>> LazyGraph::donations(const std::vector<std::sha
     if (it == old_input.end()) continue;
     const ir::Type& p = b_->paramTypes()[it->second];
     const ir::Type& o = outs[j]->value.type;
-    if (p != o || static_cast<size_t>(p.numel()) * ir::itemSize(p.dtype) < min_bytes) continue;
+    if (p != o) continue;
+    if (!outs[j]->any_size && static_cast<size_t>(p.numel()) * ir::itemSize(p.dtype) < min_bytes) continue;
     pairs.emplace_back(it->second, outs[j]->value);
     index.push_back(static_cast<int>(j));
     key += ' ';
@@ -343,10 +380,16 @@ bool Fusion::beginWholeGraph(int device) {
     return true;
   }
   if (recordedElsewhere(device)) return false;  // another thread's
-  flush(-1);
+  // A device's recording runs only that device's pending graph: another's
+  // may belong to a rank's thread, and hold collectives that rank launches.
+  flush(device);
   tl_whole_graph_ = 1;
   tl_whole_graph_device_ = device;
   whole_graph_devices_[device] = std::this_thread::get_id();
+  if (device < 0 || device >= 64)
+    whole_graph_all_.fetch_add(1, std::memory_order_acq_rel);
+  else
+    whole_graph_mask_.fetch_or(uint64_t{1} << device, std::memory_order_acq_rel);
   whole_graph_threads_.fetch_add(1, std::memory_order_acq_rel);
   return true;
 }
@@ -359,7 +402,12 @@ void Fusion::endWholeGraph(bool entered) {
     struct Restore {
       Fusion& f;
       ~Restore() {
-        f.whole_graph_devices_.erase(tl_whole_graph_device_);
+        const int d = tl_whole_graph_device_;
+        f.whole_graph_devices_.erase(d);
+        if (d < 0 || d >= 64)
+          f.whole_graph_all_.fetch_sub(1, std::memory_order_acq_rel);
+        else
+          f.whole_graph_mask_.fetch_and(~(uint64_t{1} << d), std::memory_order_acq_rel);
         f.whole_graph_threads_.fetch_sub(1, std::memory_order_acq_rel);
       }
     } restore{*this};
@@ -377,6 +425,9 @@ void runDeferred(steps::CaptureResult& ran, int device, const std::string& what)
   ran.deferred = false;
   std::vector<BufferPtr> results;
   try {
+    if (ran.meet_within.count() > 0)
+      arriveTogether(ran.prog->participants, device,
+                     "a program with " + std::to_string(ran.prog->collectives) + " collectives", ran.meet_within);
     blocking([&] { results = execute(*ran.prog, ran.deferred_inputs, device); });
   } catch (const std::exception& e) {
     const std::string msg = what + e.what();
@@ -399,21 +450,27 @@ void Fusion::flush(int device) {
     if (device >= 0 && static_cast<int>(i) != device) continue;
     // Flushing every device leaves a graph another thread records whole.
     if (device < 0 && !whole_graph_devices_.empty() && recordedElsewhere(static_cast<int>(i))) continue;
-    LazyGraph& graph = *graphs_[i];
-    if (graph.builder().participants().empty() || !FusionMutex::heldOnceHere()) {
-      graph.materialize();
-      continue;
-    }
-    // Collectives inside: the launch waits inside XLA for the other ranks',
-    // and they need this lock to get to theirs. Run as a capture's deferred
-    // program is, with the lock let go.
-    steps::CaptureResult ran;
-    graph.materialize(&ran);
-    if (!ran.deferred) continue;
-    g.unlock();
-    runDeferred(ran, graph.device(), "torch_tpu: ");
-    g.lock();
+    run(*graphs_[i], g);
   }
+}
+
+void Fusion::run(LazyGraph& graph, std::unique_lock<FusionMutex>& lock) {
+  if (graph.builder().participants().empty() || !FusionMutex::heldOnceHere()) {
+    graph.materialize();
+    return;
+  }
+  // Collectives inside: the launch waits inside XLA for the other ranks',
+  // and they need this lock to get to theirs. Run as a capture's deferred
+  // program is, with the lock let go.
+  steps::CaptureResult ran;
+  graph.materialize(&ran);
+  if (!ran.deferred) return;
+  lock.unlock();
+  struct Relock {
+    std::unique_lock<FusionMutex>& l;
+    ~Relock() { l.lock(); }
+  } relock{lock};
+  runDeferred(ran, graph.device(), "torch_tpu: ");
 }
 
 namespace {

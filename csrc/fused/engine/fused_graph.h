@@ -7,7 +7,9 @@
 // are never computed. Programs are cached by their text (memory and disk).
 #pragma once
 
+#include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -35,6 +37,9 @@ struct LazyValue {
   ir::Value value;
   DeviceArray* owner = nullptr;
   ir::Shape natural;  // the tensor shape it was written as, when that covers the whole array
+  // A captured program's result (LazyGraph::call): donated whatever its size,
+  // as the program's own replay would.
+  bool any_size = false;
 };
 
 class LazyGraph {
@@ -75,6 +80,18 @@ class LazyGraph {
   // Compiles (cached) and runs the graph; pending arrays get their buffers.
   // With `cap`, also reports what ran (for replay).
   void materialize(CaptureResult* cap = nullptr);
+  // A replay of a captured program recorded as a call of its function
+  // (steps::Recorder::recordCall says what the arguments are). False, nothing
+  // recorded, when the function's collectives span other devices than this
+  // graph's pending ones (run what is pending first).
+  bool call(const CaptureResult& ran, const std::vector<DeviceArray*>& args, const std::vector<BufferPtr>& buffers,
+            const std::vector<DeviceArray*>& results, std::chrono::milliseconds timeout);
+  // The channel of a collective recorded into this graph: past those of
+  // captured programs (compile::nextProgramCollective), which it may call.
+  int64_t nextChannel(std::chrono::milliseconds timeout) {
+    collective_timeout_ = std::max(collective_timeout_, timeout);
+    return (int64_t{1} << 24) + ++channels_;
+  }
   // Capture: reads of these arrays (argument index) become their own inputs.
   void setCaptureInputs(std::unordered_map<const DeviceArray*, int> arrays);
   // Device arrays read since setCaptureInputs that are not capture inputs:
@@ -124,6 +141,10 @@ class LazyGraph {
   std::vector<std::pair<ir::Value, std::string>> checks_;
   int ops_ = 0;
   int phase_ = 0;
+  // The longest timeout of the groups whose collectives the recorded calls
+  // hold: the ranks meet within it before the launch (runDeferred).
+  std::chrono::milliseconds collective_timeout_{0};
+  int64_t channels_ = 0;  // collectives recorded (not called) so far
   // Loop detection: op signatures since the last cut, and the learned period.
   std::vector<uint64_t> sigs_;
   std::vector<uint64_t> period_;
@@ -176,6 +197,16 @@ class Fusion {
     if (tl_whole_graph_ > 0) return true;
     return enabled_ && whole_graph_threads_.load(std::memory_order_acquire) == 0;
   }
+  // The same for this thread's ops on `device`: only another thread's whole
+  // graph of that device (or of every device) makes them strict, so ranks of
+  // a local group, a device each, defer the same ops whatever the others do.
+  bool enabled(int device) const {
+    if (tl_whole_graph_ > 0) return true;
+    if (!enabled_) return false;
+    if (whole_graph_threads_.load(std::memory_order_acquire) == 0) return true;
+    if (whole_graph_all_.load(std::memory_order_acquire) > 0 || device < 0 || device >= 64) return false;
+    return !(whole_graph_mask_.load(std::memory_order_acquire) >> device & 1);
+  }
   // Turning it off materialises every pending graph.
   void setEnabled(bool on);
   LazyGraph& graph(int device);
@@ -183,6 +214,9 @@ class Fusion {
   // with collectives inside (a rank's thread recording a compiled step reads a
   // value mid-step) runs with the lock let go, when only this call holds it.
   void flush(int device = -1);
+  // Materialises `graph`, whose caller holds the mutex through `lock`: as
+  // flush does, letting it go while a program with collectives runs.
+  void run(LazyGraph& graph, std::unique_lock<FusionMutex>& lock);
   FusionMutex& mutex() { return mu_; }
   // True once any array has been given a pending value. From then on a freed
   // array detaches from its value under mutex() (see ~DeviceArray).
@@ -207,6 +241,8 @@ class Fusion {
   static thread_local int tl_whole_graph_;
   static thread_local int tl_whole_graph_device_;  // -1: every device
   std::atomic<int> whole_graph_threads_{0};        // threads recording a whole graph
+  std::atomic<int> whole_graph_all_{0};            // of them, those recording every device
+  std::atomic<uint64_t> whole_graph_mask_{0};      // devices (< 64) recorded whole
   // Devices whose graph another thread records whole (-1: all of them).
   std::unordered_map<int, std::thread::id> whole_graph_devices_;
   bool recordedElsewhere(int device) const;

@@ -426,13 +426,59 @@ def split_inputs():
     print("ok split collective on a graph input", flush=True)
 
 
+def fused_eager():
+    """Fused eager (TORCH_TPU_DEFER_AND_FUSE=1): eager functional collectives join the pending
+    graph; one of another world (a group listing the devices in another order) runs what is
+    pending first. A rank that does not come to the launch of its program with collectives is an
+    error on the others, and the devices keep working."""
+    store = dist.HashStore()
+
+    def rank(r):
+        first = dist.distributed_c10d._get_default_group()
+        second = torch_tpu.distributed.local_group(1 - r, 2, store, devices=[1, 0])
+        x = torch.full((4,), float(r + 1), device=f"tpu:{r}")
+        m0 = torch_tpu.metrics()
+        y = fc.wait_tensor(fc.all_reduce(x * 2, "sum", first)) + 1  # 7
+        z = fc.wait_tensor(fc.all_reduce(y * x, "max", second))  # max(7, 14)
+        out = (y.cpu(), z.cpu())
+        m1 = torch_tpu.metrics()
+        return out, {k: m1[k] - m0[k] for k in ("collectives_in_programs", "dist_xla_collectives")}
+
+    for (y, z), counts in run_ranks(rank):
+        assert torch.equal(y, torch.full((4,), 7.0)) and torch.equal(z, torch.full((4,), 14.0)), (y, z)
+        assert counts == {"collectives_in_programs": 4, "dist_xla_collectives": 0}, counts  # both ranks'
+    print("ok eager collectives in the pending graph", flush=True)
+
+    def absent(r):
+        group = dist.distributed_c10d._get_default_group()
+        f = torch.compile(lambda x: fc.all_reduce(x * 2, "sum", group) + 1, backend="tpu")
+        x = torch.ones(4, device=f"tpu:{r}")
+        f(x).cpu()  # recorded by both
+        if r == 1:
+            return "stayed away"
+        return f(x).cpu()  # a call in the pending graph: its launch waits for rank 1
+
+    res = run_ranks(absent, timeout=5)
+    assert isinstance(res[0], RuntimeError) and "did not reach a program with 1 collectives" in str(res[0]), res
+    print("ok absent rank at the launch", flush=True)
+
+    def again(r):
+        group = dist.distributed_c10d._get_default_group()
+        return (fc.wait_tensor(fc.all_reduce(torch.full((3,), float(r + 1), device=f"tpu:{r}"), "sum", group)) *
+                3).cpu()
+
+    res = run_ranks(again)
+    assert all(torch.equal(t, torch.full((3,), 9.0)) for t in res), res
+    print("ok devices after failures", flush=True)
+
+
 if __name__ == "__main__":
     modes = {"tp": lambda: tensor_parallel(sequence_parallel=False),
              "sp": lambda: tensor_parallel(sequence_parallel=True),
              "replicate": lambda: data_parallel("replicate"), "fully_shard": lambda: data_parallel("fully_shard"),
              "failures": failures, "fsdp2_tp": fsdp2_tp, "simple_fsdp_tp": simple_fsdp_tp,
              "titan_fsdp_tp": titan_fsdp_tp, "calls_after_inside": calls_after_collectives_inside,
-             "split_inputs": split_inputs}
+             "split_inputs": split_inputs, "fused_eager": fused_eager}
     if sys.argv[1] not in modes:
         raise SystemExit(f"unknown mode {sys.argv[1]}")
     modes[sys.argv[1]]()
