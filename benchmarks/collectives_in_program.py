@@ -1,15 +1,18 @@
 #!/usr/bin/env python3
 """Compiled tensor-parallel, DDP and FSDP steps (the latter two as TorchTitan's SimpleFSDP
-writes them) with their collectives inside their programs against the same steps with them
-as calls between programs (TORCH_TPU_COLLECTIVES_IN_PROGRAM=0): 2 ranks as
-threads on 2 devices of one process (4 for FSDP x TP), the rounds alternating the two, each run a process of
-its own (tests/python/dist_workers/in_program.py).
+writes them, and TorchTitan's llama3 debug model) three ways: their collectives as calls
+between programs (TORCH_TPU_COLLECTIVES_IN_PROGRAM=0), inside the compiled forward's and
+backward's programs, and in fused eager (TORCH_TPU_DEFER_AND_FUSE=1), where those programs
+are called inside one program per step with the eager clipping and optimizer. 2 ranks as
+threads on 2 devices of one process (4 for FSDP x TP), the rounds alternating the three, each
+run a process of its own (tests/python/dist_workers/in_program.py).
 
     python benchmarks/collectives_in_program.py [--rounds 2] [--markdown docs/collectives_in_program.md]
 
-Per rank per step: programs launched with collectives inside, collectives inside them,
-collectives made as calls between programs (each a host round trip), and the step time
-(median over steps 2-5 of both ranks; step 1 compiles).
+Per rank per step, medians over steps 3-5 (step 1 records and compiles, step 2 compiles fused
+eager's step program): programs launched, those with collectives inside, collectives inside
+them, collectives made as calls between programs (each a host round trip), and the step time
+(both ranks' steps 3-5).
 """
 
 from __future__ import annotations
@@ -30,22 +33,30 @@ WORKER = os.path.join(ROOT, "tests", "python", "dist_workers", "in_program.py")
 WORLDS = {"simple_fsdp_tp": 4, "titan_fsdp_tp": 4}  # ranks (threads, one device each); the others 2
 
 
-def run(mode: str, inside: bool) -> dict:
+VARIANTS = {"split": {"TORCH_TPU_COLLECTIVES_IN_PROGRAM": "0"},
+            "inside": {"TORCH_TPU_COLLECTIVES_IN_PROGRAM": "1"},
+            "fused": {"TORCH_TPU_COLLECTIVES_IN_PROGRAM": "1", "TORCH_TPU_DEFER_AND_FUSE": "1"}}
+
+
+def run(mode: str, variant: str) -> dict:
     world = WORLDS.get(mode, 2)
     env = dict(os.environ, TORCH_TPU_CPU_DEVICES=str(world), TORCH_TPU_PLUGIN="cpu", TORCH_TPU_FALLBACK="error",
-               TORCH_TPU_COLLECTIVES_IN_PROGRAM="1" if inside else "0")
+               **VARIANTS[variant])
     env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
     r = subprocess.run([sys.executable, WORKER, mode], capture_output=True, text=True, env=env, timeout=900)
     if r.returncode:
         raise RuntimeError(r.stdout[-2000:] + r.stderr[-3000:])
     line = next(ln for ln in r.stdout.splitlines() if ln.startswith("result "))
     res = json.loads(line[len("result "):])
-    steps = [s for rank in res["steps"] for s in rank[1:]]
-    n = len(res["steps"][0])
-    return {"seconds": statistics.median(s["seconds"] for s in steps),
-            "replicated_programs": res["replicated_programs"] / (world * n),
-            "collectives_in_programs": res["collectives_in_programs"] / (world * n),
-            "calls": statistics.median(s["dist_xla_collectives"] for s in steps) / world,
+    later = res["steps"][0][2:]  # process-wide counts over rank 0's steps 3-5
+
+    def per_rank(key):
+        return statistics.median(s[key] for s in later) / world
+
+    return {"seconds": statistics.median(s["seconds"] for rank in res["steps"] for s in rank[2:]),
+            "programs": per_rank("executions"), "replicated_programs": per_rank("replicated_programs"),
+            "collectives_in_programs": per_rank("collectives_in_programs"),
+            "calls": per_rank("dist_xla_collectives"),
             "loss": res["ranks"][0][-1], "reference": res["reference"][-1]}
 
 
@@ -57,18 +68,20 @@ def main() -> int:
     rows = {}
     for _ in range(args.rounds):
         for mode in ("tp", "sp", "replicate", "fully_shard", "simple_fsdp_tp", "titan_fsdp_tp"):
-            for inside in (True, False):
-                rows.setdefault((mode, inside), []).append(run(mode, inside))
+            for variant in VARIANTS:
+                rows.setdefault((mode, variant), []).append(run(mode, variant))
     p = provenance()
     lines = ["# Collectives inside compiled programs", "",
              "Written by `benchmarks/collectives_in_program.py`: a compiled step over 2 ranks as threads "
-             "(2 devices of one process; 4 for FSDP x TP), its collectives inside its programs against the same step with "
-             "them as calls between programs, rounds alternating, each run a process of its own. Per rank "
-             "per step; time: median of steps 2-5 of both ranks, one value per round.", "",
+             "(2 devices of one process; 4 for FSDP x TP) three ways: its collectives as calls between programs "
+             "(split), inside the compiled forward's and backward's programs (inside), and fused eager "
+             "(`TORCH_TPU_DEFER_AND_FUSE=1`: those programs called inside one program per step with the eager "
+             "clipping and optimizer). Rounds alternate the three, each run a process of its own. Per rank per "
+             "step, medians over steps 3-5; time: median of both ranks' steps 3-5, one value per round.", "",
              f"- date: {p['date']}", f"- machine: {p['machine']}", f"- commit: {p['commit']}",
              f"- torch {p['torch']}, PJRT plugin {p['plugin']}", "",
-             "| step | collectives | programs with collectives | collectives inside | calls between programs "
-             "| step ms per round | last loss (CPU reference) |", "|---|---|---:|---:|---:|---|---|"]
+             "| step | collectives | programs | with collectives | collectives inside | calls between programs "
+             "| step ms per round | last loss (CPU reference) |", "|---|---|---:|---:|---:|---:|---|---|"]
     names = {"tp": "TP (colwise/rowwise MLPs)", "sp": "TP + sequence parallel, clipping, foreach AdamW",
              "replicate": "DDP (SimpleFSDP replicate), clipping, foreach AdamW",
              "fully_shard": "FSDP (SimpleFSDP fully_shard), clipping, foreach AdamW",
@@ -76,11 +89,11 @@ def main() -> int:
                                "clipping, foreach AdamW",
              "titan_fsdp_tp": "TorchTitan llama3 debug model: its TP plan (sequence + loss parallel) over tp, "
                               "SimpleFSDP over fsdp; 4 ranks, clipping, foreach AdamW"}
-    for (mode, inside), runs in rows.items():
+    for (mode, variant), runs in rows.items():
         r0 = runs[0]
         times = " / ".join(f"{r['seconds'] * 1e3:.1f}" for r in runs)
-        lines.append(f"| {names[mode]} | {'inside' if inside else 'calls (split)'} | {r0['replicated_programs']:.0f} "
-                     f"| {r0['collectives_in_programs']:.0f} | {r0['calls']:.0f} "
+        lines.append(f"| {names[mode]} | {variant} | {r0['programs']:g} | {r0['replicated_programs']:g} "
+                     f"| {r0['collectives_in_programs']:g} | {r0['calls']:g} "
                      f"| {times} "
                      f"| {r0['loss']:.6f} ({r0['reference']:.6f}) |")
     lines += ["", "On this machine both ranks share 2 cores with Python, so time says little about an "

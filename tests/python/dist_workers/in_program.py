@@ -437,16 +437,18 @@ def fused_eager():
         first = dist.distributed_c10d._get_default_group()
         second = torch_tpu.distributed.local_group(1 - r, 2, store, devices=[1, 0])
         x = torch.full((4,), float(r + 1), device=f"tpu:{r}")
-        m0 = torch_tpu.metrics()
         y = fc.wait_tensor(fc.all_reduce(x * 2, "sum", first)) + 1  # 7
         z = fc.wait_tensor(fc.all_reduce(y * x, "max", second))  # max(7, 14)
-        out = (y.cpu(), z.cpu())
-        m1 = torch_tpu.metrics()
-        return out, {k: m1[k] - m0[k] for k in ("collectives_in_programs", "dist_xla_collectives")}
+        return y.cpu(), z.cpu()
 
-    for (y, z), counts in run_ranks(rank):
+    # The counts are the process's: taken around both ranks' runs (the groups are made first).
+    run_ranks(lambda r: None)
+    m0 = torch_tpu.metrics()
+    for y, z in run_ranks(rank):
         assert torch.equal(y, torch.full((4,), 7.0)) and torch.equal(z, torch.full((4,), 14.0)), (y, z)
-        assert counts == {"collectives_in_programs": 4, "dist_xla_collectives": 0}, counts  # both ranks'
+    m1 = torch_tpu.metrics()
+    counts = {k: m1[k] - m0[k] for k in ("collectives_in_programs", "dist_xla_collectives")}
+    assert counts == {"collectives_in_programs": 4, "dist_xla_collectives": 0}, counts  # 2 per rank
     print("ok eager collectives in the pending graph", flush=True)
 
     def absent(r):
