@@ -105,6 +105,7 @@ def test_fsdp2_with_tensor_parallel_on_a_2d_mesh_of_ranks_as_threads():
     assert all(s["dist_xla_collectives"] > 0 for rank in inside["steps"] for s in rank)
 
 
+@pytest.mark.slow
 def test_fsdp_and_tensor_parallel_collectives_share_one_program_per_rank(tmp_path):
     # TorchTitan's composition (TP + sequence parallel over "tp", SimpleFSDP over "dp", clipping
     # and foreach AdamW) on a 2 x 2 mesh of ranks as threads: each rank's forward and backward
@@ -125,13 +126,17 @@ def test_fsdp_and_tensor_parallel_collectives_share_one_program_per_rank(tmp_pat
     # are the set-up's and the eager clipping's.
     assert inside["collectives_in_programs"] > 0
     assert split["calls"] - inside["calls"] == inside["collectives_in_programs"], (split["calls"], inside["calls"])
-    # What XLA compiled: programs whose collectives run over the tp pairs and the dp pairs.
+    assert len(_programs_over_both_groups(dump)) >= 2, sorted(p.name for p in dump.glob("*before_optimizations.txt"))
+
+
+def _programs_over_both_groups(dump):
+    """What XLA compiled: programs whose collectives run over the tp pairs and the dp pairs."""
     both = []
     for hlo in dump.glob("*torch_tpu.before_optimizations.txt"):
         text = hlo.read_text()
         if "replica_groups={{0,1},{2,3}}" in text and "replica_groups={{0,2},{1,3}}" in text:
             both.append(hlo.name)
-    assert len(both) >= 2, sorted(p.name for p in dump.glob("*before_optimizations.txt"))[:20]
+    return both
 
 
 def _check_titan(res, ranks=4):
@@ -175,14 +180,18 @@ def test_fused_eager_collectives_join_the_pending_graph_and_a_missing_rank_raise
         assert f"ok {line}" in out, out
 
 
-def test_torchtitan_llama3_fsdp_and_tp_step_is_one_program_per_rank_in_fused_eager():
+def test_torchtitan_llama3_fsdp_and_tp_step_is_one_program_per_rank_in_fused_eager(tmp_path):
     # TorchTitan's llama3 debug model, its own TP plan (sequence and loss parallel) over "tp" and
     # graph_trainer's SimpleFSDP over "fsdp", 2 x 2 ranks as threads, against the model on the
-    # CPU: forward, backward, clipping and foreach AdamW, 158 collectives, one program.
+    # CPU: forward, backward, clipping and foreach AdamW, 158 collectives, one program, whose
+    # collectives run over both groups (XLA's own dump).
     pytest.importorskip("torchtitan", reason="TorchTitan is installed by scripts/setup.sh")
-    fused = _result(_run("titan_fsdp_tp", devices=4, timeout=600, env=FUSED))
+    dump = tmp_path / "xla"
+    fused = _result(_run("titan_fsdp_tp", devices=4, timeout=600,
+                         env={**FUSED, "XLA_FLAGS": f"--xla_dump_to={dump} --xla_dump_hlo_as_text"}))
     _check_titan(fused)
     _one_program_per_step(fused, ranks=4)
+    assert _programs_over_both_groups(dump), sorted(p.name for p in dump.glob("*before_optimizations.txt"))
 
 
 @pytest.mark.slow
