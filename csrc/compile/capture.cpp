@@ -8,6 +8,7 @@
 #include "compile/capture.h"
 
 #include <cstdio>
+#include <map>
 #include <mutex>
 #include <thread>
 #include <unordered_map>
@@ -65,6 +66,8 @@ struct CaptureState {
   std::vector<const runtime::DeviceArray*> arrays;  // per argument (nullptr: CPU or undefined)
   std::vector<int> groups;
   std::chrono::milliseconds timeout{0};  // the longest of its collectives' groups
+  int64_t channel_base = 0;              // see nextProgramCollective
+  int64_t collectives = 0;               // recorded so far
   std::vector<int> world;                // the replicas of its collectives (global device ids)
 };
 thread_local CaptureState g_capture;
@@ -121,7 +124,21 @@ std::optional<std::vector<int>> arrayGroups(const std::vector<at::Tensor>& input
 
 }  // namespace
 
-bool captureBegin(const std::vector<at::Tensor>& inputs, bool all_inputs) {
+namespace {
+std::mutex g_channels_mu;
+std::map<std::pair<int, int64_t>, int64_t> g_channel_bases;  // (device, graph) -> base
+std::unordered_map<int, int64_t> g_graphs_recorded;          // per device: named graphs
+
+int64_t channelBase(int device, int64_t graph) {
+  if (graph == 0) return 0;
+  std::lock_guard<std::mutex> g(g_channels_mu);
+  auto [it, fresh] = g_channel_bases.try_emplace({device, graph}, 0);
+  if (fresh) it->second = ++g_graphs_recorded[device] << 20;
+  return it->second;
+}
+}  // namespace
+
+bool captureBegin(const std::vector<at::Tensor>& inputs, bool all_inputs, int64_t graph) {
   auto& rec = steps::recorder();
   std::lock_guard<steps::Recorder> lock(rec);
   if (g_capture.active) return false;
@@ -136,6 +153,7 @@ bool captureBegin(const std::vector<at::Tensor>& inputs, bool all_inputs) {
   g_capture.active = true;
   g_capture.device = dev;
   g_capture.all_inputs = all_inputs;
+  g_capture.channel_base = channelBase(dev, graph);
   g_capture.groups = *groups;
   for (const at::Tensor& t : inputs) g_capture.signature.push_back(ArgSignature::of(t));
   g_capture.arrays.assign(inputs.size(), nullptr);
@@ -423,15 +441,7 @@ int capturedOps(const CapturedGraph& g) { return g.ops; }
 
 bool capturingHere() { return g_capture.active && g_capture.owner == std::this_thread::get_id(); }
 
-namespace {
-std::mutex g_channels_mu;
-std::unordered_map<int, int64_t> g_channels;  // per device: collectives recorded so far
-}  // namespace
-
-int64_t nextProgramCollective() {
-  std::lock_guard<std::mutex> g(g_channels_mu);
-  return ++g_channels[g_capture.device];
-}
+int64_t nextProgramCollective() { return g_capture.channel_base + ++g_capture.collectives; }
 
 bool joinProgramWorld(const std::vector<int>& world) {
   if (!capturingHere()) return false;

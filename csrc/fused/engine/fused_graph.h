@@ -16,6 +16,7 @@
 #include <string>
 #include <thread>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "op_steps/recording.h"
@@ -83,14 +84,15 @@ class LazyGraph {
   // A replay of a captured program recorded as a call of its function
   // (steps::Recorder::recordCall says what the arguments are). False, nothing
   // recorded, when the function's collectives span other devices than this
-  // graph's pending ones (run what is pending first).
+  // graph's pending ones, or the graph already calls it (run what is pending
+  // first).
   bool call(const CaptureResult& ran, const std::vector<DeviceArray*>& args, const std::vector<BufferPtr>& buffers,
             const std::vector<DeviceArray*>& results, std::chrono::milliseconds timeout);
   // The channel of a collective recorded into this graph: past those of
   // captured programs (compile::nextProgramCollective), which it may call.
   int64_t nextChannel(std::chrono::milliseconds timeout) {
     collective_timeout_ = std::max(collective_timeout_, timeout);
-    return (int64_t{1} << 24) + ++channels_;
+    return (int64_t{1} << 40) + ++channels_;
   }
   // Capture: reads of these arrays (argument index) become their own inputs.
   void setCaptureInputs(std::unordered_map<const DeviceArray*, int> arrays);
@@ -145,6 +147,9 @@ class LazyGraph {
   // hold: the ranks meet within it before the launch (runDeferred).
   std::chrono::milliseconds collective_timeout_{0};
   int64_t channels_ = 0;  // collectives recorded (not called) so far
+  // Functions with collectives called so far: a second call of one would
+  // repeat its channels in the program, so it starts the next graph.
+  std::unordered_set<std::string> called_;
   // Loop detection: op signatures since the last cut, and the learned period.
   std::vector<uint64_t> sigs_;
   std::vector<uint64_t> period_;
