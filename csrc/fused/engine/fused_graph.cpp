@@ -392,7 +392,7 @@ bool Fusion::beginWholeGraph(int device) {
   if (device < 0 || device >= 64)
     whole_graph_all_.fetch_add(1, std::memory_order_acq_rel);
   else
-    whole_graph_mask_.fetch_or(uint64_t{1} << device, std::memory_order_acq_rel);
+    whole_graph_mask_.fetch_or(uint64_t{1} << static_cast<unsigned>(device), std::memory_order_acq_rel);
   whole_graph_threads_.fetch_add(1, std::memory_order_acq_rel);
   return true;
 }
@@ -410,7 +410,7 @@ void Fusion::endWholeGraph(bool entered) {
         if (d < 0 || d >= 64)
           f.whole_graph_all_.fetch_sub(1, std::memory_order_acq_rel);
         else
-          f.whole_graph_mask_.fetch_and(~(uint64_t{1} << d), std::memory_order_acq_rel);
+          f.whole_graph_mask_.fetch_and(~(uint64_t{1} << static_cast<unsigned>(d)), std::memory_order_acq_rel);
         f.whole_graph_threads_.fetch_sub(1, std::memory_order_acq_rel);
       }
     } restore{*this};

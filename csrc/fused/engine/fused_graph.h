@@ -210,7 +210,7 @@ class Fusion {
     if (!enabled_) return false;
     if (whole_graph_threads_.load(std::memory_order_acquire) == 0) return true;
     if (whole_graph_all_.load(std::memory_order_acquire) > 0 || device < 0 || device >= 64) return false;
-    return !(whole_graph_mask_.load(std::memory_order_acquire) >> device & 1);
+    return ((whole_graph_mask_.load(std::memory_order_acquire) >> static_cast<unsigned>(device)) & 1U) == 0;
   }
   // Turning it off materialises every pending graph.
   void setEnabled(bool on);
