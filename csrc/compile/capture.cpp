@@ -153,7 +153,7 @@ bool captureBegin(const std::vector<at::Tensor>& inputs, bool all_inputs, int64_
   g_capture.active = true;
   g_capture.device = dev;
   g_capture.all_inputs = all_inputs;
-  g_capture.channel_base = channelBase(dev, graph);
+  g_capture.channel_base = channelBase(static_cast<int>(dev), graph);
   g_capture.groups = *groups;
   for (const at::Tensor& t : inputs) g_capture.signature.push_back(ArgSignature::of(t));
   g_capture.arrays.assign(inputs.size(), nullptr);
