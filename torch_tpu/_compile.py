@@ -65,10 +65,7 @@ class _Graph:
         # Recorded programs, one per argument signature (dtype, device, sizes,
         # strides, storage offset: checked by the replay itself).
         self.captured = []
-        # Names this graph to the capture: its collectives' channels stay the same each time
-        # it records (compile/capture.h, nextProgramCollective).
-        self.key = next(_counter)
-        self.entry = {"name": f"{kind}_{self.key}",
+        self.entry = {"name": f"{kind}_{next(_counter)}",
                       "ops": sum(1 for n in gm.graph.nodes if n.op == "call_function"),
                       "calls": 0, "replays": 0, "programs_compiled": 0, "compile_seconds": 0.0}
         with _lock:
@@ -108,7 +105,7 @@ class _Graph:
                     self.entry["replays"] += 1
                     outs = iter(outs)
                     return tuple(next(outs) if o is _TENSOR else o for o in out_objects)
-        if not replayable or not _C._capture_begin(tensors, graph=self.key + 1):
+        if not replayable or not _C._capture_begin(tensors):
             return _run_whole_graph(self.run, args)
         try:
             out = self.run(*args)

@@ -8,7 +8,6 @@
 #include "compile/capture.h"
 
 #include <cstdio>
-#include <map>
 #include <mutex>
 #include <thread>
 #include <unordered_map>
@@ -66,7 +65,6 @@ struct CaptureState {
   std::vector<const runtime::DeviceArray*> arrays;  // per argument (nullptr: CPU or undefined)
   std::vector<int> groups;
   std::chrono::milliseconds timeout{0};  // the longest of its collectives' groups
-  int64_t channel_base = 0;              // see nextProgramCollective
   int64_t collectives = 0;               // recorded so far
   std::vector<int> world;                // the replicas of its collectives (global device ids)
 };
@@ -124,21 +122,7 @@ std::optional<std::vector<int>> arrayGroups(const std::vector<at::Tensor>& input
 
 }  // namespace
 
-namespace {
-std::mutex g_channels_mu;
-std::map<std::pair<int, int64_t>, int64_t> g_channel_bases;  // (device, graph) -> base
-std::unordered_map<int, int64_t> g_graphs_recorded;          // per device: named graphs
-
-int64_t channelBase(int device, int64_t graph) {
-  if (graph == 0) return 0;
-  std::lock_guard<std::mutex> g(g_channels_mu);
-  auto [it, fresh] = g_channel_bases.try_emplace({device, graph}, 0);
-  if (fresh) it->second = ++g_graphs_recorded[device] << 20;
-  return it->second;
-}
-}  // namespace
-
-bool captureBegin(const std::vector<at::Tensor>& inputs, bool all_inputs, int64_t graph) {
+bool captureBegin(const std::vector<at::Tensor>& inputs, bool all_inputs) {
   auto& rec = steps::recorder();
   std::lock_guard<steps::Recorder> lock(rec);
   if (g_capture.active) return false;
@@ -153,7 +137,6 @@ bool captureBegin(const std::vector<at::Tensor>& inputs, bool all_inputs, int64_
   g_capture.active = true;
   g_capture.device = dev;
   g_capture.all_inputs = all_inputs;
-  g_capture.channel_base = channelBase(static_cast<int>(dev), graph);
   g_capture.groups = *groups;
   for (const at::Tensor& t : inputs) g_capture.signature.push_back(ArgSignature::of(t));
   g_capture.arrays.assign(inputs.size(), nullptr);
@@ -441,7 +424,7 @@ int capturedOps(const CapturedGraph& g) { return g.ops; }
 
 bool capturingHere() { return g_capture.active && g_capture.owner == std::this_thread::get_id(); }
 
-int64_t nextProgramCollective() { return g_capture.channel_base + ++g_capture.collectives; }
+int64_t nextProgramCollective() { return ++g_capture.collectives; }
 
 bool joinProgramWorld(const std::vector<int>& world) {
   if (!capturingHere()) return false;

@@ -23,9 +23,7 @@ struct CapturedGraph;
 // recording is replayable only if it reads no device tensor but `inputs`
 // (the caller names every tensor that can change between calls: the vLLM
 // runner's step); otherwise other tensors read are taken as constants.
-// `graph` names the caller's graph (0: none) for its collectives' channels
-// (nextProgramCollective).
-bool captureBegin(const std::vector<at::Tensor>& inputs, bool all_inputs = false, int64_t graph = 0);
+bool captureBegin(const std::vector<at::Tensor>& inputs, bool all_inputs = false);
 // Ends the recording (runs the graph as one program) and returns what a
 // replay needs, or nullptr when the graph cannot be replayed (it read data on
 // the host, split into several programs, or ran an op on the CPU).
@@ -45,14 +43,8 @@ bool capturingHere();
 // The recording holds collectives of a group with this timeout: replays meet
 // the other ranks within it before each launch.
 void noteProgramTimeout(std::chrono::milliseconds timeout);
-// The channel of the next collective this thread records: base + 1, 2, ...
-// from the start of each recording, the base the recording's graph's (see
-// captureBegin) on its device: the k-th graph a device records gets k << 20.
-// So a graph recorded again (one that is not replayed) keeps its program's
-// text, the programs of one step (forward and backward, recorded on different
-// threads) called in one program (fused eager) never share a channel, and,
-// every rank recording the same graphs in the same order, the same
-// collective has the same channel on each. Base 0 for an unnamed graph.
+// The channel of the next collective this thread records: 1, 2, ... from the
+// start of each recording (the same on every rank for the same step).
 int64_t nextProgramCollective();
 // Whether a collective whose program replicas are `world` (global device ids)
 // can join this thread's recording: the first one sets the recording's world,

@@ -8,8 +8,11 @@
 #include <charconv>
 #include <cstdio>
 #include <cstring>
+#include <map>
+#include <mutex>
 #include <sstream>
 #include <stdexcept>
+#include <unordered_map>
 
 namespace tpu::ir {
 
@@ -553,6 +556,7 @@ std::shared_ptr<const Function> Builder::asFunction() const {
   f->op_count = op_count_;
   f->participants = participants_;
   f->collectives = collectives_;
+  f->max_channel = max_channel_;
   for (const auto& [name, callee] : functions_) f->callees.push_back(callee);
   return f;
 }
@@ -581,9 +585,74 @@ std::vector<Value> Builder::call(const std::shared_ptr<const Function>& f, const
     emitMulti(results, rhs);
   op_count_ += f->op_count - 1;  // count the ops the call stands for
   collectives_ += f->collectives;
+  max_channel_ = std::max(max_channel_, f->max_channel);
   functions_.try_emplace(f->name, f);
   for (const auto& c : f->callees) functions_.try_emplace(c->name, c);  // already closed over theirs
   return results;
+}
+
+namespace {
+constexpr std::string_view kHandle = "channel_handle<handle = ";
+
+// `text` with each channel handle raised by `offset` and each call of a
+// function in `renamed` (old name -> new) made to the new name.
+std::string shiftedText(const std::string& text, int64_t offset,
+                        const std::unordered_map<std::string, std::string>& renamed) {
+  std::string out;
+  out.reserve(text.size() + 64);
+  size_t pos = 0;
+  while (pos < text.size()) {
+    const size_t h = text.find(kHandle, pos);
+    const size_t c = renamed.empty() ? std::string::npos : text.find("func.call @", pos);
+    const size_t next = std::min(h, c);
+    if (next == std::string::npos) break;
+    if (next == h) {
+      size_t end = h + kHandle.size();
+      out.append(text, pos, end - pos);
+      int64_t n = 0;
+      while (end < text.size() && text[end] >= '0' && text[end] <= '9') n = n * 10 + (text[end++] - '0');
+      out += std::to_string(n + offset);
+      pos = end;
+    } else {
+      const size_t name = c + 11, open = text.find('(', name);
+      out.append(text, pos, name - pos);
+      auto it = renamed.find(text.substr(name, open - name));
+      out += it == renamed.end() ? text.substr(name, open - name) : it->second;
+      pos = open;
+    }
+  }
+  out.append(text, pos, std::string::npos);
+  return out;
+}
+
+std::mutex g_shifted_mu;
+std::map<std::pair<std::string, int64_t>, std::shared_ptr<const Function>> g_shifted;
+}  // namespace
+
+std::shared_ptr<const Function> withChannelsAfter(const std::shared_ptr<const Function>& f, int64_t offset) {
+  if (offset == 0 || f->max_channel == 0) return f;
+  {
+    std::lock_guard<std::mutex> g(g_shifted_mu);
+    auto it = g_shifted.find({f->name, offset});
+    if (it != g_shifted.end()) return it->second;
+  }
+  auto out = std::make_shared<Function>(*f);
+  std::unordered_map<std::string, std::string> renamed;
+  for (auto& c : out->callees) {
+    auto shifted = withChannelsAfter(c, offset);
+    if (shifted != c) renamed.emplace(c->name, shifted->name);
+    c = shifted;
+  }
+  out->name = f->name + "_c" + std::to_string(offset);
+  // The definition's own name, then its body.
+  std::string text = f->text;
+  const std::string def = "@" + f->name + "(";
+  if (size_t at = text.find(def); at != std::string::npos) text.replace(at, def.size(), "@" + out->name + "(");
+  out->text = shiftedText(text, offset, renamed);
+  out->max_channel = f->max_channel + offset;
+  std::lock_guard<std::mutex> g(g_shifted_mu);
+  if (g_shifted.size() >= 4096) g_shifted.clear();
+  return g_shifted.emplace(std::make_pair(f->name, offset), std::move(out)).first->second;
 }
 
 }  // namespace tpu::ir

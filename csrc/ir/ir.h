@@ -100,7 +100,15 @@ struct Function {
   // Replicas of a body with collectives (see Builder::setParticipants).
   std::vector<int> participants;
   int collectives = 0;
+  int64_t max_channel = 0;  // the highest channel of its collectives, its callees' included
 };
+
+// `f` with every collective's channel raised by `offset` (itself when it has
+// none): a new function, and new callees where theirs change, named apart.
+// Two programs whose channels both count from 1 (each recording numbers its
+// collectives so) can then be called in one: the second after the first's
+// highest channel. Memoized.
+std::shared_ptr<const Function> withChannelsAfter(const std::shared_ptr<const Function>& f, int64_t offset);
 
 // Formulations chosen for XLA:CPU where its code for the portable form is
 // slow (set by the runtime when the plugin is the CPU one). Programs differ by
@@ -312,6 +320,7 @@ class Builder {
   std::map<std::string, std::shared_ptr<const Function>> functions_;  // called ones, by name
   std::vector<int> participants_;                                     // see setParticipants
   int collectives_ = 0;
+  int64_t max_channel_ = 0;
   // The channel and replica groups of a collective among `group`: `group` as
   // replica indices, the other replicas in groups of its size (XLA asks for a
   // partition of all replicas; each replica's program uses only its own group).

@@ -327,6 +327,7 @@ void Builder::setParticipants(const std::vector<int>& ids) {
 std::string Builder::replicaGroups(const std::vector<int>& group, int64_t channel) {
   if (participants_.empty()) throw Unsupported("a collective before setParticipants");
   if (channel < 1) throw Unsupported("a collective's channel starts at 1");
+  max_channel_ = std::max(max_channel_, channel);
   const size_t n = participants_.size(), k = group.size();
   if (k == 0 || n % k) throw Unsupported("a collective's group does not divide the program's replicas");
   std::vector<bool> taken(n, false);

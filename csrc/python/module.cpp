@@ -185,12 +185,12 @@ PYBIND11_MODULE(_C, m) {
   });
   m.def(
       "_capture_begin",
-      [](const std::vector<std::optional<at::Tensor>>& inputs, bool all_inputs, int64_t graph) {
+      [](const std::vector<std::optional<at::Tensor>>& inputs, bool all_inputs) {
         std::vector<at::Tensor> ts;
         for (const auto& t : inputs) ts.push_back(t ? *t : at::Tensor());
-        return compile::captureBegin(ts, all_inputs, graph);
+        return compile::captureBegin(ts, all_inputs);
       },
-      py::arg("inputs"), py::arg("all_inputs") = false, py::arg("graph") = 0);
+      py::arg("inputs"), py::arg("all_inputs") = false);
   m.def("_capture_end", [](const std::vector<std::optional<at::Tensor>>& outputs) {
     std::vector<at::Tensor> ts;
     for (const auto& t : outputs) ts.push_back(t ? *t : at::Tensor());

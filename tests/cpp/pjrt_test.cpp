@@ -437,6 +437,69 @@ TEST(IR, InPlaceSafeSeesWhichArgumentsEachResultOfACallReads) {
   EXPECT_EQ(c.inPlaceSafe({{0, r2[0]}}, {r2[0], r2[1]}), std::vector<bool>{true});
 }
 
+TEST(IR, InPlaceSafeSeesThroughCallsInsideCalledFunctions) {
+  // The foreach-style op of the test above called inside another function (a
+  // captured program called in fused eager's graph): the update of w reads w
+  // and g only, however deep the call.
+  ir::Type t{ir::DType::F32, {4}};
+  ir::Builder f;
+  auto w = f.param(t);
+  auto g = f.param(t);
+  auto h = f.param(t);
+  f.output(f.binary("subtract", w, g));
+  f.output(f.binary("multiply", h, f.constant(2.0, ir::DType::F32, {4})));
+  auto inner = f.asFunction();
+  ir::Builder p;
+  auto r = p.call(inner, {p.param(t), p.param(t), p.param(t)});
+  p.output(r[0]);
+  p.output(r[1]);
+  auto program = p.asFunction();
+  ir::Builder c;
+  auto cw = c.param(t);
+  auto cx = c.param(t);
+  auto out = c.call(program, {cw, cx, c.binary("multiply", cx, cx)});
+  EXPECT_EQ(c.inPlaceSafe({{0, out[0]}}, {out[0], out[1]}), std::vector<bool>{true});
+  ir::Builder d;  // another reader of w feeding the other result: not in place
+  auto dw = d.param(t);
+  auto dx = d.param(t);
+  auto out2 = d.call(program, {dw, dx, d.binary("multiply", dw, dx)});
+  EXPECT_EQ(d.inPlaceSafe({{0, out2[0]}}, {out2[0], out2[1]}), std::vector<bool>{false});
+}
+
+TEST(IR, ACalledProgramsChannelsComeAfterTheGraphsOwn) {
+  // Two programs recorded apart both number their collectives from 1; called
+  // in one graph, the second's are raised past the first's.
+  ir::Type t{ir::DType::F32, {4}};
+  auto sum = [](ir::Builder& b, const std::vector<ir::Value>& a) {
+    return std::vector<ir::Value>{b.binary("add", a[0], a[1])};
+  };
+  ir::Builder op;  // the collective's own function, as fused eager builds it
+  op.setParticipants({0, 1});
+  op.output(op.allReduce(op.param(t), {0, 1}, sum, 1));
+  auto collective = op.asFunction();
+  EXPECT_EQ(collective->max_channel, 1);
+  ir::Builder rec;  // the recorded program calling it
+  rec.output(rec.call(collective, {rec.param(t)})[0]);
+  auto program = rec.asFunction();
+  EXPECT_EQ(program->max_channel, 1);
+  EXPECT_EQ(ir::withChannelsAfter(program, 0), program);
+  auto later = ir::withChannelsAfter(program, 3);
+  EXPECT_EQ(ir::withChannelsAfter(program, 3), later);  // memoized
+  EXPECT_NE(later->name, program->name);
+  EXPECT_EQ(later->max_channel, 4);
+  ASSERT_EQ(later->callees.size(), 1u);
+  EXPECT_NE(later->callees[0]->text.find("channel_handle<handle = 4,"), std::string::npos);
+  EXPECT_NE(later->text.find("func.call @" + later->callees[0]->name + "("), std::string::npos);
+  EXPECT_EQ(later->text.find(collective->name + "("), std::string::npos);
+  ir::Builder graph;
+  auto x = graph.param(t);
+  auto y = graph.call(program, {x})[0];
+  graph.output(graph.call(ir::withChannelsAfter(program, program->max_channel), {y})[0]);
+  const std::string text = graph.emit();
+  EXPECT_NE(text.find("channel_handle<handle = 1,"), std::string::npos);
+  EXPECT_NE(text.find("channel_handle<handle = 2,"), std::string::npos);
+}
+
 TEST(IR, AliasChecksTypesAndPrintsTheAttribute) {
   ir::Builder b;
   auto p = b.param({ir::DType::F32, {4}});

@@ -27,7 +27,6 @@ void LazyGraph::reset() {
   ops_ = 0;
   collective_timeout_ = std::chrono::milliseconds{0};
   channels_ = 0;
-  called_.clear();
   sigs_.clear();
   keys_.clear();
 }
@@ -259,7 +258,6 @@ bool LazyGraph::call(const CaptureResult& ran, const std::vector<DeviceArray*>& 
   const ir::Function& f = *ran.fn;
   const auto& mine = b_->participants();
   if (!f.participants.empty() && !mine.empty() && mine != f.participants) return false;
-  if (f.collectives > 0 && called_.count(f.name)) return false;
   std::vector<ir::Value> operands;
   operands.reserve(f.params.size());
   for (size_t k = 0; k < f.params.size(); ++k) {
@@ -274,8 +272,8 @@ bool LazyGraph::call(const CaptureResult& ran, const std::vector<DeviceArray*>& 
       operands.push_back(t.shape.empty() ? scalar(buffers[k], t.dtype) : input(buffers[k], t));
     }
   }
-  const std::vector<ir::Value> out = b_->call(ran.fn, operands);
-  if (f.collectives > 0) called_.insert(f.name);
+  const std::vector<ir::Value> out = b_->call(ir::withChannelsAfter(ran.fn, channels_), operands);
+  channels_ += f.max_channel;
   for (size_t j = 0; j < results.size(); ++j) {
     if (!results[j]) continue;
     const ir::Value& v = out[j];

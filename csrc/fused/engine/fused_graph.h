@@ -16,7 +16,6 @@
 #include <string>
 #include <thread>
 #include <unordered_map>
-#include <unordered_set>
 #include <vector>
 
 #include "op_steps/recording.h"
@@ -84,15 +83,16 @@ class LazyGraph {
   // A replay of a captured program recorded as a call of its function
   // (steps::Recorder::recordCall says what the arguments are). False, nothing
   // recorded, when the function's collectives span other devices than this
-  // graph's pending ones, or the graph already calls it (run what is pending
-  // first).
+  // graph's pending ones (run what is pending first). Its channels come after
+  // the graph's (ir::withChannelsAfter): programs recorded apart number
+  // theirs from 1.
   bool call(const CaptureResult& ran, const std::vector<DeviceArray*>& args, const std::vector<BufferPtr>& buffers,
             const std::vector<DeviceArray*>& results, std::chrono::milliseconds timeout);
-  // The channel of a collective recorded into this graph: past those of
-  // captured programs (compile::nextProgramCollective), which it may call.
+  // The channel of a collective recorded into this graph: past every channel
+  // it holds (a called program's are raised past them too: call()).
   int64_t nextChannel(std::chrono::milliseconds timeout) {
     collective_timeout_ = std::max(collective_timeout_, timeout);
-    return (int64_t{1} << 40) + ++channels_;
+    return ++channels_;
   }
   // Capture: reads of these arrays (argument index) become their own inputs.
   void setCaptureInputs(std::unordered_map<const DeviceArray*, int> arrays);
@@ -146,10 +146,7 @@ class LazyGraph {
   // The longest timeout of the groups whose collectives the recorded calls
   // hold: the ranks meet within it before the launch (runDeferred).
   std::chrono::milliseconds collective_timeout_{0};
-  int64_t channels_ = 0;  // collectives recorded (not called) so far
-  // Functions with collectives called so far: a second call of one would
-  // repeat its channels in the program, so it starts the next graph.
-  std::unordered_set<std::string> called_;
+  int64_t channels_ = 0;  // the highest channel of the graph's collectives
   // Loop detection: op signatures since the last cut, and the learned period.
   std::vector<uint64_t> sigs_;
   std::vector<uint64_t> period_;
