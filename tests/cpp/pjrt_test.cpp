@@ -411,10 +411,9 @@ TEST(IR, InPlaceSafeOnlyWhenEveryReaderFeedsTheWrite) {
   }
 }
 
-TEST(IR, InPlaceSafeSeesWhichArgumentsEachResultOfACallReads) {
-  // A foreach-style op: (w, g, h) -> (w - g, h * 2). Its first result reads
-  // w and g only, so the product below (a backward matmul's stand-in that
-  // reads w and feeds h) does not come before the write of w - g.
+namespace {
+// A foreach-style op: (w, g, h) -> (w - g, h * 2), over f32[4].
+std::shared_ptr<const ir::Function> foreachStyleOp() {
   ir::Type t{ir::DType::F32, {4}};
   ir::Builder f;
   auto w = f.param(t);
@@ -422,7 +421,16 @@ TEST(IR, InPlaceSafeSeesWhichArgumentsEachResultOfACallReads) {
   auto h = f.param(t);
   f.output(f.binary("subtract", w, g));
   f.output(f.binary("multiply", h, f.constant(2.0, ir::DType::F32, {4})));
-  auto fn = f.asFunction();
+  return f.asFunction();
+}
+}  // namespace
+
+TEST(IR, InPlaceSafeSeesWhichArgumentsEachResultOfACallReads) {
+  // The foreach-style op's first result reads w and g only, so the product
+  // below (a backward matmul's stand-in that reads w and feeds h) does not
+  // come before the write of w - g.
+  ir::Type t{ir::DType::F32, {4}};
+  auto fn = foreachStyleOp();
   ir::Builder b;
   auto pw = b.param(t);
   auto px = b.param(t);
@@ -438,32 +446,27 @@ TEST(IR, InPlaceSafeSeesWhichArgumentsEachResultOfACallReads) {
 }
 
 TEST(IR, InPlaceSafeSeesThroughCallsInsideCalledFunctions) {
-  // The foreach-style op of the test above called inside another function (a
-  // captured program called in fused eager's graph): the update of w reads w
-  // and g only, however deep the call.
+  // The foreach-style op called inside another function (a captured program
+  // called in fused eager's graph): the update of w reads w and g only,
+  // however deep the call.
   ir::Type t{ir::DType::F32, {4}};
-  ir::Builder f;
-  auto w = f.param(t);
-  auto g = f.param(t);
-  auto h = f.param(t);
-  f.output(f.binary("subtract", w, g));
-  f.output(f.binary("multiply", h, f.constant(2.0, ir::DType::F32, {4})));
-  auto inner = f.asFunction();
+  auto inner = foreachStyleOp();
   ir::Builder p;
   auto r = p.call(inner, {p.param(t), p.param(t), p.param(t)});
   p.output(r[0]);
   p.output(r[1]);
   auto program = p.asFunction();
-  ir::Builder c;
-  auto cw = c.param(t);
-  auto cx = c.param(t);
-  auto out = c.call(program, {cw, cx, c.binary("multiply", cx, cx)});
-  EXPECT_EQ(c.inPlaceSafe({{0, out[0]}}, {out[0], out[1]}), std::vector<bool>{true});
-  ir::Builder d;  // another reader of w feeding the other result: not in place
-  auto dw = d.param(t);
-  auto dx = d.param(t);
-  auto out2 = d.call(program, {dw, dx, d.binary("multiply", dw, dx)});
-  EXPECT_EQ(d.inPlaceSafe({{0, out2[0]}}, {out2[0], out2[1]}), std::vector<bool>{false});
+  // The graph calls the program with w, x and a product that reads x (or w
+  // too: another reader of w, feeding the other result, keeps w's write apart).
+  auto inPlace = [&](bool product_reads_w) {
+    ir::Builder c;
+    auto cw = c.param(t);
+    auto cx = c.param(t);
+    auto out = c.call(program, {cw, cx, c.binary("multiply", product_reads_w ? cw : cx, cx)});
+    return c.inPlaceSafe({{0, out[0]}}, {out[0], out[1]});
+  };
+  EXPECT_EQ(inPlace(false), std::vector<bool>{true});
+  EXPECT_EQ(inPlace(true), std::vector<bool>{false});
 }
 
 TEST(IR, ACalledProgramsChannelsComeAfterTheGraphsOwn) {
