@@ -19,12 +19,16 @@ import torch.distributed as dist
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "dist_workers", "in_program.py")
 
-pytestmark = pytest.mark.skipif(not dist.is_available(), reason="torch was built without torch.distributed")
+# Each test picks its execution mode (fused eager where FUSED is passed, strict otherwise): the
+# counts it asserts are that mode's, so the fused pass does not repeat the file.
+pytestmark = [pytest.mark.skipif(not dist.is_available(), reason="torch was built without torch.distributed"),
+              pytest.mark.own_modes]
 
 
 def _run(mode, in_program=True, timeout=300, devices=2, env=None):
-    env = dict(os.environ, **(env or {}), TORCH_TPU_CPU_DEVICES=str(devices), TORCH_TPU_PLUGIN="cpu",
-               TORCH_TPU_FALLBACK="error", TORCH_TPU_COLLECTIVES_IN_PROGRAM="1" if in_program else "0")
+    env = {**os.environ, "TORCH_TPU_DEFER_AND_FUSE": "0", **(env or {}), "TORCH_TPU_CPU_DEVICES": str(devices),
+           "TORCH_TPU_PLUGIN": "cpu", "TORCH_TPU_FALLBACK": "error",
+           "TORCH_TPU_COLLECTIVES_IN_PROGRAM": "1" if in_program else "0"}
     env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
     r = subprocess.run([sys.executable, WORKER, mode], capture_output=True, text=True, env=env, timeout=timeout)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-5000:]
