@@ -341,7 +341,12 @@ std::optional<std::vector<at::Tensor>> replay(CapturedGraph& g, const std::vecto
   if (deferred) {
     // Per result: the argument it overwrites, or a fresh array for an output.
     std::vector<runtime::DeviceArray*> targets(n_out, nullptr);
-    for (const auto& [arg, k] : g.input_writes) targets[k] = &arrayOf(inputs[arg]);
+    for (const auto& [arg, k] : g.input_writes) {
+      targets[k] = &arrayOf(inputs[arg]);
+      // An output that is the written argument (`t.add_(1)` returned) lives on
+      // that argument's storage: a fresh array would take the result from it.
+      bases.emplace(k, inputs[arg]);
+    }
     for (const auto& o : g.outputs) {
       if (o.kind != OutputSpec::Kind::Result || bases.count(o.index)) continue;
       const ir::Type& t = prog.out_types[o.index];

@@ -427,6 +427,30 @@ def test_a_compiled_optimizer_step_donates_its_state_and_matches_eager():
     assert donated == [first, 8, 8, 8], donated
 
 
+def test_a_compiled_in_place_update_that_returns_its_argument_keeps_the_update_replay_after_replay():
+    # `t.add_(1).mul_(2)` writes its argument and returns it: the program's result is both.
+    # In fused eager a replay is a call in the pending graph, whose result must land in the
+    # argument as well as in the returned tensor (it once went to the returned one alone:
+    # the argument read back unchanged). Large enough to be donated, and small.
+    bump = torch.compile(lambda t: t.add_(1).mul_(2), backend="tpu")
+    for shape in [(300, 1024), (3, 4)]:
+        torch._dynamo.reset()
+        w = torch.ones(shape, device="tpu")
+        ref = torch.ones(shape)
+        for _ in range(4):  # record, then replays; read between them
+            out = bump(w)
+            ref.add_(1).mul_(2)
+            torch.testing.assert_close(w.cpu(), ref)
+            torch.testing.assert_close(out.cpu(), ref)
+        e = torch.zeros(shape, device="tpu")  # another argument, two replays unread in between
+        bump(e)
+        out = bump(e)
+        torch.testing.assert_close(e.cpu(), torch.full(shape, 6.0))
+        torch.testing.assert_close(out.cpu(), torch.full(shape, 6.0))
+        out.add_(1)  # the result is the argument, as in eager
+        torch.testing.assert_close(e.cpu(), torch.full(shape, 7.0))
+
+
 def test_a_launch_that_donates_returns_before_its_program_finishes():
     # The plugin blocks the destruction of a donated buffer's handle until the
     # program that took it finishes; the launch must not wait for that.
