@@ -592,6 +592,7 @@ def test_factory_functions_respect_arguments():
     torch.testing.assert_close(torch.linspace(0, 1, 5, device="tpu").cpu(), torch.linspace(0, 1, 5))
 
 
+@pytest.mark.mode_dependent  # it checks both modes: the gate runs it in strict and fused eager
 def test_fills_reuse_kept_results_and_in_place_updates_do_not_leak():
     # A fill (zeros, ones_like, full) reads no tensor: its result is kept and
     # handed out again, with no launch, to a later call with the same shape
